@@ -1,0 +1,258 @@
+"""The engine: requests in, tokens out, one `step()` at a time (continuous batching over a paged KV cache)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from megakernel.config import ModelConfig
+from megakernel.engine.loader import generation_eos_ids, load_model, load_tokenizer, resolve_device, resolve_dtype
+from megakernel.engine.model_runner import ModelRunner
+from megakernel.engine.outputs import CompletionOutput, RequestOutput
+from megakernel.engine.sampler import sample
+from megakernel.engine.sampling_params import SamplingParams
+from megakernel.engine.scheduler import Scheduler
+from megakernel.engine.sequence import Sequence, Status
+from megakernel.errors import RequestError
+from megakernel.kv.block_manager import BlockManager
+from megakernel.kv.cache import KVCache, KVLayout, plan_num_blocks
+from megakernel.model.cohere2_moe import Cohere2MoeModel
+from megakernel.model.weights import ModelWeights
+
+log = logging.getLogger("megakernel")
+
+
+@dataclass
+class EngineArgs:
+    model: str | Path | None = None          # checkpoint folder; None = the embedded default model
+    device: str | None = None                # "cuda", "cpu"; None = cuda if available
+    dtype: str | torch.dtype | None = None   # None = bf16 on GPU, fp32 on CPU
+    backend: str = "auto"                    # "auto" | "torch" | "megakernel" (decode backend)
+    max_num_seqs: int = 16
+    max_model_len: int | None = None         # None = min(model's max positions, 32768)
+    max_num_batched_tokens: int = 512        # prefill chunk budget per step
+    block_size: int = 64
+    kv_cache_memory: int | None = None       # bytes for the KV pool; None = 1 GiB on CPU, 85% of free on GPU
+    num_kv_blocks: list[int] | None = None   # exact blocks per KV group (overrides kv_cache_memory)
+    enable_prefix_caching: bool = True
+    seed: int = 0
+    progress: bool = True
+
+
+@dataclass
+class _Request:
+    prompt: str | None
+    prompt_token_ids: list[int]
+    seqs: list[Sequence] = field(default_factory=list)
+
+
+class LLMEngine:
+    def __init__(self, args: EngineArgs | None = None, *, config: ModelConfig | None = None,
+                 weights: ModelWeights | None = None, tokenizer=None, **kwargs) -> None:
+        args = args or EngineArgs(**kwargs)
+        self.args = args
+        self.device = resolve_device(args.device)
+        dtype = resolve_dtype(args.dtype, self.device)
+        if config is None:
+            from megakernel.default_model import resolve_model_path
+
+            path = resolve_model_path(args.model)
+            config, weights = load_model(path, self.device, dtype, progress=args.progress)
+            tokenizer = tokenizer if tokenizer is not None else load_tokenizer(path)
+            self.model_path: Path | None = path
+        else:
+            if weights is None:
+                raise ValueError("pass weights together with config")
+            weights = weights.to(self.device, dtype)
+            self.model_path = None
+        self.config = config
+        self.tokenizer = tokenizer
+        self.eos_token_ids = generation_eos_ids(self.model_path, config, tokenizer)
+        self.model = Cohere2MoeModel(config, weights)
+        self.max_model_len = args.max_model_len or min(config.max_position_embeddings, 32768)
+
+        layout = KVLayout.for_model(config, args.block_size)
+        if args.num_kv_blocks is not None:
+            num_blocks = list(args.num_kv_blocks)
+        else:
+            budget = args.kv_cache_memory or self._default_kv_budget()
+            num_blocks = plan_num_blocks(layout, budget, weights.dtype, args.max_num_seqs, self.max_model_len,
+                                         args.max_num_batched_tokens)
+        self.cache = KVCache(layout, num_blocks, self.device, weights.dtype)
+        self.blocks = BlockManager(layout, num_blocks)
+        prefix_cache = None
+        if args.enable_prefix_caching:
+            from megakernel.kv.prefix_cache import PrefixCache
+
+            prefix_cache = PrefixCache(layout)
+        self.scheduler = Scheduler(self.blocks, args.max_num_seqs, args.max_num_batched_tokens, prefix_cache)
+        self.runner = ModelRunner(self.model, self.cache, self._make_decode_backend(args.backend))
+        self.generator = torch.Generator(device=self.device).manual_seed(args.seed)
+        self.requests: dict[str, _Request] = {}
+        log.info("megakernel: %s on %s (%s), decode backend %s, KV blocks %s of %d tokens",
+                 self.model_path or "in-memory model", self.device, weights.dtype, self.runner.backend_name,
+                 num_blocks, args.block_size)
+
+    # ---- setup -------------------------------------------------------------------------------------------------
+    def _default_kv_budget(self) -> int:
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            return int(free * 0.85)
+        return 1 << 30
+
+    def _make_decode_backend(self, backend: str):
+        if backend not in ("auto", "torch", "megakernel"):
+            raise ValueError(f"unknown backend {backend!r}: choose auto, torch or megakernel")
+        if backend == "torch":
+            return None
+        try:
+            from megakernel.kernel.backend import MegakernelBackend, megakernel_available
+        except ImportError as e:  # the kernel package is optional at import time
+            ok, why = False, f"kernel package unavailable ({e})"
+        else:
+            ok, why = megakernel_available(self.device)
+        if not ok:
+            if backend == "megakernel":
+                raise RuntimeError(f"backend='megakernel' requested but unavailable: {why}")
+            _say_once(f"megakernel: decode megakernel unavailable ({why}); using the PyTorch path")
+            return None
+        return MegakernelBackend(self.config, self.model.w, self.cache.layout, max_batch=self.args.max_num_seqs)
+
+    # ---- requests ----------------------------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams | None = None,
+                    prompt: str | None = None) -> None:
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise RequestError(f"request id {request_id!r} is already in use")
+        if not prompt_token_ids:
+            raise RequestError("the prompt is empty")
+        bad = [t for t in prompt_token_ids if not 0 <= t < self.config.vocab_size]
+        if bad:
+            raise RequestError(f"prompt token id {bad[0]} is outside the vocabulary (size {self.config.vocab_size})")
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise RequestError(f"the prompt has {len(prompt_token_ids)} tokens; max_model_len is "
+                               f"{self.max_model_len} (prompt plus at least one generated token)")
+        bad_bias = [t for t in params.logit_bias if not 0 <= t < self.config.vocab_size]
+        if bad_bias:
+            raise RequestError(f"logit_bias token id {bad_bias[0]} is outside the vocabulary")
+        req = _Request(prompt, list(prompt_token_ids))
+        for i in range(params.n):
+            seq = Sequence(request_id, i, list(prompt_token_ids), params, self.blocks.new_sequence(),
+                           eos_token_ids=self.eos_token_ids)
+            if params.seed is not None:
+                seq.generator = torch.Generator(device=self.device).manual_seed(params.seed + i)
+            req.seqs.append(seq)
+            self.scheduler.add(seq)
+        self.requests[request_id] = req
+
+    def abort_request(self, request_id: str) -> None:
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return
+        for seq in req.seqs:
+            if not seq.finished:
+                self.scheduler.finish(seq, "abort")
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # ---- the loop ----------------------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one model step; return a snapshot of every request that advanced (finished ones are dropped)."""
+        chunks = self.scheduler.schedule()
+        if not chunks:
+            return []
+        sampled, logits = self.runner.run(chunks)
+        for c in chunks:
+            c.seq.num_computed = c.end
+        touched: dict[str, None] = {}
+        if sampled:
+            seqs = [c.seq for c in sampled]
+            tokens, lps = sample(logits, seqs, self.generator)
+            for seq, tok, lp in zip(seqs, tokens, lps):
+                self._append(seq, tok, lp)
+                touched[seq.request_id] = None
+        for seq in self.scheduler.running:
+            self.scheduler.recycle(seq)
+        outputs = []
+        for rid in touched:
+            req = self.requests[rid]
+            out = self._snapshot(rid, req)
+            outputs.append(out)
+            if out.finished:
+                del self.requests[rid]
+        return outputs
+
+    def _append(self, seq: Sequence, tok: int, lp) -> None:
+        p = seq.params
+        seq.output_token_ids.append(tok)
+        if lp is not None:
+            seq.logprobs.append(lp)
+        reason, stop_reason = None, None
+        if tok in p.stop_token_ids:
+            reason, stop_reason = "stop", tok
+        elif not p.ignore_eos and tok in self.eos_token_ids:
+            reason, stop_reason = "stop", None
+        if self.tokenizer is not None:
+            ids = seq.output_token_ids[:-1] if reason else seq.output_token_ids
+            prev = len(seq.text)
+            seq.text = self.tokenizer.decode(ids, skip_special_tokens=p.skip_special_tokens)
+            if reason is None and p.stop:
+                hit = _find_stop(seq.text, p.stop, prev)
+                if hit is not None:
+                    at, s = hit
+                    seq.text = seq.text[: at + (len(s) if p.include_stop_str_in_output else 0)]
+                    reason, stop_reason = "stop", s
+        if reason is None and p.max_tokens is not None and len(seq.output_token_ids) >= p.max_tokens:
+            reason = "length"
+        if reason is None and len(seq) >= self.max_model_len:
+            reason = "length"
+        if reason is not None:
+            seq.stop_reason = stop_reason
+            self.scheduler.finish(seq, reason)
+
+    def _snapshot(self, rid: str, req: _Request) -> RequestOutput:
+        outs = [CompletionOutput(s.index, list(s.output_token_ids), s.text, s.finish_reason,
+                                 list(s.logprobs) if s.params.logprobs is not None else None,
+                                 s.stop_reason) for s in req.seqs]
+        return RequestOutput(rid, req.prompt, req.prompt_token_ids, outs,
+                             finished=all(s.finished for s in req.seqs),
+                             num_cached_tokens=max((s.num_cached_prompt for s in req.seqs), default=0))
+
+    def num_kv_blocks_in_use(self) -> int:
+        """Blocks held by sequences (blocks only the prefix cache holds are free to evict, so not counted)."""
+        pc = self.scheduler.prefix_cache
+        used = sum(p.num_blocks - p.num_free for p in self.blocks.pools)
+        return used - (pc.num_evictable(self.blocks) if pc is not None else 0)
+
+    def stats(self) -> dict[str, float]:
+        pc = self.scheduler.prefix_cache
+        total = sum(p.num_blocks for p in self.blocks.pools)
+        return {
+            "num_running": len(self.scheduler.running),
+            "num_waiting": len(self.scheduler.waiting),
+            "kv_usage": self.num_kv_blocks_in_use() / max(1, total),
+            "num_preemptions": self.scheduler.num_preemptions,
+            "prefix_cache_hit_rate": pc.hit_rate() if pc is not None else 0.0,
+        }
+
+
+def _find_stop(text: str, stops: list[str], prev_len: int) -> tuple[int, str] | None:
+    best = None
+    for s in stops:
+        at = text.find(s, max(0, prev_len - len(s) + 1))
+        if at != -1 and (best is None or at < best[0]):
+            best = (at, s)
+    return best
+
+
+_said: set[str] = set()
+
+
+def _say_once(msg: str) -> None:
+    if msg not in _said:
+        _said.add(msg)
+        log.warning(msg)

@@ -1,0 +1,44 @@
+"""What generation returns: per request, one CompletionOutput per sampled completion (n of them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from megakernel.engine.sequence import TokenLogprob
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None            # "stop", "length", "abort", or None while running
+    logprobs: list[TokenLogprob] | None = None
+    stop_reason: int | str | None = None  # the stop string or token id that ended it, if any
+
+    @property
+    def cumulative_logprob(self) -> float | None:
+        return None if self.logprobs is None else sum(lp.logprob for lp in self.logprobs)
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput] = field(default_factory=list)
+    finished: bool = False
+    num_cached_tokens: int = 0
+
+    # Conveniences for the common n == 1 case.
+    @property
+    def text(self) -> str:
+        return self.outputs[0].text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.outputs[0].token_ids
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.outputs[0].finish_reason

@@ -1,0 +1,76 @@
+"""`LLM`: offline batch generation, the Python API users know from vLLM."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Sequence as Seq
+
+from megakernel.engine.llm_engine import EngineArgs, LLMEngine
+from megakernel.engine.outputs import RequestOutput
+from megakernel.engine.sampling_params import SamplingParams
+from megakernel.errors import RequestError
+
+Prompt = str | list[int]
+
+
+class LLM:
+    """Load a model once, then `generate` for many prompts at a time.
+
+    >>> llm = LLM()                                   # the embedded default model
+    >>> llm.generate(["def fib(n):"], SamplingParams(temperature=0, max_tokens=32))[0].text
+    """
+
+    def __init__(self, model: str | None = None, *, device: str | None = None, dtype: str | None = None,
+                 backend: str = "auto", engine: LLMEngine | None = None, **kwargs) -> None:
+        self.engine = engine or LLMEngine(EngineArgs(model=model, device=device, dtype=dtype, backend=backend,
+                                                     **kwargs))
+        self._ids = itertools.count()
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise RequestError("this model folder has no tokenizer: pass prompts as lists of token ids")
+            return self.tokenizer.encode(prompt)
+        return [int(t) for t in prompt]
+
+    def generate(self, prompts: Prompt | Seq[Prompt], sampling_params: SamplingParams | Seq[SamplingParams] | None
+                 = None, use_tqdm: bool = True) -> list[RequestOutput]:
+        """Generate for every prompt (text, or a list of token ids); outputs come back in input order."""
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params = [sampling_params or SamplingParams()] * len(prompts)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(prompts):
+                raise RequestError(f"{len(params)} sampling params for {len(prompts)} prompts")
+        encoded = [self.encode(p) for p in prompts]     # validate every prompt before queueing any
+        order: dict[str, int] = {}
+        for i, (p, ids, sp) in enumerate(zip(prompts, encoded, params)):
+            rid = f"gen-{next(self._ids)}"
+            try:
+                self.engine.add_request(rid, ids, sp, prompt=p if isinstance(p, str) else None)
+            except Exception:
+                for queued in order:
+                    self.engine.abort_request(queued)
+                raise
+            order[rid] = i
+        results: list[RequestOutput | None] = [None] * len(prompts)
+        bar = None
+        if use_tqdm:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=len(prompts), desc="Generating", unit="req", leave=False)
+        while any(r is None for r in results):
+            for out in self.engine.step():
+                if out.finished:
+                    results[order[out.request_id]] = out
+                    if bar is not None:
+                        bar.update(1)
+        if bar is not None:
+            bar.close()
+        return results  # type: ignore[return-value]

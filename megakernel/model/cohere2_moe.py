@@ -1,0 +1,112 @@
+"""The PyTorch forward of Cohere2-MoE over the paged KV cache: chunked prefill and decode of a ragged batch.
+
+This is the engine's reference path (CPU and GPU) and the oracle the decode megakernel is checked against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from megakernel.config import ModelConfig
+from megakernel.kv.cache import KVCache
+from megakernel.model import layers as L
+from megakernel.model.weights import ModelWeights
+
+
+@dataclass
+class ForwardBatch:
+    """A ragged batch: sequence i contributes tokens flat[starts[i]:starts[i+1]] at consecutive positions."""
+
+    input_ids: torch.Tensor            # [T] long
+    positions: torch.Tensor            # [T] long
+    starts: list[int]                  # len B+1, offsets into the flat token axis
+    block_tables: list[list[list[int]]]  # [seq][group] -> block ids (FREED for recycled sliding blocks)
+    logits_rows: torch.Tensor | None = None   # flat rows to produce logits for; None = last token of each seq
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.starts) - 1
+
+    def last_rows(self) -> torch.Tensor:
+        return torch.tensor([s - 1 for s in self.starts[1:]], dtype=torch.long, device=self.input_ids.device)
+
+
+@dataclass
+class ForwardTrace:
+    """Optional record of internals, for comparing backends (chosen experts per MoE layer)."""
+
+    experts: list[torch.Tensor] = field(default_factory=list)
+
+
+class Cohere2MoeModel:
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights) -> None:
+        self.cfg = cfg
+        self.w = weights
+        self.scale = cfg.head_dim ** -0.5
+
+    @property
+    def device(self) -> torch.device:
+        return self.w.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.w.dtype
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, cache: KVCache, trace: ForwardTrace | None = None) -> torch.Tensor:
+        """Run every layer for the batch's tokens, writing their K/V into `cache`; return fp32 logits."""
+        cfg, w = self.cfg, self.w
+        bs = cache.layout.block_size
+        h = F.embedding(batch.input_ids, w.embed)
+        cos, sin = L.rope_cos_sin(batch.positions, cfg, h.dtype)
+        slots = self._slots(batch, cache)
+        for i, lw in enumerate(w.layers):
+            x = L.norm(h, lw.norm_weight, cfg)
+            qkv = F.linear(x, lw.qkv, lw.qkv_bias)
+            q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+            q = q.view(-1, cfg.num_heads, cfg.head_dim)
+            k = k.view(-1, cfg.num_kv_heads, cfg.head_dim)
+            v = v.view(-1, cfg.num_kv_heads, cfg.head_dim)
+            if cfg.uses_rope(i):
+                q, k = L.apply_rope(q, cos, sin), L.apply_rope(k, cos, sin)
+            g, layer_kv = cache.layer(i)
+            blk, off = slots[g]
+            layer_kv[blk, 0, off] = k
+            layer_kv[blk, 1, off] = v
+            window = cfg.window_for(i)
+            attn = torch.empty(q.shape[0], cfg.q_size, device=q.device, dtype=q.dtype)
+            for s in range(batch.num_seqs):
+                a, b = batch.starts[s], batch.starts[s + 1]
+                attn[a:b] = L.paged_attention(q[a:b], batch.positions[a:b], layer_kv, batch.block_tables[s][g],
+                                              window, bs, self.scale)
+            attn = F.linear(attn, lw.o, lw.o_bias)
+            if lw.moe is not None:
+                mlp = L.moe(x, lw.moe, cfg, trace.experts if trace is not None else None)
+            else:
+                mlp = L.swiglu(x, lw.dense)
+            h = h + attn + mlp
+        rows = batch.logits_rows if batch.logits_rows is not None else batch.last_rows()
+        return self.logits(h[rows])
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        h = L.norm(h, self.w.final_norm, self.cfg)
+        return (F.linear(h, self.w.lm_head) * self.cfg.logit_scale).float()
+
+    def _slots(self, batch: ForwardBatch, cache: KVCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per group: (block id, offset in block) of every batch token's K/V."""
+        bs = cache.layout.block_size
+        pos = batch.positions.tolist()
+        out = []
+        for g in range(len(cache.layout.groups)):
+            blk = []
+            for s in range(batch.num_seqs):
+                table = batch.block_tables[s][g]
+                blk.extend(table[p // bs] for p in pos[batch.starts[s]:batch.starts[s + 1]])
+            if any(b < 0 for b in blk):
+                raise RuntimeError("a token's KV block was not allocated (or already recycled)")
+            dev = batch.positions.device
+            out.append((torch.tensor(blk, dtype=torch.long, device=dev), batch.positions % bs))
+        return out

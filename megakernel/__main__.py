@@ -1,0 +1,5 @@
+import sys
+
+from megakernel.cli import main
+
+sys.exit(main())

@@ -1,0 +1,104 @@
+"""`megakernel generate | serve | bench`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from megakernel.errors import MegakernelError
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="checkpoint folder (default: the embedded model)")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+    p.add_argument("--dtype", default=None, help="bfloat16, float16 or float32 (default: bf16 on GPU, fp32 on CPU)")
+    p.add_argument("--backend", default="auto", choices=["auto", "torch", "megakernel"], help="decode backend")
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--log-level", default="warning")
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from megakernel import LLM, SamplingParams
+
+    llm = LLM(args.model, device=args.device, dtype=args.dtype, backend=args.backend,
+              max_model_len=args.max_model_len)
+    prompt: str | list[int] = args.prompt
+    if args.chat:
+        if llm.tokenizer is None or llm.tokenizer.chat_template is None:
+            raise MegakernelError("--chat needs a model folder with a chat template")
+        prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}],
+                                                   add_generation_prompt=True, tokenize=True)
+        if isinstance(prompt, dict):
+            prompt = prompt["input_ids"]
+    elif llm.tokenizer is None:
+        try:
+            prompt = [int(t) for t in args.prompt.replace(",", " ").split()]
+        except ValueError:
+            raise MegakernelError("this model has no tokenizer: give --prompt as token ids, e.g. '1 17 42'") from None
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+                            max_tokens=args.max_tokens, stop=args.stop or [])
+    out = llm.generate(prompt, params, use_tqdm=False)[0]
+    print(out.text if llm.tokenizer is not None else " ".join(map(str, out.token_ids)))
+    return 0
+
+
+def _serve(argv: list[str]) -> int:
+    try:
+        from megakernel.server.cli import main as serve_main
+    except ImportError as e:
+        raise MegakernelError(f"the server needs extra packages ({e.name}): pip install 'megakernel[server]'") from None
+    return serve_main(argv)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from megakernel.bench import run_bench
+
+    return run_bench(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="megakernel", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="complete one prompt and print the result")
+    _engine_args(g)
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--max-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=-1)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append")
+
+    sub.add_parser("serve", help="OpenAI-compatible HTTP server (see `megakernel serve --help`)", add_help=False)
+
+    b = sub.add_parser("bench", help="decode throughput on random weights of a model's dimensions")
+    _engine_args(b)
+    b.add_argument("--random-north", action="store_true", help="North Mini Code dimensions, random weights (GPU)")
+    b.add_argument("--batch-size", type=int, default=1)
+    b.add_argument("--context", type=int, default=1024)
+    b.add_argument("--steps", type=int, default=32)
+
+    if argv and argv[0] == "serve":
+        return _run(lambda: _serve(argv[1:]), "warning")
+    args = parser.parse_args(argv)
+    fn = {"generate": _generate, "bench": _bench}[args.command]
+    return _run(lambda: fn(args), args.log_level)
+
+
+def _run(fn, log_level: str) -> int:
+    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING), format="%(message)s")
+    try:
+        return fn()
+    except MegakernelError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -91,19 +91,21 @@ def plan_num_blocks(layout: KVLayout, budget_bytes: int, dtype: torch.dtype, max
                     max_model_len: int, chunk: int) -> list[int]:
     """Split a memory budget between the groups.
 
-    A sliding group never needs more than `max_num_seqs` windows; it gets that (or its proportional share of a
-    too-small budget) and full-attention layers take the rest.
+    A sliding group never needs more than a window per sequence: it gets that first (`max_num_seqs` windows,
+    scaled down only if the budget cannot hold them), and the full-attention group takes all the rest.
     """
-    sizes = [layout.block_bytes(g, dtype) for g in range(len(layout.groups))]
-    want = [max_num_seqs * layout.blocks_per_seq(g, max_model_len, chunk) for g in range(len(layout.groups))]
-    total_want = sum(w * s for w, s in zip(want, sizes))
-    if total_want <= budget_bytes:
-        # Everything fits: give the surplus to unbounded groups (longer contexts / more cached prefixes).
-        spare = budget_bytes - total_want
-        unbounded = [g for g, grp in enumerate(layout.groups) if grp.window is None]
-        out = list(want)
-        for g in unbounded:
-            out[g] += spare // (sizes[g] * len(unbounded))
-        return out
-    scale = budget_bytes / total_want
-    return [max(1, int(w * scale)) for w in want]
+    n_groups = len(layout.groups)
+    sizes = [layout.block_bytes(g, dtype) for g in range(n_groups)]
+    bounded = [g for g in range(n_groups) if layout.groups[g].window is not None]
+    unbounded = [g for g in range(n_groups) if layout.groups[g].window is None]
+    out = [0] * n_groups
+    want = {g: max_num_seqs * layout.blocks_per_seq(g, max_model_len, chunk) for g in bounded}
+    want_bytes = sum(want[g] * sizes[g] for g in bounded)
+    share = budget_bytes / 2 if unbounded else budget_bytes    # leave room for full layers if windows don't fit
+    scale = min(1.0, share / want_bytes) if want_bytes else 1.0
+    for g in bounded:
+        out[g] = max(1, int(want[g] * scale))
+    rest = budget_bytes - sum(out[g] * sizes[g] for g in bounded)
+    for g in unbounded:
+        out[g] = max(1, rest // (sizes[g] * len(unbounded)))
+    return out

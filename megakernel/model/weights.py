@@ -314,21 +314,25 @@ def random_weights(cfg: ModelConfig, device: torch.device | str = "cpu", dtype: 
     Matrices are N(0, 1/fan_in) so activations keep unit scale through 49 layers; norms are 1 +- 0.1 so a
     wrong norm weight shows up in a parity test. Deterministic for a given (seed, device).
     """
-    gen = torch.Generator(device=device).manual_seed(seed)
+    on_meta = torch.device(device).type == "meta"      # shapes only (size accounting), no values
+    gen = None if on_meta else torch.Generator(device=device).manual_seed(seed)
 
     def mat(*shape: int) -> torch.Tensor:
         t = torch.empty(shape, device=device, dtype=dtype)
-        return t.normal_(0.0, 1.0 / math.sqrt(shape[-1]), generator=gen)
+        return t if on_meta else t.normal_(0.0, 1.0 / math.sqrt(shape[-1]), generator=gen)
 
     def norm() -> torch.Tensor:
         t = torch.empty(cfg.hidden_size, device=device, dtype=dtype)
-        return t.uniform_(0.9, 1.1, generator=gen)
+        return t if on_meta else t.uniform_(0.9, 1.1, generator=gen)
 
     def bias(n: int) -> torch.Tensor:
-        return torch.empty(n, device=device, dtype=dtype).normal_(0.0, 0.02, generator=gen)
+        t = torch.empty(n, device=device, dtype=dtype)
+        return t if on_meta else t.normal_(0.0, 0.02, generator=gen)
 
     H, Q, KV = cfg.hidden_size, cfg.q_size, cfg.kv_size
-    embed = torch.empty(cfg.vocab_size, H, device=device, dtype=dtype).normal_(0.0, 1.0, generator=gen)
+    embed = torch.empty(cfg.vocab_size, H, device=device, dtype=dtype)
+    if not on_meta:
+        embed.normal_(0.0, 1.0, generator=gen)
     lm_head = embed if cfg.tie_word_embeddings else mat(cfg.vocab_size, H)
     layers = []
     for i in range(cfg.num_layers):

@@ -122,3 +122,47 @@ def _tiny_raw():
 
 def random_weights_meta(cfg):
     return list(random_weights(cfg, device="meta").tensors())
+
+
+_RSS_PROBE = r"""
+import sys, threading, time, torch
+from megakernel.config import ModelConfig
+from megakernel.model.weights import load_checkpoint
+
+def anon_kb():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1])
+
+peak, stop = [0], []
+def sample():
+    while not stop:
+        peak[0] = max(peak[0], anon_kb()); time.sleep(0.002)
+cfg = ModelConfig.from_pretrained(sys.argv[1])
+base = anon_kb()
+t = threading.Thread(target=sample); t.start()
+w = load_checkpoint(sys.argv[1], cfg, progress=False)
+stop.append(1); t.join()
+print((peak[0] - base) * 1024, w.num_bytes())
+"""
+
+
+def test_loading_holds_about_one_copy_in_host_memory(tmp_path):
+    """Anonymous (non-file) memory while loading stays near the size of the weights: no double copies."""
+    from transformers import Cohere2MoeConfig, Cohere2MoeForCausalLM
+
+    cfg = Cohere2MoeConfig(vocab_size=8192, hidden_size=512, head_dim=64, num_attention_heads=8,
+                           num_key_value_heads=2, num_hidden_layers=4, intermediate_size=512,
+                           prefix_dense_intermediate_size=1024, num_experts=16, num_experts_per_tok=2,
+                           first_k_dense_replace=1, expert_selection_fn="sigmoid", norm_topk_prob=False,
+                           sliding_window=64, rms_norm_eps=1e-6, logit_scale=1.0,
+                           layer_types=["full_attention", "sliding_attention", "sliding_attention",
+                                        "sliding_attention"])
+    Cohere2MoeForCausalLM(cfg).save_pretrained(tmp_path / "mid")
+    r = subprocess.run([sys.executable, "-c", _RSS_PROBE, str(tmp_path / "mid")], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    peak, size = map(int, r.stdout.split())
+    assert size > 100e6
+    print(f"peak {peak/1e6:.0f} MB for {size/1e6:.0f} MB")
+    assert peak < 1.25 * size, f"peak anonymous memory {peak / 1e6:.0f} MB for {size / 1e6:.0f} MB of weights"

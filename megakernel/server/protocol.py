@@ -1,0 +1,149 @@
+"""Request models of the OpenAI API subset the server accepts (pydantic v2).
+
+Every model forbids unknown fields, so a field this server does not implement is refused with a 400 that names
+it instead of being silently ignored. Fields that OpenAI defines but whose semantics we cannot honour are either
+absent (hence refused) or constrained to the values we can honour (e.g. response_format.type == "text").
+Responses are plain dicts built in app.py (the official client parses them).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_N = 64
+MAX_LOGPROBS = 20
+INT64 = 2**63 - 1
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool | None = False
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text"]
+
+
+# ---- tools -----------------------------------------------------------------------------------------------------
+class FunctionDefinition(_Strict):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_.\-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: Literal[False] | None = None      # strict schema adherence needs constrained decoding: not supported
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+# ---- messages --------------------------------------------------------------------------------------------------
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+Content = Union[str, list[TextPart]]
+
+
+class SystemMessage(_Strict):
+    role: Literal["system", "developer"]
+    content: Content
+    name: str | None = None
+
+
+class UserMessage(_Strict):
+    role: Literal["user"]
+    content: Content
+    name: str | None = None
+
+
+class ToolCallFunction(_Strict):
+    name: str
+    arguments: str
+
+
+class AssistantToolCall(_Strict):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class AssistantMessage(_Strict):
+    role: Literal["assistant"]
+    content: Content | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[AssistantToolCall] | None = None
+    name: str | None = None
+    refusal: str | None = None
+
+
+class ToolMessage(_Strict):
+    role: Literal["tool"]
+    content: Content
+    tool_call_id: str
+
+
+ChatMessage = Annotated[Union[SystemMessage, UserMessage, AssistantMessage, ToolMessage],
+                        Field(discriminator="role")]
+
+
+# ---- shared sampling fields ------------------------------------------------------------------------------------
+class _Sampling(_Strict):
+    model: str
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    n: int | None = Field(default=1, ge=1, le=MAX_N)
+    seed: int | None = Field(default=None, ge=-INT64 - 1, le=INT64)
+    stop: str | list[str] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # extensions known from vLLM / SGLang
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    repetition_penalty: float | None = Field(default=None, gt=0, le=10)
+    min_tokens: int | None = Field(default=None, ge=0)
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool | None = None
+    include_stop_str_in_output: bool | None = None
+
+
+class CompletionRequest(_Sampling):
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    max_tokens: int | None = Field(default=16, ge=1)
+    echo: bool | None = False
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    best_of: int | None = Field(default=None, ge=1, le=MAX_N)
+    suffix: None = None
+    skip_special_tokens: bool | None = None
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    tools: list[Tool] | None = None
+    tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    chat_template_kwargs: dict[str, Any] | None = None

@@ -1,0 +1,175 @@
+"""North Mini Code dimensions with random bf16 weights: megakernel vs the PyTorch path, and a first speed figure.
+
+Parity: for each (batch, context) a synthetic context (random K/V in the paged cache, both backends get their own
+copy), then teacher-forced decode steps (the next token is the reference's argmax, fed to both): per step the
+cosine similarity of logits, argmax agreement on steps where the reference's top-2 gap exceeds 10x the mean
+absolute logit error, and agreement of the chosen expert sets per (row, layer, slot).
+
+    python benchmarks/north_check.py --parity 1x100,3x5000,8x32768 --steps 256 --budget 60 --bench --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+
+import torch
+
+from megakernel.config import north_mini_code_config
+from megakernel.kv.block_manager import FREED, BlockManager
+from megakernel.kv.cache import KVCache, KVLayout
+from megakernel.model.cohere2_moe import Cohere2MoeModel, ForwardBatch, ForwardTrace
+from megakernel.model.weights import random_weights
+
+
+def synthetic_state(cfg, layout, B, ctx, extra, seed):
+    """Block tables for B sequences of ctx tokens (sliding blocks before the window already recycled) and two
+    identical caches filled with random K/V."""
+    bs = layout.block_size
+    nb = []
+    for g in layout.groups:
+        if g.window is None:
+            nb.append(B * math.ceil((ctx + extra + 1) / bs) + 4)
+        else:
+            nb.append(B * (math.ceil(g.window / bs) + 3) + 4)
+    blocks = BlockManager(layout, nb)
+    seqs = []
+    for _ in range(B):
+        seq = blocks.new_sequence()
+        for gi, (g, pool) in enumerate(zip(layout.groups, blocks.pools)):
+            n_total = math.ceil(ctx / bs)
+            first = 0 if g.window is None else max(0, ctx - g.window) // bs   # first block a query at ctx sees
+            seq.tables[gi] = [FREED] * first + pool.allocate(n_total - first)
+        seqs.append(seq)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    cache = KVCache(layout, nb, "cuda", torch.bfloat16)
+    for t in cache.kv:
+        t.normal_(0.0, 1.0, generator=gen)
+    other = KVCache.__new__(KVCache)
+    other.__dict__.update(cache.__dict__)
+    other.kv = [t.clone() for t in cache.kv]
+    return blocks, seqs, cache, other
+
+
+def parity(cfg, w, B, ctx, steps, budget_s, seed=0):
+    from megakernel.kernel.backend import MegakernelBackend
+
+    layout = KVLayout.for_model(cfg, 64)
+    blocks, seqs, c_ref, c_mk = synthetic_state(cfg, layout, B, ctx, steps, seed)
+    model = Cohere2MoeModel(cfg, w)
+    be = MegakernelBackend(cfg, w, layout, max_batch=16)
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(3, cfg.vocab_size, (B,), generator=g).tolist()
+    cos_min, n_conf, n_conf_agree, n_agree, n_all = 1.0, 0, 0, 0, 0
+    e_agree = e_total = 0
+    near_ties = 0
+    t0 = time.time()
+    done = 0
+    for step in range(steps):
+        p = ctx + step
+        for s in seqs:
+            blocks.prepare(s, p, p + 1)
+        batch = ForwardBatch(torch.tensor(tokens, device="cuda"), torch.full((B,), p, device="cuda"),
+                             list(range(B + 1)), [s.tables for s in seqs])
+        tr_ref, tr_mk = ForwardTrace(), ForwardTrace()
+        ref = model.forward(batch, c_ref, tr_ref)
+        out = be.decode(batch, c_mk, trace=tr_mk)
+        cos = torch.nn.functional.cosine_similarity(out, ref, dim=-1)
+        cos_min = min(cos_min, float(cos.min()))
+        mae = (out - ref).abs().mean(dim=-1)
+        top2 = ref.topk(2, dim=-1).values
+        conf = (top2[:, 0] - top2[:, 1]) > 10 * mae
+        agree = out.argmax(-1) == ref.argmax(-1)
+        n_conf += int(conf.sum())
+        n_conf_agree += int((agree & conf).sum())
+        n_agree += int(agree.sum())
+        n_all += B
+        rlog = be.buf["rlog"][:, :B].float()          # kernel's router logits (bf16 values) [Lm, B, E]
+        kth = rlog.topk(cfg.num_experts_per_tok + 1, dim=-1).values
+        near_ties += int(((kth[..., -2] - kth[..., -1]) < 1e-2).sum())
+        for a, b in zip(tr_mk.experts, tr_ref.experts):
+            for r in range(B):
+                sa, sb = set(a[r].tolist()), set(b[r].tolist())
+                e_agree += len(sa & sb)
+                e_total += len(sb)
+        tokens = ref.argmax(-1).tolist()
+        done += 1
+        if time.time() - t0 > budget_s:
+            break
+    del be
+    return dict(B=B, ctx=ctx, steps=done, cos_min=cos_min, argmax_conf=n_conf_agree / max(1, n_conf),
+                n_conf=n_conf, argmax_all=n_agree / max(1, n_all), expert_agree=e_agree / max(1, e_total),
+                expert_entries=e_total, expert_mismatch=e_total - e_agree, near_ties=near_ties,
+                seconds=round(time.time() - t0, 1))
+
+
+def bench(cfg, w, B=1, ctx=8192, steps=50, torch_steps=5):
+    from megakernel.kernel.backend import MegakernelBackend
+
+    layout = KVLayout.for_model(cfg, 64)
+    blocks, seqs, c_ref, c_mk = synthetic_state(cfg, layout, B, ctx, steps + torch_steps + 10, 1)
+    be = MegakernelBackend(cfg, w, layout, max_batch=16)
+    model = Cohere2MoeModel(cfg, w)
+    tokens = [5] * B
+    res = {}
+    for name, n, fn in (("megakernel", steps, lambda b: be.decode(b, c_mk)),
+                        ("torch", torch_steps, lambda b: model.forward(b, c_ref))):
+        times, kt = [], []
+        for i in range(n + 3):
+            p = ctx + i
+            for s in seqs:
+                blocks.prepare(s, p, p + 1)
+            batch = ForwardBatch(torch.tensor(tokens, device="cuda"), torch.full((B,), p, device="cuda"),
+                                 list(range(B + 1)), [s.tables for s in seqs])
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            out = fn(batch)
+            e1.record()
+            tok = out.argmax(-1).tolist()
+            torch.cuda.synchronize()
+            if i >= 3:
+                times.append(time.perf_counter() - t)
+                kt.append(e0.elapsed_time(e1) / 1e3)
+        times.sort()
+        kt.sort()
+        med = times[len(times) // 2]
+        res[name] = dict(step_ms=round(med * 1e3, 3), gpu_ms=round(kt[len(kt) // 2] * 1e3, 3),
+                         tok_s=round(B / med, 1), steps=n)
+    return dict(B=B, ctx=ctx, **res)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--parity", default="")
+    ap.add_argument("--steps", type=int, default=256)
+    ap.add_argument("--budget", type=float, default=60.0, help="seconds per parity config")
+    ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    cfg = north_mini_code_config()
+    t = time.time()
+    w = random_weights(cfg, device="cuda", dtype=torch.bfloat16, seed=0)
+    torch.cuda.synchronize()
+    print(f"random North weights: {w.num_bytes() / 1e9:.1f} GB in {time.time() - t:.1f}s", flush=True)
+    out = {"parity": [], "bench": None, "gpu": torch.cuda.get_device_name()}
+    for item in filter(None, args.parity.split(",")):
+        B, ctx = (int(x) for x in item.split("x"))
+        r = parity(cfg, w, B, ctx, args.steps, args.budget)
+        print(json.dumps(r), flush=True)
+        out["parity"].append(r)
+        torch.cuda.empty_cache()
+    if args.bench:
+        r = bench(cfg, w)
+        print(json.dumps(r), flush=True)
+        out["bench"] = r
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

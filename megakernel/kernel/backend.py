@@ -1,0 +1,309 @@
+"""The engine's decode backend on sm_90: one megakernel launch per decode step.
+
+    backend = MegakernelBackend(cfg, weights, layout, max_batch=16)
+    logits = backend.decode(batch, cache)          # fp32 [B, vocab]; K/V of the new tokens written into `cache`
+    backend.last_tokens                             # greedy tokens chosen inside the kernel (device tensor [B])
+
+A step that does not finish (a counter stuck past the watchdog, default 5 s, $MEGAKERNEL_WATCHDOG_S) aborts
+inside the kernel; `decode` then raises MegakernelHang naming the stuck counters, and the next step starts clean
+(counters are zeroed before every launch).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import time
+
+import numpy as np
+import torch
+
+from megakernel.config import ModelConfig
+from megakernel.errors import MegakernelError
+from megakernel.kernel import opcodes as O
+from megakernel.kernel.schedule import ModelPlan, StepInputs, TaskList, build_tasks, step_inputs
+from megakernel.kv.cache import KVCache, KVLayout
+from megakernel.model.cohere2_moe import ForwardBatch, ForwardTrace
+from megakernel.model.weights import ModelWeights
+
+log = logging.getLogger("megakernel")
+
+
+class MegakernelHang(MegakernelError):
+    """A decode step did not finish in time; the message names the stuck dependency counters."""
+
+
+class MegakernelFailure(MegakernelError):
+    """The kernel reported an error (bad opcode, launch failure)."""
+
+
+def megakernel_available(device: torch.device | str | None = None) -> tuple[bool, str]:
+    """(True, "") when the decode megakernel can run on `device`, else (False, reason)."""
+    if os.environ.get("MEGAKERNEL_DISABLE"):
+        return False, "disabled by MEGAKERNEL_DISABLE"
+    if not torch.cuda.is_available():
+        return False, "no CUDA device"
+    dev = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+    if dev.type != "cuda":
+        return False, f"device {dev} is not a CUDA device"
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    major, minor = torch.cuda.get_device_capability(idx)
+    if (major, minor) != (9, 0):
+        return False, f"{torch.cuda.get_device_name(idx)} is sm_{major}{minor}; the megakernel needs sm_90 (H100/H200)"
+    from megakernel.kernel.build import find_nvcc
+    if find_nvcc() is None:
+        return False, "nvcc not found to build the kernel (set CUDA_HOME or MEGAKERNEL_NVCC)"
+    return True, ""
+
+
+def _align(n: int, a: int = 256) -> int:
+    return (n + a - 1) // a * a
+
+
+class MegakernelBackend:
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, layout: KVLayout, max_batch: int = 16, *,
+                 split_tokens: int | None = None, n_workers: int | None = None, watchdog_s: float | None = None,
+                 arch: str = "sm_90a") -> None:
+        ok, why = megakernel_available(weights.device)
+        if not ok:
+            raise RuntimeError(f"decode megakernel unavailable: {why}")
+        if weights.dtype != torch.bfloat16:
+            raise ValueError(f"the megakernel runs bf16 weights, got {weights.dtype}")
+        from megakernel.kernel import build
+        max_batch = min(max_batch, O.MAX_BATCH)     # larger decode batches run as several launches
+        self.cfg, self.w, self.layout = cfg, weights, layout
+        self.device = weights.device
+        self.dev_index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        self.lib = build.load(arch)
+        info = (ctypes.c_int * 4)()
+        rc = self.lib.mk_device_info(self.dev_index, info)
+        if rc:
+            raise MegakernelFailure(f"cudaGetDeviceProperties failed: {self.lib.mk_error_string(rc).decode()}")
+        self.num_sms, self.smem_optin = info[0], info[3]
+        self.grid = self.num_sms
+        self.plan = ModelPlan(cfg, layout, max_batch, n_workers=n_workers or self.grid, split_tokens=split_tokens)
+        self.plan.check_supported()
+        self.smem = self.plan.smem_bytes()
+        if self.smem > self.smem_optin - 1024:
+            raise ValueError(f"kernel needs {self.smem} B of shared memory, the GPU allows {self.smem_optin}")
+        wd = watchdog_s if watchdog_s is not None else float(os.environ.get("MEGAKERNEL_WATCHDOG_S", "5"))
+        self.watchdog_ns = int(wd * 1e9)
+        self.poison = False                  # tests: fill scratch with NaN before every step
+        self._alloc_static()
+        self._tasks: dict[tuple, tuple[TaskList, torch.Tensor]] = {}
+        self.last_tokens: torch.Tensor | None = None
+        self.last_task_list: TaskList | None = None
+
+    # ---- static state ------------------------------------------------------------------------------------------
+    def _alloc_static(self) -> None:
+        p, dev, w = self.plan, self.device, self.w
+        spec = p.scratch_spec(torch.bfloat16)
+        offs, total = {}, 0
+        for name, (shape, dt) in spec.items():
+            n = int(np.prod(shape)) * torch.empty((), dtype=dt).element_size()
+            offs[name] = (total, shape, dt, n)
+            total += _align(n)
+        self.scratch_bytes = torch.empty(total, dtype=torch.uint8, device=dev)
+        self.buf: dict[str, torch.Tensor] = {}
+        for name, (off, shape, dt, n) in offs.items():
+            self.buf[name] = self.scratch_bytes[off:off + n].view(dt).view(shape)
+        self.sync = torch.zeros(p.sync_ints, dtype=torch.int32, device=dev)
+        self.ctrl_host = torch.zeros(O.CTRL_INTS, dtype=torch.int32, pin_memory=True)
+        self.part_o = torch.empty(1, dtype=torch.float32, device=dev)
+        self.part_lse = torch.empty(1, dtype=torch.float32, device=dev)
+        self.layer_info = torch.from_numpy(p.layer_info()).to(dev)
+        d = p.d
+        inv = 1.0 / (p.cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+        self.inv_freq = inv.to(dev)
+        self._keep: list[torch.Tensor] = []
+
+        def ptr(t: torch.Tensor | None) -> int:
+            if t is None:
+                return 0
+            if t.device != dev or t.dtype != torch.bfloat16:
+                raise ValueError("every weight must be bf16 on the backend's device")
+            if not t.is_contiguous():
+                t = t.contiguous()
+            self._keep.append(t)
+            return t.data_ptr()
+
+        wp = np.zeros((p.L, O.WPTR_INTS), dtype=np.int64)
+        F = {n: i for i, n in enumerate(O.WPTR_FIELDS)}
+        for l, lw in enumerate(w.layers):
+            wp[l, F["norm"]] = ptr(lw.norm_weight)
+            wp[l, F["qkv"]] = ptr(lw.qkv)
+            wp[l, F["qkv_bias"]] = ptr(lw.qkv_bias)
+            wp[l, F["o"]] = ptr(lw.o)
+            wp[l, F["o_bias"]] = ptr(lw.o_bias)
+            mlp = lw.dense if lw.dense is not None else (lw.moe.shared if lw.moe is not None else None)
+            if mlp is not None:
+                wp[l, F["mlp_gu"]] = ptr(mlp.gate_up)
+                wp[l, F["mlp_down"]] = ptr(mlp.down)
+            if lw.moe is not None:
+                wp[l, F["router"]] = ptr(lw.moe.router)
+                wp[l, F["e_gu"]] = ptr(lw.moe.experts_gate_up)
+                wp[l, F["e_down"]] = ptr(lw.moe.experts_down)
+        self.wptrs = torch.from_numpy(wp).to(dev)
+        self.embed_ptr, self.final_norm_ptr, self.lm_head_ptr = ptr(w.embed), ptr(w.final_norm), ptr(w.lm_head)
+        self.step_host = torch.zeros(1, dtype=torch.int32).pin_memory()
+        self.step_dev = torch.zeros(1, dtype=torch.int32, device=dev)
+
+    def _task_list(self, si: StepInputs) -> tuple[TaskList, torch.Tensor]:
+        key = si.signature
+        hit = self._tasks.get(key)
+        if hit is None:
+            tl = build_tasks(self.plan, si.B, si.nsplit)
+            hit = (tl, torch.from_numpy(tl.records).to(self.device))
+            if len(self._tasks) >= 16:
+                self._tasks.pop(next(iter(self._tasks)))
+            self._tasks[key] = hit
+        return hit
+
+    # ---- one step ----------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def decode(self, batch: ForwardBatch, cache: KVCache, trace: ForwardTrace | None = None,
+               _inject_hang: bool = False) -> torch.Tensor:
+        p = self.plan
+        B = batch.num_seqs
+        if batch.starts != list(range(B + 1)):
+            raise ValueError("the megakernel decodes exactly one new token per sequence")
+        if B > p.max_batch:                          # several launches of at most max_batch rows
+            outs, toks = [], []
+            for a in range(0, B, p.max_batch):
+                b = min(B, a + p.max_batch)
+                sub = ForwardBatch(batch.input_ids[a:b], batch.positions[a:b], list(range(b - a + 1)),
+                                   batch.block_tables[a:b])
+                sub_trace = ForwardTrace() if trace is not None else None
+                outs.append(self.decode(sub, cache, sub_trace, _inject_hang))
+                toks.append(self.last_tokens)
+                if trace is not None:
+                    if not trace.experts:
+                        trace.experts.extend(sub_trace.experts)
+                    else:
+                        trace.experts[:] = [torch.cat([x, y]) for x, y in zip(trace.experts, sub_trace.experts)]
+            self.last_tokens = torch.cat(toks)
+            logits = torch.cat(outs)
+            rows = batch.logits_rows
+            return logits[rows] if rows is not None and rows.tolist() != list(range(B)) else logits
+        si = step_inputs(p, batch.input_ids.tolist(), batch.positions.tolist(), batch.block_tables)
+        tl, tasks = self._task_list(si)
+        self.last_task_list = tl
+        if _inject_hang:   # tests: one task waits for one more arrival than its counter ever gets
+            rec = tl.records.copy()
+            i = len(rec) // 2
+            while int(rec[i, O.R["w0c"]]) < 0:
+                i += 1
+            rec[i, O.R["w0t"]] += 1
+            tasks = torch.from_numpy(rec).to(self.device)
+        dev = self.device
+        g, d = p.g, p.d
+        if self.part_o.numel() < max(1, tl.n_partials) * g * d:
+            self.part_o = torch.empty(max(1, tl.n_partials) * g * d * 2, dtype=torch.float32, device=dev)
+            self.part_lse = torch.empty(max(1, tl.n_partials) * g * 2, dtype=torch.float32, device=dev)
+        # per-step inputs: one pinned buffer, one copy
+        n_step, n_tab = len(si.step), len(si.tables)
+        if self.step_host.numel() < n_step + n_tab:
+            self.step_host = torch.zeros(_align(n_step + n_tab, 1024), dtype=torch.int32).pin_memory()
+            self.step_dev = torch.zeros(self.step_host.numel(), dtype=torch.int32, device=dev)
+        hs = self.step_host.numpy()
+        hs[:n_step] = si.step
+        hs[n_step:n_step + n_tab] = si.tables
+        self.step_dev[:n_step + n_tab].copy_(self.step_host[:n_step + n_tab], non_blocking=True)
+        if self.poison:
+            self.scratch_bytes.fill_(0xFF)
+            self.part_o.fill_(float("nan"))
+            self.part_lse.fill_(float("nan"))
+        logits = torch.empty(B, self.cfg.vocab_size, dtype=torch.float32, device=dev)
+        if self.poison:
+            logits.fill_(float("nan"))
+        kv = [t for t in cache.kv] + [None] * (2 - len(cache.kv))
+        for t in cache.kv:
+            if t.dtype != torch.bfloat16 or t.device != dev or not t.is_contiguous():
+                raise ValueError("the KV cache must be contiguous bf16 on the backend's device")
+        params = self._params(si, tl, tasks, kv, cache, logits, n_step)
+        stream = torch.cuda.current_stream(dev)
+        rc = self.lib.mk_launch(self.dev_index, params.ctypes.data_as(
+            ctypes.POINTER(ctypes.c_longlong)), self.grid, self.smem,
+            self.sync.data_ptr(), p.sync_ints * 4, stream.cuda_stream)
+        if rc:
+            raise MegakernelFailure(f"megakernel launch failed: {self.lib.mk_error_string(rc).decode()}")
+        self.ctrl_host.copy_(self.sync[:O.CTRL_INTS], non_blocking=True)
+        ev = torch.cuda.Event()
+        ev.record(stream)
+        self._wait(ev, tl, tasks)
+        self.last_tokens = self.buf["tokens"][:B].clone()
+        if trace is not None:
+            for m in range(p.Lm):
+                ids = self.buf["route"][m, p.r_topk_ids:p.r_topk_ids + p.n_pairs].view(p.max_batch, p.topk)[:B]
+                trace.experts.append(ids.long().clone())
+        rows = batch.logits_rows
+        if rows is not None and rows.tolist() != list(range(B)):
+            logits = logits[rows]
+        return logits
+
+    def _params(self, si, tl, tasks, kv, cache, logits, n_step) -> np.ndarray:
+        p, cfg = self.plan, self.cfg
+        v = np.zeros(O.NUM_PARAMS, dtype=np.int64)
+        P = O.P
+        f2i = lambda x: int(np.float32(x).view(np.int32))
+        base = self.sync.data_ptr()
+        vals = dict(
+            tasks=tasks.data_ptr(), n_tasks=tasks.shape[0], ctrl=base, counters=base + 4 * O.CTRL_INTS,
+            n_counters=p.n_counters, moe_work=base + 4 * (O.CTRL_INTS + p.n_counters),
+            layer_info=self.layer_info.data_ptr(), wptrs=self.wptrs.data_ptr(), inv_freq=self.inv_freq.data_ptr(),
+            embed=self.embed_ptr, final_norm=self.final_norm_ptr, lm_head=self.lm_head_ptr,
+            kv0=kv[0].data_ptr() if kv[0] is not None else 0, kv1=kv[1].data_ptr() if kv[1] is not None else 0,
+            nblk0=cache.num_blocks[0], nblk1=cache.num_blocks[1] if len(cache.num_blocks) > 1 else 0,
+            step=self.step_dev.data_ptr(), tables=self.step_dev.data_ptr() + 4 * n_step,
+            part_o=self.part_o.data_ptr(), part_lse=self.part_lse.data_ptr(), logits=logits.data_ptr(),
+            B=si.B, Bm=p.max_batch, H=p.H, n_heads=p.nh, n_kv=p.nkv, head_dim=p.d, E=p.E, topk=p.topk, I=p.I,
+            I_mlp=p.I_mlp, V=cfg.vocab_size, L=p.L, n_groups=p.n_groups, block_size=p.layout.block_size,
+            split_tokens=si.split_tokens, cpl=p.cpl, c_gu=p.c_gu,
+            gu_rows=p.gu_rows, gu_tiles=p.gu_tiles, dn_rows=p.dn_rows, dn_tiles=p.dn_tiles, n_slots=p.n_slots,
+            n_pairs=p.n_pairs, r_stride=p.r_stride, r_slot_expert=p.r_slot_expert, r_slot_start=p.r_slot_start,
+            r_slot_cnt=p.r_slot_cnt, r_pair_row=p.r_pair_row, r_pair_rank=p.r_pair_rank, r_pair_w=p.r_pair_w,
+            r_topk_ids=p.r_topk_ids,
+            norm_type=O.NORM_RMS if cfg.norm_type == "rms" else O.NORM_LAYER, norm_eps=f2i(cfg.norm_eps),
+            logit_scale=f2i(cfg.logit_scale), attn_scale=f2i(cfg.head_dim ** -0.5),
+            sel_fn=O.SEL_SOFTMAX if cfg.expert_selection_fn == "softmax" else O.SEL_SIGMOID,
+            norm_topk=int(cfg.norm_topk_prob),
+            shared_comb=O.COMB_SUM if cfg.shared_expert_combination == "sum" else O.COMB_AVERAGE,
+            watchdog_ns=self.watchdog_ns,
+        )
+        for name, t in self.buf.items():
+            vals[name] = t.data_ptr()
+        missing = set(O.PARAM_FIELDS) - set(vals)
+        if missing:
+            raise AssertionError(f"kernel parameters not set: {sorted(missing)}")
+        for name, x in vals.items():
+            v[P[name]] = int(x)
+        return v
+
+    def _wait(self, ev: torch.cuda.Event, tl: TaskList, tasks: torch.Tensor) -> None:
+        # Host-side backstop: the in-kernel watchdog ends a stuck step; if even that fails, do not hang forever.
+        deadline = time.monotonic() + self.watchdog_ns / 1e9 + 30.0
+        spins = 0
+        while not ev.query():
+            spins += 1
+            if spins > 200:
+                time.sleep(50e-6)
+            if time.monotonic() > deadline:
+                raise MegakernelHang("decode megakernel did not finish within the host deadline; the GPU may be "
+                                     "unusable until the process exits")
+        ctrl = self.ctrl_host.tolist()
+        C = {n: i for i, n in enumerate(O.CTRL_FIELDS)}
+        code = ctrl[C["err_code"]]
+        if code == 0:
+            return
+        counters = self.sync[O.CTRL_INTS:O.CTRL_INTS + self.plan.n_counters].cpu().numpy()
+        if code == O.ERR_WATCHDOG:
+            c, val, tgt, task = (ctrl[C[k]] for k in ("err_counter", "err_value", "err_target", "err_task"))
+            op = O.Op(int(tl.records[task, 0])).name if 0 <= task < len(tl.records) else "?"
+            short = [f"{tl.names.get(i, f'counter {i}')}: {int(counters[i])}/{t}"
+                     for i, t in sorted(tl.targets.items()) if counters[i] < t][:8]
+            raise MegakernelHang(
+                f"decode megakernel watchdog: task {task} ({op}) waited {self.watchdog_ns / 1e9:.1f}s on "
+                f"{tl.names.get(c, f'counter {c}')} (counter {c}) at {val}, needs {tgt}. Counters short of their "
+                f"targets: {'; '.join(short)}")
+        raise MegakernelFailure(f"decode megakernel error code {code} at task {ctrl[C['err_task']]}")

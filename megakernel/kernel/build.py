@@ -1,0 +1,135 @@
+"""Compile the megakernel's CUDA sources with nvcc on first use and cache the shared library on disk.
+
+The cache key hashes the sources, the generated header (opcodes.py), the nvcc flags, the nvcc version and the
+GPU architecture, so any change rebuilds and nothing stale is ever loaded. The library is a plain `extern "C"`
+launcher loaded with ctypes: no CMake, no torch extension build, no manual step.
+
+Cache folder: $MEGAKERNEL_CACHE_DIR, else $XDG_CACHE_HOME/megakernel, else ~/.cache/megakernel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+from megakernel.kernel import opcodes
+
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = ("mk_common.cuh", "mk_kernel.cu")
+ARCH_FLAGS = {"sm_90a": ["-gencode=arch=compute_90a,code=sm_90a"], "sm_90": ["-gencode=arch=compute_90,code=sm_90"]}
+NVCC_FLAGS = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-lineinfo",
+              "-Xptxas", "-v"]
+
+_lock = threading.Lock()
+_loaded: dict[str, ctypes.CDLL] = {}
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+def find_nvcc() -> str | None:
+    for cand in (os.environ.get("MEGAKERNEL_NVCC"), shutil.which("nvcc"),
+                 os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc"),
+                 "/usr/local/cuda/bin/nvcc"):
+        if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def nvcc_version(nvcc: str) -> str:
+    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
+    return out.strip().splitlines()[-1]
+
+
+def cache_dir() -> Path:
+    d = os.environ.get("MEGAKERNEL_CACHE_DIR")
+    if d:
+        return Path(d)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "megakernel"
+
+
+def source_texts() -> dict[str, str]:
+    texts = {name: (CSRC / name).read_text() for name in SOURCES}
+    texts["mk_generated.h"] = opcodes.generate_header()
+    return texts
+
+
+def build_key(arch: str, nvcc_ver: str, extra_flags: tuple[str, ...] = ()) -> str:
+    h = hashlib.sha256()
+    for name, text in sorted(source_texts().items()):
+        h.update(name.encode() + b"\0" + text.encode() + b"\0")
+    h.update(" ".join(NVCC_FLAGS + ARCH_FLAGS[arch] + list(extra_flags)).encode())
+    h.update(nvcc_ver.encode())
+    h.update(arch.encode())
+    return h.hexdigest()[:20]
+
+
+def build(arch: str = "sm_90a", extra_flags: tuple[str, ...] = (), verbose: bool = False) -> Path:
+    """Return the path of the compiled library for `arch`, compiling it if the cache lacks it."""
+    nvcc = find_nvcc()
+    if nvcc is None:
+        raise BuildError("nvcc not found (set MEGAKERNEL_NVCC or CUDA_HOME, or put nvcc on PATH)")
+    ver = nvcc_version(nvcc)
+    key = build_key(arch, ver, extra_flags)
+    out_dir = cache_dir() / f"{arch}-{key}"
+    lib = out_dir / "libmegakernel.so"
+    if lib.exists():
+        return lib
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / ".lock", "w") as lockf:
+        fcntl.flock(lockf, fcntl.LOCK_EX)
+        if lib.exists():
+            return lib
+        src_dir = out_dir / "src"
+        src_dir.mkdir(exist_ok=True)
+        for name, text in source_texts().items():
+            (src_dir / name).write_text(text)
+        tmp = out_dir / f"libmegakernel.so.tmp{os.getpid()}"
+        cmd = [nvcc, *NVCC_FLAGS, *ARCH_FLAGS[arch], *extra_flags, "-I", str(src_dir),
+               str(src_dir / "mk_kernel.cu"), "-o", str(tmp)]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        (out_dir / "build.log").write_text(" ".join(cmd) + "\n" + res.stdout + res.stderr)
+        if res.returncode != 0:
+            raise BuildError(f"nvcc failed ({res.returncode}); log in {out_dir / 'build.log'}:\n"
+                             + res.stderr[-4000:])
+        if verbose:
+            print(res.stderr)
+        os.replace(tmp, lib)
+    return lib
+
+
+def load(arch: str = "sm_90a") -> ctypes.CDLL:
+    """Build if needed and load the library (once per process)."""
+    with _lock:
+        if arch in _loaded:
+            return _loaded[arch]
+        lib = ctypes.CDLL(str(build(arch)))
+        lib.mk_launch.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_longlong), ctypes.c_int, ctypes.c_int,
+                                  ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p]
+        lib.mk_launch.restype = ctypes.c_int
+        lib.mk_num_params.restype = ctypes.c_int
+        lib.mk_error_string.argtypes = [ctypes.c_int]
+        lib.mk_error_string.restype = ctypes.c_char_p
+        lib.mk_device_info.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+        lib.mk_device_info.restype = ctypes.c_int
+        if lib.mk_num_params() != opcodes.NUM_PARAMS:
+            raise BuildError("the loaded library disagrees with opcodes.py on the parameter count")
+        _loaded[arch] = lib
+        return lib
+
+
+if __name__ == "__main__":  # python -m megakernel.kernel.build [arch]: compile and print the resource report
+    import sys
+
+    arch = sys.argv[1] if len(sys.argv) > 1 else "sm_90a"
+    path = build(arch)
+    print(path)
+    print((path.parent / "build.log").read_text())

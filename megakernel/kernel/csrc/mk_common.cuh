@@ -1,0 +1,150 @@
+// Helpers of the decode megakernel: bf16 conversions, async copies, acquire/release counters, watchdog waits.
+#pragma once
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+#include "mk_generated.h"
+
+typedef __nv_bfloat16 bf16;
+
+struct Params {
+    long long v[MK_NUM_PARAMS];
+};
+
+#define PI(name) ((int)P.v[PRM_##name])
+#define PL(name) (P.v[PRM_##name])
+#define PP(type, name) (reinterpret_cast<type>(P.v[PRM_##name]))
+#define PF(name) (__int_as_float((int)P.v[PRM_##name]))
+
+__device__ __forceinline__ float bf2f(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ bf16 f2bf(float x) { return __float2bfloat16_rn(x); }
+// Round an fp32 value to bf16 precision (what storing a PyTorch bf16 intermediate does).
+__device__ __forceinline__ float rbf(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+__device__ __forceinline__ void unpack8(const uint4& u, float* f) {
+    f[0] = __uint_as_float(u.x << 16); f[1] = __uint_as_float(u.x & 0xffff0000u);
+    f[2] = __uint_as_float(u.y << 16); f[3] = __uint_as_float(u.y & 0xffff0000u);
+    f[4] = __uint_as_float(u.z << 16); f[5] = __uint_as_float(u.z & 0xffff0000u);
+    f[6] = __uint_as_float(u.w << 16); f[7] = __uint_as_float(u.w & 0xffff0000u);
+}
+
+// Loads of data produced inside this launch go to L2 (.cg), never through the incoherent L1 / nc path.
+__device__ __forceinline__ float ldcg_bf(const bf16* p) {
+    unsigned short u = __ldcg(reinterpret_cast<const unsigned short*>(p));
+    return __uint_as_float(((unsigned)u) << 16);
+}
+__device__ __forceinline__ float ldcg_f(const float* p) { return __ldcg(p); }
+__device__ __forceinline__ int ldcg_i(const int* p) { return __ldcg(p); }
+
+__device__ __forceinline__ void cp_async16(void* smem_dst, const void* gsrc) {
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem_dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gsrc) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait_group() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+__device__ __forceinline__ int ld_acquire(const int* p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ int ld_volatile(const int* p) { return *((volatile const int*)p); }
+__device__ __forceinline__ void red_release(int* p, int v) {
+    asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ unsigned long long globaltimer() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %globaltimer;\n" : "=l"(t));
+    return t;
+}
+
+// Thread 0 only. Spins until counters[c] >= target. Returns false when the step is aborted (another block's
+// watchdog fired) or when this wait exceeds the watchdog: then it records which counter is stuck and aborts.
+__device__ __noinline__ bool wait_counter(const Params& P, int c, int target, int task) {
+    int* ctrl = PP(int*, ctrl);
+    const int* counters = PP(const int*, counters);
+    if (ld_acquire(counters + c) >= target) return true;
+    const unsigned long long t0 = globaltimer();
+    const unsigned long long limit = (unsigned long long)PL(watchdog_ns);
+    unsigned ns = 20;
+    while (true) {
+        __nanosleep(ns);
+        if (ns < 200) ns += ns;
+        int v = ld_acquire(counters + c);
+        if (v >= target) return true;
+        if (ld_volatile(ctrl + CTRL_ABORT)) return false;
+        if (globaltimer() - t0 > limit) {
+            if (atomicCAS(ctrl + CTRL_ERR_CODE, 0, MK_ERR_WATCHDOG) == 0) {
+                ctrl[CTRL_ERR_TASK] = task;
+                ctrl[CTRL_ERR_COUNTER] = c;
+                ctrl[CTRL_ERR_VALUE] = v;
+                ctrl[CTRL_ERR_TARGET] = target;
+                ctrl[CTRL_ERR_BLOCK] = blockIdx.x;
+            }
+            __threadfence();
+            atomicExch(ctrl + CTRL_ABORT, 1);
+            return false;
+        }
+    }
+}
+
+// All threads: wait for (c, target) (c < 0: nothing). Returns false if the step was aborted.
+__device__ __forceinline__ bool block_wait(const Params& P, int c, int target, int task) {
+    int ok = 1;
+    if (c >= 0 && threadIdx.x == 0) ok = wait_counter(P, c, target, task) ? 1 : 0;
+    return __syncthreads_and(ok) != 0;
+}
+
+// All threads: everything this block wrote is published, then counters[c] += 1 (release, gpu scope).
+__device__ __forceinline__ void block_signal(const Params& P, int c) {
+    __syncthreads();
+    if (c >= 0 && threadIdx.x == 0) {
+        __threadfence();
+        red_release(PP(int*, counters) + c, 1);
+    }
+}
+
+__device__ __forceinline__ void record_error(const Params& P, int code, int task) {
+    int* ctrl = PP(int*, ctrl);
+    if (atomicCAS(ctrl + CTRL_ERR_CODE, 0, code) == 0) {
+        ctrl[CTRL_ERR_TASK] = task;
+        ctrl[CTRL_ERR_BLOCK] = blockIdx.x;
+    }
+    __threadfence();
+    atomicExch(ctrl + CTRL_ABORT, 1);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+// (value, index) argmax: larger value wins, ties go to the smaller index.
+__device__ __forceinline__ void warp_argmax(float& v, int& i) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) {
+        float v2 = __shfl_xor_sync(0xffffffffu, v, o);
+        int i2 = __shfl_xor_sync(0xffffffffu, i, o);
+        if (v2 > v || (v2 == v && i2 < i)) { v = v2; i = i2; }
+    }
+}
+
+// Block-wide sum (all threads get the result). `red` holds MK_NUM_WARPS floats.
+__device__ __forceinline__ float block_sum(float v, float* red) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float s = 0.f;
+#pragma unroll
+    for (int w = 0; w < MK_NUM_WARPS; w++) s += red[w];
+    return s;
+}

@@ -1,0 +1,153 @@
+"""Single source of truth shared by the host (schedule builder, simulator, backend) and the CUDA kernel.
+
+Everything the kernel needs to agree on with Python is declared here once: task opcodes, the task record
+layout, the control block, the kernel parameter slots, the per-layer info and weight-pointer tables, the route
+buffer layout and the compile-time constants. `generate_header()` turns them into `mk_generated.h`, which the
+CUDA sources include; the build hashes that text, so a change here always rebuilds the kernel.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+# ---- compile-time constants -----------------------------------------------------------------------------------
+NUM_THREADS = 512            # threads per block (16 warps); one block per SM
+NUM_WARPS = NUM_THREADS // 32
+MAX_BATCH = 16               # rows per decode step the kernel supports
+WTILE_BYTES = 64 * 1024      # bytes of weights one GEMV task stages in shared memory
+MAX_TILE_ROWS = 64           # rows of one GEMV tile at most (bounds the reduction scratch)
+ATTN_CHUNK = 64              # keys per shared-memory chunk in attention
+ATTN_OUT_PER_THREAD = 4      # (query heads per kv head) * head_dim <= NUM_THREADS * this
+MAX_HEAD_DIM = 256
+MAX_GROUP = 16               # query heads per kv head
+MAX_EXPERTS = 256
+MAX_TOPK = 16
+SMEM_LIMIT = 227 * 1024      # dynamic shared memory one block may use on sm_90
+DEFAULT_SPLIT_TOKENS = 512   # keys per attention split (rounded to the KV block size)
+MAX_SPLITS_PER_HEAD = 256    # longer contexts get longer splits
+
+# ---- opcodes --------------------------------------------------------------------------------------------------
+
+
+class Op(IntEnum):
+    NORM = 1          # residual add (+ MoE combine) and norm of one row; layer 0 gathers the embedding;
+                      # layer == num_layers is the final norm
+    QKV = 2           # tile of the fused QKV projection, RoPE, q to scratch and K/V appended to the paged cache
+    ATTN = 3          # one split of decode attention for one (sequence, kv head): partial output + log-sum-exp
+    ATTN_COMBINE = 4  # merge the splits of one (sequence, kv head)
+    OPROJ = 5         # tile of the output projection
+    ROUTER = 6        # tile of the router logits
+    TOPK = 7          # top-k + scores for every row of one layer, builds the layer's expert queue
+    MOE_WORKER = 8    # claims expert work items (gate/up tiles, then down tiles) from the layer's queue
+    MLP_GU = 9        # tile of the dense / shared-expert gate+up projection with SiLU*up
+    MLP_DOWN = 10     # tile of the dense / shared-expert down projection
+    LM_HEAD = 11      # tile of the LM head (logits and a per-tile argmax)
+    ARGMAX = 12       # greedy token per row from the per-tile maxima
+
+
+# ---- task record: REC_INTS int32 per task ------------------------------------------------------------------------
+# a0..a3 meaning per opcode:
+#   NORM         a0=row
+#   QKV/OPROJ/ROUTER/MLP_GU/MLP_DOWN   a0=first row of the tile, a1=rows (MLP_GU: rows of gate and of up each)
+#   ATTN         a0=seq, a1=kv head, a2=split index, a3=first partial slot of this (seq, kv head)
+#   ATTN_COMBINE a0=seq, a1=kv head, a2=number of splits, a3=first partial slot
+#   TOPK         a0=moe layer index
+#   MOE_WORKER   a0=moe layer index
+#   LM_HEAD      a0=first row, a1=rows, a2=tile index
+#   ARGMAX       a0=number of LM-head tiles
+# sig: counter incremented (release) when the task is done (-1: none). Waits: (counter, target) pairs, -1 unused.
+REC_FIELDS = ("op", "layer", "a0", "a1", "a2", "a3", "sig", "w0c", "w0t", "w1c", "w1t", "w2c", "w2t",
+              "pad0", "pad1", "pad2")
+REC_INTS = len(REC_FIELDS)
+MAX_WAITS = 3
+R = {name: i for i, name in enumerate(REC_FIELDS)}
+
+# ---- control block (int32, zeroed before every step together with the counters) --------------------------------
+CTRL_FIELDS = ("ticket", "abort", "err_code", "err_task", "err_counter", "err_value", "err_target", "err_block",
+               "done_blocks", "pad1", "pad2", "pad3", "pad4", "pad5", "pad6", "pad7")
+CTRL_INTS = len(CTRL_FIELDS)
+ERR_WATCHDOG = 1
+ERR_BAD_OPCODE = 2
+ERR_BAD_INPUT = 3
+
+# ---- kernel parameters: NUM_PARAMS int64 slots passed by value ----------------------------------------------------
+PARAM_FIELDS = (
+    # task list and synchronisation
+    "tasks", "n_tasks", "ctrl", "counters", "n_counters", "moe_work",
+    # tables
+    "layer_info", "wptrs", "inv_freq",
+    # global weights
+    "embed", "final_norm", "lm_head",
+    # paged KV cache (up to 2 groups)
+    "kv0", "kv1", "nblk0", "nblk1",
+    # per-step inputs (int32): ids[B], pos[B], table offset[B*G], table base block[B*G]; block tables (int32)
+    "step", "tables",
+    # scratch
+    "h", "x", "q", "attn", "part_o", "part_lse", "ao", "rlog", "route", "eact", "y", "mact", "mout",
+    "logits", "lm_best", "tokens",
+    # dims
+    "B", "Bm", "H", "n_heads", "n_kv", "head_dim", "E", "topk", "I", "I_mlp", "V", "L", "n_groups",
+    "block_size", "split_tokens",
+    # counters of the per-slot expert gate/up items: layer * cpl + c_gu + slot
+    "cpl", "c_gu",
+    # expert work items
+    "gu_rows", "gu_tiles", "dn_rows", "dn_tiles", "n_slots", "n_pairs",
+    # route buffer layout (int32 offsets inside one MoE layer's route record)
+    "r_stride", "r_slot_expert", "r_slot_start", "r_slot_cnt", "r_pair_row", "r_pair_rank", "r_pair_w",
+    "r_topk_ids",
+    # numerics
+    "norm_type", "norm_eps", "logit_scale", "attn_scale", "sel_fn", "norm_topk", "shared_comb",
+    # watchdog
+    "watchdog_ns",
+)
+NUM_PARAMS = len(PARAM_FIELDS)
+P = {name: i for i, name in enumerate(PARAM_FIELDS)}
+
+# ---- per-layer info (int32) and weight pointers (int64) ------------------------------------------------------------
+LAYER_INFO_FIELDS = ("uses_rope", "group", "lig", "window", "moe_idx", "mlp_kind", "mlp_width", "pad")
+LAYER_INFO_INTS = len(LAYER_INFO_FIELDS)
+MLP_NONE, MLP_DENSE, MLP_SHARED = 0, 1, 2          # mlp_kind: the static SwiGLU of the layer, if any
+
+WPTR_FIELDS = ("norm", "qkv", "qkv_bias", "o", "o_bias", "mlp_gu", "mlp_down", "router", "e_gu", "e_down")
+WPTR_INTS = len(WPTR_FIELDS)
+
+NORM_RMS, NORM_LAYER = 0, 1
+SEL_SIGMOID, SEL_SOFTMAX = 0, 1
+COMB_SUM, COMB_AVERAGE = 0, 1
+
+# ---- per-layer counters -------------------------------------------------------------------------------------------
+# Counter ids are assigned by the schedule builder (schedule.CounterMap); these are the kinds, for diagnostics.
+COUNTER_KINDS = ("x", "qkv", "att", "comb", "o", "rl", "route", "gu", "mgu", "mlp", "xf", "lm")
+
+
+def _defines(prefix: str, names, upper: bool = True) -> list[str]:
+    return [f"#define {prefix}{n.upper() if upper else n} {i}" for i, n in enumerate(names)]
+
+
+def generate_header() -> str:
+    """The C header with every shared constant. Included by csrc/*.cu; part of the build hash."""
+    lines = ["// GENERATED by megakernel/kernel/opcodes.py: do not edit.", "#pragma once", ""]
+    consts = dict(NUM_THREADS=NUM_THREADS, NUM_WARPS=NUM_WARPS, MAX_BATCH=MAX_BATCH, WTILE_BYTES=WTILE_BYTES,
+                  MAX_TILE_ROWS=MAX_TILE_ROWS, ATTN_CHUNK=ATTN_CHUNK, ATTN_OUT_PER_THREAD=ATTN_OUT_PER_THREAD,
+                  MAX_HEAD_DIM=MAX_HEAD_DIM, MAX_GROUP=MAX_GROUP, MAX_EXPERTS=MAX_EXPERTS, MAX_TOPK=MAX_TOPK,
+                  REC_INTS=REC_INTS, MAX_WAITS=MAX_WAITS, CTRL_INTS=CTRL_INTS, NUM_PARAMS=NUM_PARAMS,
+                  LAYER_INFO_INTS=LAYER_INFO_INTS, WPTR_INTS=WPTR_INTS,
+                  ERR_WATCHDOG=ERR_WATCHDOG, ERR_BAD_OPCODE=ERR_BAD_OPCODE, ERR_BAD_INPUT=ERR_BAD_INPUT,
+                  MLP_NONE=MLP_NONE, MLP_DENSE=MLP_DENSE, MLP_SHARED=MLP_SHARED,
+                  NORM_RMS=NORM_RMS, NORM_LAYER=NORM_LAYER, SEL_SIGMOID=SEL_SIGMOID, SEL_SOFTMAX=SEL_SOFTMAX,
+                  COMB_SUM=COMB_SUM, COMB_AVERAGE=COMB_AVERAGE)
+    lines += [f"#define MK_{k} {v}" for k, v in consts.items()]
+    lines.append("")
+    lines += [f"#define OP_{op.name} {int(op)}" for op in Op]
+    lines.append("")
+    lines += _defines("RF_", REC_FIELDS)
+    lines.append("")
+    lines += _defines("CTRL_", CTRL_FIELDS)
+    lines.append("")
+    lines += _defines("PRM_", PARAM_FIELDS, upper=False)   # used as PRM_##name
+    lines.append("")
+    lines += _defines("LI_", LAYER_INFO_FIELDS)
+    lines.append("")
+    lines += _defines("WP_", WPTR_FIELDS)
+    lines.append("")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,433 @@
+"""Host side of the decode megakernel: the static plan of a model (tiles, scratch layout, counters) and the
+task list of one decode step.
+
+A decode step is a list of small tasks (see opcodes.Op) in a topological order: every task only waits on
+counters whose producer tasks all come *earlier* in the list. The kernel hands tasks out with one global ticket
+(atomicAdd) in list order, so the following argument shows it cannot deadlock (it holds for the CPU simulator,
+which runs the same list in random dependency-respecting orders, too):
+
+  Let T be the smallest ticket not yet finished. T has been claimed (tickets are claimed in increasing order by
+  running blocks, and a block only claims a new ticket after it finished all of its earlier ones but at most the
+  one it is executing), so some resident block is executing T. Every counter T waits on is produced only by
+  tasks with smaller tickets, all finished, so T's waits are satisfied and T finishes. By induction every ticket
+  finishes. No assumption on co-residency of blocks is needed: a block that never started claimed nothing.
+
+  Routed experts are data dependent. Each MoE layer gets `n_workers` MOE_WORKER tasks (after the layer's TOPK in
+  the list) that wait for the routing, then claim work items from the layer's queue with a second atomic
+  counter: first every gate/up tile of every active expert, then every down tile. A down item waits for the
+  gate/up items of its expert, which have smaller item numbers and were therefore claimed earlier by workers
+  that execute them without waiting on anything else; so the same induction applies to items. A worker signals
+  the layer's MLP counter once, after it found the queue empty; the counter reaches n_workers only when every
+  claimed item is finished.
+
+`validate()` checks the precondition (every wait refers only to earlier producers and its target equals the
+number of producers) on every list built in tests.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from megakernel.config import ModelConfig
+from megakernel.kernel import opcodes as O
+from megakernel.kv.cache import KVLayout
+
+Op = O.Op
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
+
+
+def tile_rows(K: int, halves: int = 1, elt: int = 2) -> int:
+    """Rows of one GEMV weight tile of inner size K: WTILE_BYTES of weights, a power of two, <= MAX_TILE_ROWS."""
+    return max(1, min(O.MAX_TILE_ROWS, _pow2_floor(O.WTILE_BYTES // (elt * K * halves))))
+
+
+def smem_bytes(Bm: int, k_max: int, d: int, g: int, E: int, topk: int, H: int) -> int:
+    """Mirror of the kernel's shared-memory layouts (max over task kinds)."""
+    gemv = 2 * 64 * O.MAX_BATCH * 4 + O.WTILE_BYTES + Bm * k_max * 2
+    attn = (g * d * 4 + 2 * 2 * O.ATTN_CHUNK * (d + 8) * 2 + g * O.ATTN_CHUNK * 4 + 4 * O.MAX_GROUP * 4
+            + O.MAX_SPLITS_PER_HEAD * O.MAX_GROUP * 4)
+    route = (O.MAX_BATCH * E * 4 + 2 * O.MAX_BATCH * O.MAX_TOPK * 4 + 2 * E * 4 + 64)
+    norm = H * 4 + 64 * 4
+    return int(max(gemv, attn, route, norm))
+
+
+@dataclass
+class ModelPlan:
+    """Everything about a (model, KV layout, max batch) that does not change from step to step."""
+
+    cfg: ModelConfig
+    layout: KVLayout
+    max_batch: int
+    n_workers: int = 132                 # MOE_WORKER tasks per MoE layer (the grid size on the GPU)
+    split_tokens: int | None = None      # keys per attention split (None: DEFAULT_SPLIT_TOKENS, grown for long ctx)
+
+    def __post_init__(self) -> None:
+        cfg = self.cfg
+        if not 1 <= self.max_batch <= O.MAX_BATCH:
+            raise ValueError(f"max_batch must be in 1..{O.MAX_BATCH}, got {self.max_batch}")
+        self.L = cfg.num_layers
+        self.H, self.Q, self.KV = cfg.hidden_size, cfg.q_size, cfg.kv_size
+        self.d, self.nh, self.nkv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+        self.g = self.nh // self.nkv
+        self.moe_layers = [l for l in range(self.L) if cfg.is_moe(l)]
+        self.moe_idx = {l: i for i, l in enumerate(self.moe_layers)}
+        self.Lm = len(self.moe_layers)
+        self.E, self.topk = cfg.num_experts, cfg.num_experts_per_tok
+        self.I = cfg.moe_intermediate_size
+        self.shared_width = cfg.moe_intermediate_size * cfg.num_shared_experts
+        self.mlp_kind = []
+        self.mlp_width = []
+        for l in range(self.L):
+            if not cfg.is_moe(l):
+                self.mlp_kind.append(O.MLP_DENSE)
+                self.mlp_width.append(cfg.dense_intermediate_size)
+            elif cfg.num_shared_experts:
+                self.mlp_kind.append(O.MLP_SHARED)
+                self.mlp_width.append(self.shared_width)
+            else:
+                self.mlp_kind.append(O.MLP_NONE)
+                self.mlp_width.append(0)
+        self.I_mlp = max(self.mlp_width + [8])
+        Bm = self.max_batch
+        self.n_slots = min(self.E, Bm * self.topk)
+        self.n_pairs = Bm * self.topk
+        self.groups = self.layout.groups
+        self.n_groups = len(self.groups)
+        # tiles
+        d = self.d
+        r = tile_rows(self.H)
+        while r > 1 and d % r:
+            r //= 2
+        self.qkv_rows = r
+        self.o_rows = tile_rows(self.Q)
+        self.router_rows = tile_rows(self.H)
+        self.mgu_rows = tile_rows(self.H, 2)
+        self.mdn_rows = {w: tile_rows(w) for w in set(self.mlp_width) if w}
+        self.gu_rows = tile_rows(self.H, 2)
+        self.gu_tiles = math.ceil(self.I / self.gu_rows)
+        self.dn_rows = tile_rows(self.I)
+        self.dn_tiles = math.ceil(self.H / self.dn_rows)
+        self.lm_rows = tile_rows(self.H)
+        self.n_lm_tiles = math.ceil(cfg.vocab_size / self.lm_rows)
+        self.k_max = max(self.H, self.Q, self.I, self.I_mlp)
+        # route record layout (int32 offsets)
+        ns, npair = self.n_slots, self.n_pairs
+        off = 2                              # [0] n_active, [1] n_items
+        self.r_slot_expert = off; off += ns
+        self.r_slot_start = off; off += ns
+        self.r_slot_cnt = off; off += ns
+        self.r_pair_row = off; off += npair
+        self.r_pair_rank = off; off += npair
+        self.r_pair_w = off; off += npair       # float bits
+        self.r_topk_ids = off; off += npair     # [Bm, topk] in top-k order (trace)
+        self.r_stride = (off + 63) // 64 * 64
+        # counters: per layer a block of CPL counters, then XF and LM
+        self.c_x, self.c_qkv = 0, 1
+        self.c_att = 1 + self.nkv
+        self.c_comb = self.c_att + Bm * self.nkv
+        self.c_o, self.c_rl, self.c_route, self.c_mgu, self.c_mlp = (self.c_comb + i for i in range(1, 6))
+        self.c_gu = self.c_comb + 6
+        self.cpl = self.c_gu + self.n_slots
+        self.c_xf = self.L * self.cpl
+        self.c_lm = self.c_xf + 1
+        self.n_counters = self.c_lm + 1
+        self.sync_ints = O.CTRL_INTS + self.n_counters + max(1, self.Lm)
+
+    # ---- smem -----------------------------------------------------------------------------------------------------
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory of the kernel; the layouts are in csrc/mk_kernel.cu (smem_* helpers)."""
+        return smem_bytes(self.max_batch, self.k_max, self.d, self.g, self.E, self.topk, self.H)
+
+    def check_supported(self) -> None:
+        """Raise ValueError naming the first dimension the kernel does not handle."""
+        cfg = self.cfg
+        for name, v in (("hidden_size", self.H), ("q_size", self.Q), ("head_dim", self.d),
+                        ("moe_intermediate_size", self.I), ("mlp width", self.I_mlp)):
+            if v % 8:
+                raise ValueError(f"{name}={v} is not a multiple of 8")
+        if self.d > O.MAX_HEAD_DIM or self.d % 2:
+            raise ValueError(f"head_dim={self.d} unsupported (even, <= {O.MAX_HEAD_DIM})")
+        if self.g > O.MAX_GROUP or self.g * self.d > O.NUM_THREADS * O.ATTN_OUT_PER_THREAD:
+            raise ValueError(f"{self.g} query heads per kv head of dim {self.d} unsupported")
+        if self.E > O.MAX_EXPERTS or self.topk > O.MAX_TOPK:
+            raise ValueError(f"{self.E} experts / top-{self.topk} unsupported")
+        if self.n_groups > 2:
+            raise ValueError("more than two KV groups")
+        if self.smem_bytes() > O.SMEM_LIMIT:
+            raise ValueError(f"needs {self.smem_bytes()} bytes of shared memory (> {O.SMEM_LIMIT}); "
+                             f"lower max_batch")
+        if self.qkv_rows < 2:
+            raise ValueError("QKV tile too small for RoPE pairs")
+        if cfg.vocab_size >= 1 << 24:
+            raise ValueError("vocab too large for the fp32 argmax index")
+
+    # ---- scratch --------------------------------------------------------------------------------------------------
+    def scratch_spec(self, act_dtype: torch.dtype) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Named scratch buffers (shape, dtype). Every buffer is written once per step (no reuse in a step)."""
+        L, Bm, H, Q = self.L, self.max_batch, self.H, self.Q
+        Lm = max(1, self.Lm)
+        f32, i32 = torch.float32, torch.int32
+        return {
+            "h": ((L + 1, Bm, H), act_dtype),
+            "x": ((L + 1, Bm, H), act_dtype),
+            "q": ((L, Bm, Q), act_dtype),
+            "attn": ((L, Bm, Q), act_dtype),
+            "ao": ((L, Bm, H), act_dtype),
+            "rlog": ((Lm, Bm, self.E), f32),
+            "route": ((Lm, self.r_stride), i32),
+            "eact": ((Lm, self.n_pairs, self.I), act_dtype),
+            "y": ((Lm, Bm, self.topk, H), act_dtype),
+            "mact": ((L, Bm, self.I_mlp), act_dtype),
+            "mout": ((L, Bm, H), act_dtype),
+            "lm_best": ((self.n_lm_tiles, Bm, 2), f32),
+            "tokens": ((Bm,), i32),
+        }
+
+    # ---- per step -------------------------------------------------------------------------------------------------
+    def split_size(self, max_range: int) -> int:
+        if self.split_tokens is not None:
+            return self.split_tokens
+        s = O.DEFAULT_SPLIT_TOKENS
+        need = math.ceil(max_range / O.MAX_SPLITS_PER_HEAD)
+        if need > s:
+            s = (need + 63) // 64 * 64
+        return s
+
+    def layer_info(self) -> np.ndarray:
+        info = np.zeros((self.L, O.LAYER_INFO_INTS), dtype=np.int32)
+        for l in range(self.L):
+            g, j = self.layout.locate(l)
+            w = self.cfg.window_for(l)
+            info[l] = [int(self.cfg.uses_rope(l)), g, j, w if w is not None else 0,
+                       self.moe_idx.get(l, -1), self.mlp_kind[l], self.mlp_width[l], 0]
+        return info
+
+
+@dataclass
+class StepInputs:
+    """Per-step inputs in the kernel's format."""
+
+    B: int
+    split_tokens: int
+    nsplit: np.ndarray            # [B, G] splits per (sequence, group)
+    step: np.ndarray              # int32: ids[Bm], pos[Bm], toff[Bm*G], tbase[Bm*G]
+    tables: np.ndarray            # int32 flat block tables (only the blocks a query can see)
+    positions: list[int] = field(default_factory=list)
+
+    @property
+    def signature(self) -> tuple:
+        return (self.B, self.split_tokens, self.nsplit.tobytes())
+
+
+def step_inputs(plan: ModelPlan, input_ids: list[int], positions: list[int],
+                block_tables: list[list[list[int]]]) -> StepInputs:
+    """Pack one decode step (one new token per sequence) for the kernel; checks the block tables."""
+    B = len(input_ids)
+    if not 1 <= B <= plan.max_batch:
+        raise ValueError(f"decode batch of {B} rows; this megakernel serves 1..{plan.max_batch}")
+    G, bs, Bm = plan.n_groups, plan.layout.block_size, plan.max_batch
+    los = np.zeros((B, G), dtype=np.int64)
+    for gi, grp in enumerate(plan.groups):
+        for s, p in enumerate(positions):
+            los[s, gi] = 0 if grp.window is None else max(0, p - grp.window + 1)
+    pos = np.asarray(positions, dtype=np.int64)
+    ranges = pos[:, None] + 1 - los
+    S = plan.split_size(int(ranges.max()))
+    nsplit = ((ranges + S - 1) // S).astype(np.int32)
+    step = np.zeros(2 * Bm + 2 * Bm * G, dtype=np.int32)
+    step[:B] = input_ids
+    step[Bm:Bm + B] = positions
+    flat: list[int] = []
+    for s in range(B):
+        p = positions[s]
+        for gi in range(G):
+            base = int(los[s, gi]) // bs
+            last = p // bs
+            table = block_tables[s][gi]
+            if len(table) <= last:
+                raise ValueError(f"sequence {s}: block table of group {plan.groups[gi].name} does not cover "
+                                 f"position {p}")
+            part = table[base:last + 1]
+            if min(part) < 0:
+                raise ValueError(f"sequence {s}: a visible KV block of group {plan.groups[gi].name} was recycled")
+            step[2 * Bm + s * G + gi] = len(flat)
+            step[2 * Bm + Bm * G + s * G + gi] = base
+            flat.extend(part)
+    return StepInputs(B=B, split_tokens=S, nsplit=nsplit, step=step,
+                      tables=np.asarray(flat if flat else [0], dtype=np.int32), positions=list(positions))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Task list
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class _Emitter:
+    def __init__(self) -> None:
+        self.parts: list[np.ndarray] = []
+        self.n = 0
+
+    def emit(self, op: int, layer, n: int = 1, sig=-1, waits=(), **args) -> None:
+        rec = np.full((n, O.REC_INTS), -1, dtype=np.int32)
+        rec[:, O.R["op"]] = int(op)
+        rec[:, O.R["layer"]] = layer
+        for k in ("a0", "a1", "a2", "a3"):
+            rec[:, O.R[k]] = args.get(k, 0)
+        rec[:, O.R["sig"]] = sig
+        for i, (c, t) in enumerate(waits):
+            rec[:, O.R[f"w{i}c"]] = c
+            rec[:, O.R[f"w{i}t"]] = t
+        rec[:, O.R["pad0"]:] = 0
+        self.parts.append(rec)
+        self.n += n
+
+    def array(self) -> np.ndarray:
+        return np.concatenate(self.parts) if self.parts else np.zeros((0, O.REC_INTS), np.int32)
+
+
+@dataclass
+class TaskList:
+    records: np.ndarray           # [n_tasks, REC_INTS] int32
+    n_partials: int
+    targets: dict[int, int]       # counter -> expected final value (for diagnostics)
+    names: dict[int, str]         # counter -> description
+
+
+def _tiles(n_rows: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    r0 = np.arange(0, n_rows, rows, dtype=np.int32)
+    return r0, np.minimum(rows, n_rows - r0).astype(np.int32)
+
+
+def build_tasks(plan: ModelPlan, B: int, nsplit: np.ndarray) -> TaskList:
+    """The task list of one decode step of B rows with `nsplit[s, group]` attention splits."""
+    em = _Emitter()
+    L, H, Q, KV, d, g, nkv = plan.L, plan.H, plan.Q, plan.KV, plan.d, plan.g, plan.nkv
+    cpl = plan.cpl
+    targets: dict[int, int] = {}
+    names: dict[int, str] = {}
+
+    def ctr(l: int, off: int, name: str, target: int) -> int:
+        c = l * cpl + off
+        targets[c] = target
+        names[c] = f"layer {l} {name}"
+        return c
+
+    n_o_tiles = math.ceil(H / plan.o_rows)
+    part = 0
+    prev_done: list[tuple[int, int]] = []
+    for l in range(L):
+        gi, _ = plan.layout.locate(l)
+        moe = l in plan.moe_idx
+        kind = plan.mlp_kind[l]
+        c_x = ctr(l, plan.c_x, "norm (rows)", B)
+        # 1. residual + norm per row
+        em.emit(Op.NORM, l, B, sig=c_x, waits=prev_done, a0=np.arange(B))
+        # 2. QKV tiles, grouped by the kv head whose counter they feed
+        r0, nr = _tiles(Q + 2 * KV, plan.qkv_rows)
+        head = np.where(r0 < Q, r0 // d // g, np.where(r0 < Q + KV, (r0 - Q) // d, (r0 - Q - KV) // d))
+        qkv_c = [ctr(l, plan.c_qkv + h, f"qkv (kv head {h})", int((head == h).sum())) for h in range(nkv)]
+        em.emit(Op.QKV, l, len(r0), sig=np.asarray(qkv_c, np.int32)[head], waits=[(c_x, B)], a0=r0, a1=nr)
+        # 3. router tiles
+        if moe:
+            m = plan.moe_idx[l]
+            r0, nr = _tiles(plan.E, plan.router_rows)
+            c_rl = ctr(l, plan.c_rl, "router tiles", len(r0))
+            em.emit(Op.ROUTER, l, len(r0), sig=c_rl, waits=[(c_x, B)], a0=r0, a1=nr)
+        # 4. static MLP gate/up tiles
+        n_mgu = n_mdn = 0
+        if kind != O.MLP_NONE:
+            w = plan.mlp_width[l]
+            r0, nr = _tiles(w, plan.mgu_rows)
+            n_mgu = len(r0)
+            c_mgu = ctr(l, plan.c_mgu, "mlp gate/up tiles", n_mgu)
+            em.emit(Op.MLP_GU, l, n_mgu, sig=c_mgu, waits=[(c_x, B)], a0=r0, a1=nr)
+            n_mdn = math.ceil(H / plan.mdn_rows[w])
+        # 5. top-k
+        if moe:
+            c_route = ctr(l, plan.c_route, "top-k", 1)
+            em.emit(Op.TOPK, l, 1, sig=c_route, waits=[(c_rl, targets[c_rl])], a0=m)
+            for j in range(plan.n_slots):
+                # targets of the per-slot gate/up counters are dynamic (gu_tiles when the slot is active)
+                names[l * cpl + plan.c_gu + j] = f"layer {l} expert slot {j} gate/up items"
+        # 6. attention splits
+        s_idx, h_idx, j_idx, p_idx = [], [], [], []
+        comb = []
+        for s in range(B):
+            n = int(nsplit[s, gi])
+            for h in range(nkv):
+                c_att = ctr(l, plan.c_att + s * nkv + h, f"attention splits (seq {s}, kv head {h})", n)
+                s_idx.append(np.full(n, s)); h_idx.append(np.full(n, h)); j_idx.append(np.arange(n))
+                p_idx.append(np.full(n, part))
+                comb.append((s, h, n, part, c_att))
+                part += n
+        s_a, h_a = np.concatenate(s_idx), np.concatenate(h_idx)
+        att_sig = l * cpl + plan.c_att + s_a * nkv + h_a
+        em.emit(Op.ATTN, l, len(s_a), sig=att_sig,
+                waits=[(np.asarray(qkv_c, np.int32)[h_a], np.asarray([targets[c] for c in qkv_c])[h_a])],
+                a0=s_a, a1=h_a, a2=np.concatenate(j_idx), a3=np.concatenate(p_idx))
+        # 7. MoE workers
+        mlp_target = 0
+        c_mlp = l * cpl + plan.c_mlp
+        if moe:
+            em.emit(Op.MOE_WORKER, l, plan.n_workers, sig=c_mlp, waits=[(c_route, 1)], a0=m)
+            mlp_target += plan.n_workers
+        # 8. static MLP down tiles
+        if kind != O.MLP_NONE:
+            r0, nr = _tiles(H, plan.mdn_rows[plan.mlp_width[l]])
+            em.emit(Op.MLP_DOWN, l, len(r0), sig=c_mlp, waits=[(c_mgu, n_mgu)], a0=r0, a1=nr)
+            mlp_target += n_mdn
+        ctr(l, plan.c_mlp, "mlp (workers + down tiles)", mlp_target)
+        # 9. attention combine
+        c_comb = ctr(l, plan.c_comb, "attention combines", B * nkv)
+        cs = np.asarray(comb, dtype=np.int64)
+        em.emit(Op.ATTN_COMBINE, l, len(cs), sig=c_comb, waits=[(cs[:, 4], cs[:, 2])],
+                a0=cs[:, 0], a1=cs[:, 1], a2=cs[:, 2], a3=cs[:, 3])
+        # 10. output projection
+        r0, nr = _tiles(H, plan.o_rows)
+        c_o = ctr(l, plan.c_o, "o-proj tiles", n_o_tiles)
+        em.emit(Op.OPROJ, l, len(r0), sig=c_o, waits=[(c_comb, B * nkv)], a0=r0, a1=nr)
+        prev_done = [(c_o, n_o_tiles), (c_mlp, mlp_target)]
+    # final norm, LM head, argmax
+    targets[plan.c_xf] = B
+    names[plan.c_xf] = "final norm (rows)"
+    em.emit(Op.NORM, L, B, sig=plan.c_xf, waits=prev_done, a0=np.arange(B))
+    r0, nr = _tiles(plan.cfg.vocab_size, plan.lm_rows)
+    targets[plan.c_lm] = len(r0)
+    names[plan.c_lm] = "lm-head tiles"
+    em.emit(Op.LM_HEAD, L, len(r0), sig=plan.c_lm, waits=[(plan.c_xf, B)], a0=r0, a1=nr,
+            a2=np.arange(len(r0)))
+    em.emit(Op.ARGMAX, L, 1, sig=-1, waits=[(plan.c_lm, len(r0))], a0=len(r0))
+    return TaskList(records=em.array(), n_partials=part, targets=targets, names=names)
+
+
+def validate(tl: TaskList) -> None:
+    """Every wait names a counter whose producers all come earlier in the list, with target == #producers
+    (dynamic per-slot expert counters excepted: those are waited on inside MOE_WORKER tasks only)."""
+    rec = tl.records
+    produced: dict[int, int] = {}
+    final = {}
+    for i in range(len(rec)):
+        c = int(rec[i, O.R["sig"]])
+        if c >= 0:
+            final[c] = final.get(c, 0) + 1
+    for i in range(len(rec)):
+        for k in range(O.MAX_WAITS):
+            c, t = int(rec[i, O.R[f"w{k}c"]]), int(rec[i, O.R[f"w{k}t"]])
+            if c < 0:
+                continue
+            if produced.get(c, 0) != final.get(c, 0):
+                raise AssertionError(f"task {i} ({Op(int(rec[i, 0])).name}) waits on counter {c} "
+                                     f"({tl.names.get(c)}) that a later task produces")
+            if t != final.get(c, 0):
+                raise AssertionError(f"task {i} waits for {t} on counter {c} ({tl.names.get(c)}) with "
+                                     f"{final.get(c, 0)} producers")
+        c = int(rec[i, O.R["sig"]])
+        if c >= 0:
+            produced[c] = produced.get(c, 0) + 1

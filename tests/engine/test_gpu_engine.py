@@ -16,7 +16,10 @@ from tiny_models import VARIANTS, load_reference, write_checkpoint
 
 pytestmark = pytest.mark.gpu
 
-BF16_REL_L2 = 2e-2     # bf16 activations over 5-6 layers: relative L2 error of logits vs fp32
+# The tiny checkpoints have large random weights, so bf16 rounding flips expert choices and transformers' own bf16
+# run lands 1e-2..1.5e-1 (relative L2) from fp32. The parity asked for is "at bf16 tolerance": our bf16 logits
+# must sit within 2e-2 of transformers' bf16 logits, and no further from fp32 than transformers' bf16 (+10%).
+BF16_REL_L2 = 2e-2
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -47,9 +50,12 @@ def test_bf16_cuda_parity_against_fp32_reference(variant, tmp_path):
         ours = ours[0].float()
         err = ((ours - r32).norm() / r32.norm()).item()
         hf_err = ((r16 - r32).norm() / r32.norm()).item()
-        print(f"{variant} len {len(p)}: ours bf16 rel-L2 {err:.2e}, transformers bf16 {hf_err:.2e}")
+        vs_hf16 = ((ours - r16).norm() / r16.norm()).item()
+        print(f"{variant} len {len(p)}: rel-L2 vs fp32: ours bf16 {err:.2e}, transformers bf16 {hf_err:.2e}; "
+              f"ours vs transformers bf16 {vs_hf16:.2e}")
         assert torch.isfinite(ours).all()
-        assert err < BF16_REL_L2
+        assert vs_hf16 < BF16_REL_L2
+        assert err <= 1.1 * hf_err + 1e-3
 
 
 def test_north_dims_random_weights_ragged_batch_of_8():

@@ -53,7 +53,7 @@ def smem_bytes(Bm: int, k_max: int, d: int, g: int, E: int, topk: int, H: int) -
     gemv = 2 * 64 * O.MAX_BATCH * 4 + O.WTILE_BYTES + Bm * k_max * 2
     attn = (g * d * 4 + 2 * 2 * O.ATTN_CHUNK * (d + 8) * 2 + g * O.ATTN_CHUNK * 4 + 4 * O.MAX_GROUP * 4
             + O.MAX_SPLITS_PER_HEAD * O.MAX_GROUP * 4)
-    route = (O.MAX_BATCH * E * 4 + 2 * O.MAX_BATCH * O.MAX_TOPK * 4 + 2 * E * 4 + 64)
+    route = O.MAX_BATCH * E * 4 + 2 * O.MAX_BATCH * O.MAX_TOPK * 4 + 3 * E * 4 + 64
     norm = H * 4 + 64 * 4
     return int(max(gemv, attn, route, norm))
 

@@ -1,0 +1,30 @@
+"""The kernel sources compile with nvcc for sm_90a (no GPU needed); the cache key follows sources and flags."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from megakernel.kernel import build
+
+
+def test_compiles_for_sm90a(tmp_path, monkeypatch):
+    if build.find_nvcc() is None:
+        pytest.skip("nvcc not installed: cannot check that the CUDA sources compile")
+    monkeypatch.setenv("MEGAKERNEL_CACHE_DIR", str(tmp_path))
+    lib = build.build("sm_90a")
+    assert lib.exists()
+    log = (lib.parent / "build.log").read_text()
+    m = re.search(r"Function properties for mk_decode\s+(\d+) bytes stack frame, (\d+) bytes spill stores", log)
+    assert m, log[-2000:]
+    assert int(m.group(2)) == 0, "mk_decode spills registers"
+    # cached: a second call does not rebuild
+    assert build.build("sm_90a") == lib
+
+
+def test_key_changes_with_header(monkeypatch):
+    k1 = build.build_key("sm_90a", "v")
+    monkeypatch.setattr(build.opcodes, "generate_header", lambda: "// other\n")
+    assert build.build_key("sm_90a", "v") != k1
+    assert build.build_key("sm_90", "v") != build.build_key("sm_90a", "v")

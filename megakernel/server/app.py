@@ -116,7 +116,9 @@ class _State:
     def max_model_len(self) -> int:
         return self.engine.max_model_len
 
-    def token_str(self, tid: int) -> str:
+    def token_str(self, tid: int, as_id: bool = False) -> str:
+        if as_id:
+            return f"token_id:{tid}"
         s = self._decode_cache.get(tid)
         if s is None:
             s = self.tokenizer.decode([tid], skip_special_tokens=False) if self.tokenizer is not None else \
@@ -268,10 +270,26 @@ def _patch_openapi(app: FastAPI, state: _State) -> None:
             return app.openapi_schema
         schema = base()
         comps = schema.get("components", {}).get("schemas", {})
+        room = max(1, state.max_model_len - 1)
         for name in ("CompletionRequest", "ChatCompletionRequest"):
-            prop = comps.get(name, {}).get("properties", {}).get("model")
-            if prop is not None:
-                prop["examples"] = list(state.cfg.served_model_names)
+            props = comps.get(name, {}).get("properties", {})
+            if "model" in props:   # the names this server answers to (others get a 404)
+                props["model"] = {"type": "string", "enum": list(state.cfg.served_model_names), "title": "Model"}
+            for field in ("max_tokens", "max_completion_tokens"):
+                for alt in props.get(field, {}).get("anyOf", []):
+                    if alt.get("type") == "integer":
+                        alt["maximum"] = room
+        prompt = comps.get("CompletionRequest", {}).get("properties", {}).get("prompt", {})
+        for alt in prompt.get("anyOf", []):
+            if alt.get("type") != "array":
+                continue
+            items = alt.get("items", {})
+            if items.get("type") == "array":
+                items = items.get("items", {})
+                alt["items"]["minItems"] = 1
+            if items.get("type") == "integer":
+                items.update(minimum=0, maximum=state.vocab_size - 1)
+            alt["minItems"] = 1
         if state.cfg.api_key:
             schema.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = {
                 "type": "http", "scheme": "bearer"}
@@ -518,16 +536,17 @@ def _stream_error_chunk(e: BaseException) -> str:
 
 
 # ---- /v1/completions -------------------------------------------------------------------------------------------
-def _completion_logprobs(state: _State, ids: list[int], lps: list, offset: int, n_top: int) -> dict[str, Any]:
+def _completion_logprobs(state: _State, ids: list[int], lps: list, offset: int, n_top: int,
+                         as_ids: bool = False) -> dict[str, Any]:
     tokens, token_lps, tops, offsets = [], [], [], []
     pos = offset
     for tid, lp in zip(ids, lps):
-        s = state.token_str(tid)
+        s = state.token_str(tid, as_ids)
         tokens.append(s)
         token_lps.append(lp.logprob)
-        tops.append({state.token_str(t): v for t, v in list(lp.top.items())[:n_top]} if n_top else None)
+        tops.append({state.token_str(t, as_ids): v for t, v in list(lp.top.items())[:n_top]} if n_top else None)
         offsets.append(pos)
-        pos += len(s)
+        pos += len(state.token_str(tid))
     return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
 
 
@@ -603,7 +622,7 @@ async def _completions(state: _State, req: CompletionRequest, raw: Request):
             lp = None
             if req.logprobs is not None and o.logprobs is not None:
                 lp = _completion_logprobs(state, o.token_ids[:vis], o.logprobs[:vis], len(echo_texts[i]),
-                                          req.logprobs)
+                                          req.logprobs, bool(req.return_tokens_as_token_ids))
             choices.append({"index": i * n + o.index, "text": echo_texts[i] + o.text, "logprobs": lp,
                             "finish_reason": _finish(o.finish_reason), "stop_reason": o.stop_reason})
     return {"id": base, "object": "text_completion", "created": created, "model": req.model, "choices": choices,
@@ -642,7 +661,8 @@ async def _stream_completions(state, req, params, gens, items, echo_texts, base,
                     continue
                 lp = None
                 if req.logprobs is not None and lps:
-                    lp = _completion_logprobs(state, ids, lps, offset, req.logprobs)
+                    lp = _completion_logprobs(state, ids, lps, offset, req.logprobs,
+                                              bool(req.return_tokens_as_token_ids))
                 choices.append({"index": i * n + o.index, "text": text, "logprobs": lp,
                                 "finish_reason": _finish(o.finish_reason) if final else None,
                                 "stop_reason": o.stop_reason if final else None})
@@ -662,11 +682,11 @@ async def _stream_completions(state, req, params, gens, items, echo_texts, base,
 
 
 # ---- /v1/chat/completions --------------------------------------------------------------------------------------
-def _chat_logprobs(state: _State, ids: list[int], lps: list, n_top: int) -> dict[str, Any]:
+def _chat_logprobs(state: _State, ids: list[int], lps: list, n_top: int, as_ids: bool = False) -> dict[str, Any]:
     content = []
     for tid, lp in zip(ids, lps):
-        s = state.token_str(tid)
-        tops = [{"token": state.token_str(t), "logprob": v, "bytes": list(state.token_str(t).encode())}
+        s = state.token_str(tid, as_ids)
+        tops = [{"token": state.token_str(t, as_ids), "logprob": v, "bytes": list(state.token_str(t).encode())}
                 for t, v in list(lp.top.items())[:n_top]]
         content.append({"token": s, "logprob": lp.logprob, "bytes": list(s.encode()), "top_logprobs": tops})
     return {"content": content, "refusal": None}
@@ -699,6 +719,7 @@ async def _chat(state: _State, req: ChatCompletionRequest, raw: Request):
     gen = state.engine.generate(rid, ids, params)
     holdback = max((len(s) for s in params.stop), default=1) - 1 if not params.include_stop_str_in_output else 0
     single_call = req.parallel_tool_calls is False
+    as_ids = bool(req.return_tokens_as_token_ids)
 
     def new_parser():
         p = chatmod.ChatParser(rendered.tools_enabled, rendered.in_reasoning)
@@ -707,7 +728,7 @@ async def _chat(state: _State, req: ChatCompletionRequest, raw: Request):
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return _stream_response(_stream_chat(state, req, params, gen, rendered, new_parser, rid, created, holdback,
-                                             include_usage, logprobs, single_call))
+                                             include_usage, logprobs, single_call, as_ids))
 
     async def collect():
         final = None
@@ -739,7 +760,7 @@ async def _chat(state: _State, req: ChatCompletionRequest, raw: Request):
             msg["tool_calls"] = [{"id": c.id, "type": "function",
                                   "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
         vis = _visible_tokens(state, o, params)
-        lp = _chat_logprobs(state, o.token_ids[:vis], o.logprobs[:vis], logprobs) \
+        lp = _chat_logprobs(state, o.token_ids[:vis], o.logprobs[:vis], logprobs, as_ids) \
             if logprobs is not None and o.logprobs is not None else None
         reason = _finish(o.finish_reason)
         if calls and reason == "stop":
@@ -751,7 +772,7 @@ async def _chat(state: _State, req: ChatCompletionRequest, raw: Request):
 
 
 async def _stream_chat(state, req, params, gen, rendered, new_parser, rid, created, holdback, include_usage,
-                       logprobs, single_call):
+                       logprobs, single_call, as_ids):
     n = params.n
     trackers = [_Tracker(holdback, state.specials) for _ in range(n)]
     parsers = [new_parser() for _ in range(n)]
@@ -803,7 +824,7 @@ async def _stream_chat(state, req, params, gen, rendered, new_parser, rid, creat
                     d.tool_calls += d3.tool_calls
                 ids, lps = trackers[j].token_delta(o, _visible_tokens(state, o, params) if final
                                                    else len(o.token_ids))
-                lp = _chat_logprobs(state, ids, lps, logprobs) if logprobs is not None and lps else None
+                lp = _chat_logprobs(state, ids, lps, logprobs, as_ids) if logprobs is not None and lps else None
                 dj = delta_json(d)
                 if dj or lp:
                     choices.append({"index": j, "delta": dj, "logprobs": lp, "finish_reason": None})

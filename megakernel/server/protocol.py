@@ -124,6 +124,7 @@ class _Sampling(_Strict):
     stop_token_ids: list[int] | None = None
     ignore_eos: bool | None = None
     include_stop_str_in_output: bool | None = None
+    return_tokens_as_token_ids: bool | None = None     # logprob tokens as "token_id:<id>"
 
 
 class CompletionRequest(_Sampling):

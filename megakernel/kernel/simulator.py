@@ -99,7 +99,7 @@ class Simulator:
         return blk, key_pos % bs
 
     def _cos_sin(self, s: int) -> tuple[torch.Tensor, torch.Tensor]:
-        pos = torch.tensor([self.pos[s]])
+        pos = torch.tensor([self.pos[s]], device=self.dev)
         return Lyr.rope_cos_sin(pos, self.plan.cfg, self.act)
 
     # ---- run ------------------------------------------------------------------------------------------------------

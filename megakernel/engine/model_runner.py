@@ -8,7 +8,7 @@ import torch
 
 from megakernel.engine.scheduler import ScheduledChunk
 from megakernel.kv.cache import KVCache
-from megakernel.model.cohere2_moe import Cohere2MoeModel, ForwardBatch
+from megakernel.model.cohere2_moe import Cohere2MoeModel, ForwardBatch, ForwardTrace
 
 log = logging.getLogger("megakernel")
 
@@ -40,6 +40,7 @@ class ModelRunner:
         self.model = model
         self.cache = cache
         self.decode_backend = decode_backend
+        self.trace: ForwardTrace | None = None     # set to record the experts each step routes to (benchmarks)
 
     @property
     def backend_name(self) -> str:
@@ -53,12 +54,15 @@ class ModelRunner:
         logits: list[torch.Tensor] = []
         if others:
             batch = build_batch(others, self.model.device)
-            out = self.model.forward(batch, self.cache)
+            out = self.model.forward(batch, self.cache, self.trace)
             sampled += [c for c in others if c.samples]
             logits.append(out)
         if decodes:
             batch = build_batch(decodes, self.model.device)
-            logits.append(self.decode_backend.decode(batch, self.cache))
+            if self.trace is not None:
+                logits.append(self.decode_backend.decode(batch, self.cache, trace=self.trace))
+            else:
+                logits.append(self.decode_backend.decode(batch, self.cache))
             sampled += decodes
         if not logits:
             return [], torch.empty(0)

@@ -92,7 +92,8 @@ def plan_num_blocks(layout: KVLayout, budget_bytes: int, dtype: torch.dtype, max
     """Split a memory budget between the groups.
 
     A sliding group never needs more than a window per sequence: it gets that first (`max_num_seqs` windows,
-    scaled down only if the budget cannot hold them), and the full-attention group takes all the rest.
+    scaled down only if the budget cannot hold them), and the full-attention group takes the rest, up to twice
+    what `max_num_seqs` sequences of `max_model_len` tokens need (the second half keeps cached prefixes).
     """
     n_groups = len(layout.groups)
     sizes = [layout.block_bytes(g, dtype) for g in range(n_groups)]
@@ -107,5 +108,6 @@ def plan_num_blocks(layout: KVLayout, budget_bytes: int, dtype: torch.dtype, max
         out[g] = max(1, int(want[g] * scale))
     rest = budget_bytes - sum(out[g] * sizes[g] for g in bounded)
     for g in unbounded:
-        out[g] = max(1, rest // (sizes[g] * len(unbounded)))
+        cap = 2 * max_num_seqs * layout.blocks_per_seq(g, max_model_len, chunk)
+        out[g] = max(1, min(cap, rest // (sizes[g] * len(unbounded))))
     return out

@@ -308,8 +308,9 @@ class _PyImpl:
         reasoning, content, actions = [], [], []
         pos = 0
         action: list[str] | None = None
-        for m in _TAG.finditer(self.text):
-            piece = self.text[pos:m.start()]
+        text = self.text if final else _hold_partial_tag(self.text)
+        for m in _TAG.finditer(text):
+            piece = text[pos:m.start()]
             pos = m.end()
             (action if action is not None else reasoning if mode == "reasoning" else content).append(piece)
             edge, kind = m.group(1), m.group(2)
@@ -323,7 +324,7 @@ class _PyImpl:
                     action = None
             elif kind == "ACTION":
                 content.append(m.group(0))
-        tail = self.text[pos:]
+        tail = text[pos:]
         if action is not None:
             action.append(tail)
             if final:
@@ -350,6 +351,16 @@ class _PyImpl:
 
     def finish(self) -> ParsedDelta:
         return self._delta(True)
+
+
+def _hold_partial_tag(text: str) -> str:
+    """Cut a trailing fragment that may be the start of a format tag (completed by the next delta)."""
+    i = text.rfind("<")
+    if i != -1 and len(text) - i < max(map(len, FORMAT_TOKENS)):
+        frag = text[i:]
+        if any(t.startswith(frag) for t in FORMAT_TOKENS):
+            return text[:i]
+    return text
 
 
 def _parse_action(body: str) -> list[tuple[str, str]]:

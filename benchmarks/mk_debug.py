@@ -25,14 +25,30 @@ from megakernel.model.cohere2_moe import Cohere2MoeModel  # noqa: E402
 def main() -> None:
     name = sys.argv[1] if len(sys.argv) > 1 else "north_like"
     B = int(sys.argv[2]) if len(sys.argv) > 2 else 3
-    cfg = make_cfg(name)
-    w = tiny_weights(cfg, device="cuda", dtype=torch.bfloat16)
+    if name.startswith("north"):      # North Mini Code dimensions, fewer layers and a small vocab
+        from megakernel.config import ModelConfig, north_mini_code_config
+        from megakernel.model.weights import random_weights
+        n = int(name[5:] or 3)
+        cfg = ModelConfig.from_dict(dict(
+            model_type="cohere2_moe", vocab_size=4096, hidden_size=2048, num_hidden_layers=n,
+            num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+            layer_types=["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(n)],
+            mlp_layer_types=["dense" if i == 0 else "sparse" for i in range(n)], sliding_window=4096,
+            rope_parameters={"rope_theta": 50000.0, "rope_type": "default"}, prefix_dense_sliding_window_pattern=1,
+            prefix_dense_intermediate_size=3072, intermediate_size=768, num_experts=128, num_experts_per_tok=8,
+            expert_selection_fn="sigmoid", norm_topk_prob=False, num_shared_experts=0, rms_norm_eps=1e-6,
+            logit_scale=1.0, tie_word_embeddings=True, max_position_embeddings=500000))
+        w = random_weights(cfg, device="cuda", dtype=torch.bfloat16, seed=0)
+    else:
+        cfg = make_cfg(name)
+        w = tiny_weights(cfg, device="cuda", dtype=torch.bfloat16)
     lens = [5 + 7 * i for i in range(B)]
-    st = prefill_state(cfg, w, lens, device="cuda")
+    st = prefill_state(cfg, w, lens, device="cuda", block_size=64 if name.startswith("north") else 4)
     batch = decode_batch(st, list(range(3, 3 + B)), device="cuda")
     c_ref, c_mk, c_sim = st.cache, clone_cache(st.cache), clone_cache(st.cache)
     ref = Cohere2MoeModel(cfg, w).forward(batch, c_ref)
-    be = MegakernelBackend(cfg, w, st.layout, max_batch=16, split_tokens=3, watchdog_s=3)
+    split = int(sys.argv[3]) if len(sys.argv) > 3 else 3
+    be = MegakernelBackend(cfg, w, st.layout, max_batch=16, split_tokens=split, watchdog_s=3)
     be.poison = True
     out = be.decode(batch, c_mk)
     torch.cuda.synchronize()
@@ -42,6 +58,21 @@ def main() -> None:
     sim = Simulator(plan, w)
     res = sim.step(si, tl, c_sim, seed=0)
     print(f"variant {name} B={B} tasks={len(tl.records)}")
+    layered = ("h", "x", "q", "attn", "ao", "mact", "mout", "rlog", "route", "eact", "y")
+    first = []
+    for key in layered:
+        t, s_, m = be.buf[key], sim.buf[key], sim.mask[key]
+        for l in range(t.shape[0]):
+            ml = m[l]
+            if not bool(ml.any()):
+                continue
+            dl = (t[l].float()[ml] - s_[l].float()[ml]).abs()
+            bad = float(dl.max()) > 0.05 * max(1.0, float(s_[l].float()[ml].abs().max()))
+            if bad or torch.isnan(dl).any():
+                rows = sorted(set(torch.nonzero((t[l].float() - s_[l].float()).abs() > 1e-3)[:, 0].tolist()))
+                first.append((key, l, rows[:16]))
+                break
+    print("  first divergent layer per buffer (key, layer, rows):", first)
     for key, t in be.buf.items():
         s = sim.buf[key]
         m = sim.mask[key]

@@ -44,8 +44,9 @@ def _pow2_floor(n: int) -> int:
 
 
 def tile_rows(K: int, halves: int = 1, elt: int = 2) -> int:
-    """Rows of one GEMV weight tile of inner size K: WTILE_BYTES of weights, a power of two, <= MAX_TILE_ROWS."""
-    return max(1, min(O.MAX_TILE_ROWS, _pow2_floor(O.WTILE_BYTES // (elt * K * halves))))
+    """Rows (per half) of one GEMV weight tile of inner size K: at most WTILE_BYTES of weights and MAX_TILE_ROWS
+    rows in all halves together, a power of two."""
+    return max(1, min(O.MAX_TILE_ROWS // halves, _pow2_floor(O.WTILE_BYTES // (elt * K * halves))))
 
 
 def smem_bytes(Bm: int, k_max: int, d: int, g: int, E: int, topk: int, H: int) -> int:

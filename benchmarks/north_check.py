@@ -105,6 +105,68 @@ def parity(cfg, w, B, ctx, steps, budget_s, seed=0):
                 seconds=round(time.time() - t0, 1))
 
 
+def torch_hidden(model, batch, cache, noise=0.0):
+    """The PyTorch decode forward, returning the residual stream after every layer (and the logits)."""
+    import torch.nn.functional as F
+    from megakernel.model import layers as Lyr
+    cfg, w = model.cfg, model.w
+    bs = cache.layout.block_size
+    h = F.embedding(batch.input_ids, w.embed)
+    if noise:
+        h = h + noise * torch.randn_like(h)
+    cos, sin = Lyr.rope_cos_sin(batch.positions, cfg, h.dtype)
+    slots = model._slots(batch, cache)
+    hs = [h]
+    for i, lw in enumerate(w.layers):
+        x = Lyr.norm(h, lw.norm_weight, cfg)
+        q, k, v = F.linear(x, lw.qkv).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        q = q.view(-1, cfg.num_heads, cfg.head_dim)
+        k = k.view(-1, cfg.num_kv_heads, cfg.head_dim)
+        v = v.view(-1, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.uses_rope(i):
+            q, k = Lyr.apply_rope(q, cos, sin), Lyr.apply_rope(k, cos, sin)
+        g, layer_kv = cache.layer(i)
+        blk, off = slots[g]
+        layer_kv[blk, 0, off] = k
+        layer_kv[blk, 1, off] = v
+        attn = torch.cat([Lyr.paged_attention(q[s:s + 1], batch.positions[s:s + 1], layer_kv,
+                                              batch.block_tables[s][g], cfg.window_for(i), bs, model.scale)
+                          for s in range(batch.num_seqs)])
+        attn = F.linear(attn, lw.o)
+        mlp = Lyr.moe(x, lw.moe, cfg) if lw.moe is not None else Lyr.swiglu(x, lw.dense)
+        h = h + attn + mlp
+        hs.append(h)
+    return hs, model.logits(h)
+
+
+def layers_diag(cfg, w, B=1, ctx=100):
+    """Per-layer cosine of the residual stream: megakernel vs PyTorch, and PyTorch vs PyTorch with a 1e-3
+    perturbation of the embeddings (how much a random 49-layer model amplifies small differences)."""
+    from megakernel.kernel.backend import MegakernelBackend
+
+    layout = KVLayout.for_model(cfg, 64)
+    blocks, seqs, c_ref, c_mk = synthetic_state(cfg, layout, B, ctx, 4, 0)
+    c_pert = KVCache.__new__(KVCache)
+    c_pert.__dict__.update(c_ref.__dict__)
+    c_pert.kv = [t.clone() for t in c_ref.kv]
+    model = Cohere2MoeModel(cfg, w)
+    be = MegakernelBackend(cfg, w, layout, max_batch=16)
+    for s in seqs:
+        blocks.prepare(s, ctx, ctx + 1)
+    batch = ForwardBatch(torch.tensor([7] * B, device="cuda"), torch.full((B,), ctx, device="cuda"),
+                         list(range(B + 1)), [s.tables for s in seqs])
+    hs, ref = torch_hidden(model, batch, c_ref)
+    hp, refp = torch_hidden(model, batch, c_pert, noise=1e-3)
+    out = be.decode(batch, c_mk)
+    hk = be.buf["h"][:, :B].float()
+    cs = lambda a, b: float(torch.nn.functional.cosine_similarity(a.float().flatten(), b.float().flatten(), dim=0))
+    rows = []
+    for l in range(cfg.num_layers + 1):
+        rows.append((l, round(cs(hk[l], hs[l]), 5), round(cs(hp[l], hs[l]), 5)))
+    print("layer, cos(mk, torch), cos(torch+1e-3 noise, torch):", rows, flush=True)
+    print("logits cos mk", cs(out, ref), "perturbed torch", cs(refp, ref), flush=True)
+
+
 def bench(cfg, w, B=1, ctx=8192, steps=50, torch_steps=5):
     from megakernel.kernel.backend import MegakernelBackend
 
@@ -148,6 +210,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=256)
     ap.add_argument("--budget", type=float, default=60.0, help="seconds per parity config")
     ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--layers", action="store_true")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     cfg = north_mini_code_config()
@@ -156,6 +219,8 @@ def main() -> None:
     torch.cuda.synchronize()
     print(f"random North weights: {w.num_bytes() / 1e9:.1f} GB in {time.time() - t:.1f}s", flush=True)
     out = {"parity": [], "bench": None, "gpu": torch.cuda.get_device_name()}
+    if args.layers:
+        layers_diag(cfg, w)
     for item in filter(None, args.parity.split(",")):
         B, ctx = (int(x) for x in item.split("x"))
         r = parity(cfg, w, B, ctx, args.steps, args.budget)

@@ -163,9 +163,10 @@ class Simulator:
             i, gen = ready.pop()
             advance(i, gen)
         if n_live:
-            stuck = {c: (int(self.counters[c]), [t for _, t, _ in v]) for c, v in blocked.items() if v}
-            desc = "; ".join(f"counter {c} ({tl.names.get(c, '?')}) at {v} waiting for {ts[:3]}"
-                             for c, (v, ts) in list(stuck.items())[:5])
+            # the earliest blocked task in list order is the root cause; report it first
+            stuck = sorted((i, c, t) for c, v in blocked.items() for i, t, _ in v)
+            desc = "; ".join(f"task {i} ({Op(int(rec[i, 0])).name}) waits for {t} on counter {c} "
+                             f"({tl.names.get(c, '?')}) at {int(self.counters[c])}" for i, c, t in stuck[:5])
             raise SimDeadlock(f"{n_live} tasks cannot run: {desc}")
         B = si.B
         logits = self.rd("logits", (slice(0, B),)).clone()

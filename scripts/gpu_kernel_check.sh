@@ -9,7 +9,8 @@ export MEGAKERNEL_CACHE_DIR=${MEGAKERNEL_CACHE_DIR:-/tmp/mkcache}
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
 LOG=$OUT/log.txt
 STAGES=${*:-info build debug tests sanitizer parity-quick bench}
-PARITY=${PARITY:-1x100,3x5000,8x32768,16x100}
+PARITY=${PARITY:-1x100,16x5000}
+TAME=${TAME:-1x100,3x5000,8x32768,16x5000}
 STEPS=${STEPS:-256}
 BUDGET=${BUDGET:-45}
 t_start=$(date +%s)
@@ -40,8 +41,8 @@ for s in $STAGES; do
         --print-limit 20 python3 benchmarks/mk_debug.py north_like 3 ;;
     parity-quick) stage parity-quick 400 python3 benchmarks/north_check.py --parity 1x100,3x5000 --steps 16 \
                     --budget 60 --json "$OUT/parity_quick.json" ;;
-    parity) stage parity 590 python3 benchmarks/north_check.py --parity "$PARITY" --steps "$STEPS" \
-              --budget "$BUDGET" --json "$OUT/parity.json" ;;
+    parity) stage parity 590 python3 benchmarks/north_check.py --parity "$PARITY" --tame-parity "$TAME" \
+              --steps "$STEPS" --budget "$BUDGET" --bench --json "$OUT/parity.json" ;;
     bench) stage bench 300 python3 benchmarks/north_check.py --bench --json "$OUT/bench.json" ;;
     *) echo "unknown stage $s" ;;
   esac

@@ -45,13 +45,13 @@ def make_cfg(name: str) -> ModelConfig:
     return ModelConfig.from_dict(kw)
 
 
-def tiny_weights(cfg: ModelConfig, device="cpu", dtype=torch.float32, seed=0):
+def tiny_weights(cfg: ModelConfig, device="cpu", dtype=torch.float32, seed=0, scale=2.0):
     """Random weights scaled up so attention and routing are far from uniform."""
     w = random_weights(cfg, device=device, dtype=torch.float32, seed=seed)
     g = torch.Generator(device=device).manual_seed(seed + 1)
     for t in w.tensors():
         if t.dim() >= 2:
-            t.mul_(2.0)
+            t.mul_(scale)
         else:
             t.add_(torch.randn(t.shape, generator=g, device=device) * 0.05)
     return w.to(dtype=dtype)

@@ -22,41 +22,60 @@ def _cos(a, b):
     return torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=-1)
 
 
+def _near_tie_rows(be, B, k, margin=0.02):
+    """Rows whose routing has a near tie (k-th vs (k+1)-th router logit) in some MoE layer of the last step."""
+    rl = be.buf["rlog"][:, :B].float()
+    if rl.shape[-1] <= k:
+        return set()
+    top = rl.topk(k + 1, dim=-1).values
+    close = (top[..., k - 1] - top[..., k]).abs() <= margin * top[..., 0].abs().clamp(min=1)
+    return set(torch.nonzero(close.any(0)).flatten().tolist())
+
+
 @needs_sm90
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 @pytest.mark.parametrize("B", [1, 3, 8, 16])
 def test_tiny_matches_torch(variant, B):
+    """Same inputs (cache state, tokens) for both paths at every step; logits within bf16 tolerance. A row may
+    differ more only where the expert choice of that row sits on a near tie of bf16 router logits."""
     from megakernel.kernel.backend import MegakernelBackend
 
     cfg = make_cfg(variant)
-    w = tiny_weights(cfg, device="cuda", dtype=torch.bfloat16, seed=B)
+    w = tiny_weights(cfg, device="cuda", dtype=torch.bfloat16, seed=B, scale=1.0)
     g = torch.Generator().manual_seed(B)
     lens = torch.randint(1, 30, (B,), generator=g).tolist()
     st = prefill_state(cfg, w, lens, device="cuda", seed=B)
     model = Cohere2MoeModel(cfg, w)
     be = MegakernelBackend(cfg, w, st.layout, max_batch=16, split_tokens=5, watchdog_s=5)
     be.poison = True
-    c_mk = clone_cache(st.cache)
     nxt = torch.randint(3, cfg.vocab_size, (B,), generator=g).tolist()
+    exempt = 0
     for step in range(6):                     # crosses the window (8) for every sequence
         batch = decode_batch(st, nxt, device="cuda")
+        c_mk = clone_cache(st.cache)
         tr_ref, tr_mk = ForwardTrace(), ForwardTrace()
         ref = model.forward(batch, st.cache, tr_ref)
         out = be.decode(batch, c_mk, trace=tr_mk)
         assert not torch.isnan(out).any()
-        cos = _cos(out, ref)
-        err = float((out - ref).abs().max() / ref.abs().max())
-        assert cos.min() > 0.999, (step, cos)
-        assert err < 3e-2, (step, err)
         assert torch.equal(be.last_tokens.long(), out.argmax(-1))
+        cos = _cos(out, ref)
+        ties = _near_tie_rows(be, B, cfg.num_experts_per_tok)
+        for r in range(B):
+            if cos[r] < 0.999:
+                assert r in ties, (step, r, cos)
+                exempt += 1
+        ok = cos >= 0.999
+        err = float(((out - ref).abs().max(-1).values / ref.abs().max(-1).values)[ok].max())
+        assert err < 3e-2, (step, err)
         for a, b in zip(tr_mk.experts, tr_ref.experts):
             assert a.shape == b.shape
-        # teacher forcing with the reference's choice; both caches advance with their own K/V
+        # the new token's K/V written like the PyTorch path (bf16 rounding apart)
+        for a, b in zip(c_mk.kv, st.cache.kv):
+            assert float((a.float() - b.float()).abs().max()) < 0.05 * float(b.float().abs().max())
         nxt = ref.argmax(-1).tolist()
         for i in range(B):
             st.tokens[i].append(nxt[i])
-    for a, b in zip(c_mk.kv, st.cache.kv):
-        assert float((a.float() - b.float()).abs().max()) < 0.1 * float(b.float().abs().max())
+    assert exempt <= max(1, B * 6 // 8), exempt
 
 
 @needs_sm90

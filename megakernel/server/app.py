@@ -35,6 +35,7 @@ from megakernel.server.protocol import ChatCompletionRequest, CompletionRequest,
 log = logging.getLogger("megakernel.server")
 
 SEED_MOD = 2**63 - MAX_N - 1
+MAX_SEQS_PER_REQUEST = 256
 
 
 # ---- errors ----------------------------------------------------------------------------------------------------
@@ -69,11 +70,13 @@ def _validation_message(errors: list[dict]) -> tuple[str, str | None]:
     if not errors:
         return "invalid request", None
     # Prefer the most specific error: the one with the longest location (union members report on the same path).
-    e = errors[0]
+    e = max(errors, key=lambda err: len(err.get("loc", ())))
     loc = [str(x) for x in e.get("loc", ()) if x != "body"]
     # drop pydantic's union-member tags such as 'str', 'list[int]', 'function-after[...]' from the path
-    loc = [x for x in loc if not (x.startswith(("list[", "function-", "tagged-union[", "nullable[")) or
-                                  x in ("str", "int", "float", "bool", "dict", "list", "none"))]
+    loc = [x for x in loc if not (x.startswith(("list[", "function-", "tagged-union[", "nullable[", "literal[")) or
+                                  x in ("str", "int", "float", "bool", "dict", "list", "none", "NamedToolChoice"))]
+    if len(loc) >= 3 and loc[0] == "messages" and loc[2] in ("system", "developer", "user", "assistant", "tool"):
+        del loc[2]         # the discriminated union's tag
     param = ".".join(loc) or None
     typ = e.get("type", "")
     if typ == "json_invalid":
@@ -166,8 +169,11 @@ def create_app(engine: AsyncEngine, served_model_names: list[str], api_key: str 
         return error_response(e.status, e.message, e.param, e.code, e.type)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, e: RequestValidationError):
+    async def _validation_error(raw: Request, e: RequestValidationError):
         msg, param = _validation_message(list(e.errors()))
+        ctype = raw.headers.get("content-type", "")
+        if param is None and raw.method == "POST" and "json" not in ctype:
+            msg = f"{msg}; send the body as JSON with 'Content-Type: application/json' (got {ctype or 'none'!r})"
         return error_response(400, msg, param)
 
     @app.exception_handler(StarletteHTTPException)
@@ -279,6 +285,11 @@ def _patch_openapi(app: FastAPI, state: _State) -> None:
                 for alt in props.get(field, {}).get("anyOf", []):
                     if alt.get("type") == "integer":
                         alt["maximum"] = room
+        for ops in schema.get("paths", {}).values():    # GET /v1/models/{model}: the served names
+            for op in ops.values():
+                for prm in op.get("parameters", []):
+                    if prm.get("name") == "model" and prm.get("in") == "path":
+                        prm["schema"] = {"type": "string", "enum": list(state.cfg.served_model_names)}
         prompt = comps.get("CompletionRequest", {}).get("properties", {}).get("prompt", {})
         for alt in prompt.get("anyOf", []):
             if alt.get("type") != "array":
@@ -568,6 +579,9 @@ async def _completions(state: _State, req: CompletionRequest, raw: Request):
         prompts = list(p)
     if not prompts:
         raise APIError(400, "The prompt is empty", "prompt")
+    if len(prompts) * n > MAX_SEQS_PER_REQUEST:
+        raise APIError(400, f"{len(prompts)} prompts x n={n} is more than {MAX_SEQS_PER_REQUEST} sequences in one "
+                       "request; split the request", "prompt")
     tok = state.tokenizer
     items: list[tuple[str | None, list[int]]] = []
     for i, pr in enumerate(prompts):

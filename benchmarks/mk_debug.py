@@ -25,7 +25,7 @@ from megakernel.model.cohere2_moe import Cohere2MoeModel  # noqa: E402
 def main() -> None:
     name = sys.argv[1] if len(sys.argv) > 1 else "north_like"
     B = int(sys.argv[2]) if len(sys.argv) > 2 else 3
-    if name.startswith("north"):      # North Mini Code dimensions, fewer layers and a small vocab
+    if name.startswith("north") and name[5:].isdigit():   # North dims, fewer layers, small vocab
         from megakernel.config import ModelConfig, north_mini_code_config
         from megakernel.model.weights import random_weights
         n = int(name[5:] or 3)
@@ -43,7 +43,7 @@ def main() -> None:
         cfg = make_cfg(name)
         w = tiny_weights(cfg, device="cuda", dtype=torch.bfloat16)
     lens = [5 + 7 * i for i in range(B)]
-    st = prefill_state(cfg, w, lens, device="cuda", block_size=64 if name.startswith("north") else 4)
+    st = prefill_state(cfg, w, lens, device="cuda", block_size=64 if name[5:].isdigit() else 4)
     batch = decode_batch(st, list(range(3, 3 + B)), device="cuda")
     c_ref, c_mk, c_sim = st.cache, clone_cache(st.cache), clone_cache(st.cache)
     ref = Cohere2MoeModel(cfg, w).forward(batch, c_ref)

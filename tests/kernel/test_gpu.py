@@ -65,8 +65,9 @@ def test_tiny_matches_torch(variant, B):
                 assert r in ties, (step, r, cos)
                 exempt += 1
         ok = cos >= 0.999
-        err = float(((out - ref).abs().max(-1).values / ref.abs().max(-1).values)[ok].max())
-        assert err < 3e-2, (step, err)
+        if bool(ok.any()):
+            err = float(((out - ref).abs().max(-1).values / ref.abs().max(-1).values)[ok].max())
+            assert err < 3e-2, (step, err)
         for a, b in zip(tr_mk.experts, tr_ref.experts):
             assert a.shape == b.shape
         # the new token's K/V written like the PyTorch path (bf16 rounding apart)

@@ -38,7 +38,7 @@ for s in $STAGES; do
       MEGAKERNEL_WATCHDOG_S=300 stage memcheck 300 compute-sanitizer --tool memcheck --kernel-name kns=mk_decode \
         --print-limit 20 python3 benchmarks/mk_debug.py north_like 3
       MEGAKERNEL_WATCHDOG_S=300 stage racecheck 300 compute-sanitizer --tool racecheck --kernel-name kns=mk_decode \
-        --print-limit 20 python3 benchmarks/mk_debug.py north_like 3 ;;
+        --print-limit 20 python3 benchmarks/mk_racecheck.py 3 ;;
     parity-quick) stage parity-quick 400 python3 benchmarks/north_check.py --parity 1x100,3x5000 --steps 16 \
                     --budget 60 --json "$OUT/parity_quick.json" ;;
     parity) stage parity 590 python3 benchmarks/north_check.py --parity "$PARITY" --tame-parity "$TAME" \

@@ -1,0 +1,40 @@
+"""Driver for compute-sanitizer (racecheck/memcheck): the decode state is prepared on the CPU with the PyTorch
+path, copied to the GPU, and the only GPU kernel of interest is one megakernel step (tiny config).
+
+    compute-sanitizer --tool racecheck --kernel-name kns=mk_decode python3 benchmarks/mk_racecheck.py [B]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "kernel"))
+
+from kernel_helpers import decode_batch, make_cfg, prefill_state, tiny_weights  # noqa: E402
+
+from megakernel.kernel.backend import MegakernelBackend  # noqa: E402
+from megakernel.model.cohere2_moe import Cohere2MoeModel  # noqa: E402
+
+
+def main() -> None:
+    B = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    cfg = make_cfg("north_like")
+    w = tiny_weights(cfg, dtype=torch.bfloat16, scale=1.0)
+    st = prefill_state(cfg, w, [5 + 7 * i for i in range(B)])
+    batch = decode_batch(st, list(range(3, 3 + B)))
+    ref = Cohere2MoeModel(cfg, w).forward(batch, st.cache)          # CPU reference (bf16)
+    wg = w.to("cuda")
+    cache = st.cache
+    cache.kv = [t.to("cuda") for t in cache.kv]
+    batch.input_ids, batch.positions = batch.input_ids.cuda(), batch.positions.cuda()
+    be = MegakernelBackend(cfg, wg, st.layout, max_batch=16, split_tokens=3)
+    out = be.decode(batch, cache).cpu()
+    cos = torch.nn.functional.cosine_similarity(out, ref.float(), dim=-1)
+    print(f"B={B} finite={bool(torch.isfinite(out).all())} cos vs CPU torch: {cos.tolist()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -448,6 +448,7 @@ __device__ bool task_attn(const Params& P, const int* rec, int ticket) {
                 sum += e;
             }
             sum = warp_sum(sum);
+            __syncwarp();                      // every lane has read sM[h] before lane 0 updates it
             if (lane == 0) {
                 const float a = expf(mold - mnew);
                 sL[h] = sL[h] * a + sum;

@@ -70,7 +70,7 @@ def test_tiny_matches_torch(variant, B):
                 assert float((a.float() - b.float()).abs().max()) < 0.05 * float(b.float().abs().max())
         if bool(ok.any()):
             err = float(((out - ref).norm(dim=-1) / ref.norm(dim=-1))[ok].max())
-            assert err < 3e-2, (step, err)
+            assert err < 5e-2, (step, err)        # bf16 path vs bf16 path (cos 0.999 ~ 4.5%)
         for a, b in zip(tr_mk.experts, tr_ref.experts):
             assert a.shape == b.shape
         nxt = ref.argmax(-1).tolist()

@@ -528,7 +528,7 @@ def _engine_error(e: BaseException) -> APIError:
     if isinstance(e, EngineDeadError):
         return APIError(503, str(e), type="server_error")
     if isinstance(e, RequestFailed):
-        return APIError(503, str(e), type="server_error")
+        return APIError(e.status, str(e), type="server_error")
     return APIError(500, f"{type(e).__name__}: {e}", type="server_error")
 
 

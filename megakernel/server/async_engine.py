@@ -31,6 +31,10 @@ class EngineDeadError(RuntimeError):
 class RequestFailed(RuntimeError):
     """The engine could not finish this request (it was dropped); the message says why."""
 
+    def __init__(self, message: str, status: int = 503) -> None:
+        super().__init__(message)
+        self.status = status
+
 
 @dataclass
 class _Sink:
@@ -190,9 +194,9 @@ class AsyncEngine:
             # A sequence that cannot fit even alone: drop it (give back what it has) and keep serving.
             self._drop_unfittable(e)
             return
-        except RequestError as e:
-            log.error("megakernel: step failed: %s", e)
-            self._fail_all(RequestFailed(str(e)))
+        except Exception as e:  # noqa: BLE001 - fail the batch, keep serving (a broken engine fails again)
+            log.exception("megakernel: engine step failed; failing the %d requests in flight", len(self._sinks))
+            self._fail_all(RequestFailed(f"the engine failed: {type(e).__name__}: {e}", status=500))
             return
         now = time.monotonic()
         if self.metrics is not None:
@@ -242,9 +246,13 @@ class AsyncEngine:
                 self.metrics.request_finished("error", sink, None)
 
     def _fail_all(self, err: BaseException) -> None:
+        for rid in list(getattr(self.engine, "requests", {}) or {}):
+            self.engine.abort_request(rid)
         for rid, sink in list(self._sinks.items()):
             self.engine.abort_request(rid)
             self._deliver(sink, err)
+            if self.metrics is not None:
+                self.metrics.request_finished("error", sink, None)
         self._sinks.clear()
 
     @staticmethod

@@ -216,11 +216,13 @@ class AsyncEngine:
                 sink.last_token_time = now
             sink.num_tokens = n
             sink.last = out
-            self._deliver(sink, out)
+            error = getattr(out, "error", None)       # the engine failed the request (e.g. a hung decode step)
+            self._deliver(sink, RequestFailed(f"the engine failed this request: {error}", status=500)
+                          if out.finished and error else out)
             if out.finished:
                 del self._sinks[out.request_id]
                 if self.metrics is not None:
-                    self.metrics.request_finished(_finish_label(out), sink, out)
+                    self.metrics.request_finished("error" if error else _finish_label(out), sink, out)
 
     def _drop_unfittable(self, e: OutOfKVBlocks) -> None:
         sched = self.engine.scheduler

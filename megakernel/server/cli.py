@@ -8,6 +8,11 @@ import math
 import os
 import re
 
+# Fail at import (so `megakernel serve` can say which extra to install) rather than after loading the model.
+import fastapi  # noqa: F401
+import prometheus_client  # noqa: F401
+import uvicorn  # noqa: F401
+
 log = logging.getLogger("megakernel.server")
 
 
@@ -123,8 +128,6 @@ def main(argv: list[str] | None = None) -> int:
     level = getattr(logging, args.log_level.upper())
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     logging.getLogger("megakernel").setLevel(level)
-    import uvicorn
-
     app = build_server(args)
     log.info("megakernel: serving %s on http://%s:%d/v1", app.state.mk.cfg.served_model_names, args.host,
              args.port)

@@ -134,8 +134,8 @@ def model_path() -> Path:
 
 @pytest.fixture(scope="session")
 def server(model_path, tmp_path_factory):
-    s = LiveServer(["--model", str(model_path), "--block-size", "16", "--max-model-len", "256",
-                    "--max-batch-size", "16", "--kv-cache-memory", "16M"], tmp_path_factory.mktemp("srv") / "log")
+    s = LiveServer(["--model", str(model_path), "--block-size", "16", "--max-model-len", "512",
+                    "--max-batch-size", "16", "--kv-cache-memory", "64M"], tmp_path_factory.mktemp("srv") / "log")
     yield s
     s.stop()
 

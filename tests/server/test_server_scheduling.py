@@ -62,7 +62,7 @@ def test_greedy_with_vs_without_prefix_hit(server):
     nonce = uuid.uuid4().hex[:8]
     rng = random.Random(2)
     client = server.client()
-    for n_words in (30, 70):
+    for n_words in (30, 150):       # 150 words: longer than either model's sliding window
         prompt = f"# {nonce} {n_words}\n" + _prompt(rng, n_words)
         cold = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=24, temperature=0)
         assert cold.usage.prompt_tokens_details.cached_tokens == 0

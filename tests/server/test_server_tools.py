@@ -258,3 +258,40 @@ def test_e2e_tool_choice_real_model(server):
                     first = t
     assert first is not None and first.id.startswith("call_") and first.function.name == "get_weather"
     assert finish in ("tool_calls", "length")
+
+
+def test_e2e_trained_model_tool_round_trip(server, model_path):
+    """With the trained embedded model (north_nano): a tool call from the model itself, non-streamed and streamed
+    (deltas rebuild the same call), then the tool result rendered back and answered in text."""
+    from north_test_model import default_model_usable
+
+    if default_model_usable() != model_path:
+        pytest.skip("needs the trained embedded model (the random stand-in does not call tools)")
+    c = server.client()
+    tools = [WEATHER]
+    msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
+    r = c.chat.completions.create(model=MODEL_NAME, messages=msgs, tools=tools, temperature=0, max_tokens=120)
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls", ch
+    call = ch.message.tool_calls[0]
+    assert call.function.name == "get_weather" and call.id.startswith("call_")
+    args = json.loads(call.function.arguments)
+    assert isinstance(args, dict)
+    stream = c.chat.completions.create(model=MODEL_NAME, messages=msgs, tools=tools, temperature=0, max_tokens=120,
+                                       stream=True)
+    name, arguments, n_deltas, finish = None, "", 0, None
+    for chunk in stream:
+        for d in chunk.choices:
+            finish = d.finish_reason or finish
+            for t in d.delta.tool_calls or []:
+                if t.index == 0:
+                    name = name or t.function.name
+                    arguments += t.function.arguments or ""
+                    n_deltas += 1
+    assert finish == "tool_calls" and name == "get_weather"
+    assert json.loads(arguments) == args and n_deltas > 2
+    msgs.append(ch.message.model_dump(exclude_none=True))
+    msgs.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature_c": 21})})
+    r2 = c.chat.completions.create(model=MODEL_NAME, messages=msgs, tools=tools, temperature=0, max_tokens=120)
+    assert r2.choices[0].finish_reason == "stop"
+    assert r2.choices[0].message.content and not r2.choices[0].message.tool_calls

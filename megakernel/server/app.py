@@ -333,7 +333,10 @@ def _model_card(state: _State, name: str) -> dict[str, Any]:
             "max_model_len": state.max_model_len}
 
 
-def _check_model(state: _State, model: str) -> None:
+def _check_model(state: _State, req) -> None:
+    if req.stream_options is not None and not req.stream:
+        raise APIError(400, "stream_options is only allowed when stream is true", "stream_options")
+    model = req.model
     if model not in state.cfg.served_model_names:
         raise APIError(404, f"The model `{model}` does not exist. Served: {', '.join(state.cfg.served_model_names)}",
                        "model", "model_not_found")
@@ -562,7 +565,7 @@ def _completion_logprobs(state: _State, ids: list[int], lps: list, offset: int, 
 
 
 async def _completions(state: _State, req: CompletionRequest, raw: Request):
-    _check_model(state, req.model)
+    _check_model(state, req)
     n = req.n or 1
     if req.best_of is not None and req.best_of != n:
         raise APIError(400, "best_of != n is not supported (no server-side ranking)", "best_of")
@@ -714,7 +717,7 @@ def _tool_call_json(d: chatmod.ToolCallDelta) -> dict[str, Any]:
 
 
 async def _chat(state: _State, req: ChatCompletionRequest, raw: Request):
-    _check_model(state, req.model)
+    _check_model(state, req)
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
     try:

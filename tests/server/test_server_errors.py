@@ -97,6 +97,8 @@ BAD_REQUESTS = [
     ("tool_choice_without_tools", CHAT, {"messages": USER, "tool_choice": "required"}, 400, "tool_choice"),
     ("bad_tool_choice", CHAT, {"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}],
                                "tool_choice": "sometimes"}, 400, "tool_choice"),
+    ("stream_options_without_stream", COMP, {"prompt": "x", "stream_options": {"include_usage": True}}, 400,
+     "stream_options"),
     ("bad_template_kwargs", CHAT, {"messages": USER, "chat_template_kwargs": {"tools": []}}, 400,
      "chat_template_kwargs"),
 ]

@@ -242,3 +242,11 @@ def test_async_client_concurrent(server):
     texts = asyncio.run(main())
     client = server.client()
     assert texts == [_complete(client, p, max_tokens=8).choices[0].text for p in PROMPTS]
+
+
+def test_engine_import_does_not_pull_the_server():
+    import subprocess
+    import sys
+
+    code = "import megakernel, sys; assert 'fastapi' not in sys.modules and 'megakernel.server' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)

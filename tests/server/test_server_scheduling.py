@@ -104,7 +104,7 @@ def test_greedy_with_vs_without_preemption(tight_server):
 
 def test_load_64_streaming_clients(tight_server):
     rng = random.Random(4)
-    distinct = [(_prompt(rng, rng.choice((4, 15, 35, 60, 90))), rng.choice((6, 12, 20, 32))) for _ in range(16)]
+    distinct = [(_prompt(rng, rng.choice((4, 15, 35, 60, 75))), rng.choice((6, 12, 20, 32))) for _ in range(16)]
     client = tight_server.client()
     solo = {i: _solo(client, p, mt) for i, (p, mt) in enumerate(distinct)}
     before = tight_server.metric("megakernel_num_preemptions")

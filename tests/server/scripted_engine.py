@@ -79,7 +79,7 @@ class InProcessServer:
     def __init__(self, engine, api_key: str | None = None, name: str = "scripted") -> None:
         import uvicorn
 
-        from conftest import free_port
+        from server_harness import free_port
         from megakernel.server.app import create_app
         from megakernel.server.async_engine import AsyncEngine
 

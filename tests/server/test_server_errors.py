@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import API_KEY, MODEL_NAME
+from server_harness import API_KEY, MODEL_NAME
 
 CHAT = "/v1/chat/completions"
 COMP = "/v1/completions"
@@ -207,7 +207,7 @@ def test_still_serving_after_errors(server):
 @pytest.fixture(scope="module")
 def fuzz_server(model_path, tmp_path_factory):
     """Short contexts and a wide batch, so that fuzzed requests with n=64 and many prompts finish quickly."""
-    from conftest import LiveServer
+    from server_harness import LiveServer
 
     s = LiveServer(["--model", str(model_path), "--block-size", "16", "--max-model-len", "24",
                     "--max-batch-size", "64", "--kv-cache-memory", "16M"], tmp_path_factory.mktemp("fuzz") / "log")

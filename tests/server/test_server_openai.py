@@ -6,7 +6,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from conftest import MODEL_NAME
+from server_harness import MODEL_NAME
 
 PROMPTS = ["def fibonacci(n):", "import json\n\nclass Decoder:", "The weather in Paris is",
            "for i in range(10):\n    print(", "Hello! How can I help you today?"]

@@ -8,7 +8,7 @@ import asyncio
 import random
 import uuid
 
-from conftest import MODEL_NAME
+from server_harness import MODEL_NAME
 
 WORDS = ("alpha beta gamma delta import return yield class def lambda while for print json value key "
          "list dict tuple set open close read write socket thread async await error raise try except").split()

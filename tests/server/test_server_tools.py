@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from conftest import MODEL_NAME
+from server_harness import MODEL_NAME
 from megakernel.server import chat as chatmod
 from megakernel.server.protocol import ChatCompletionRequest
 

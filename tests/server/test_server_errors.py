@@ -157,7 +157,7 @@ def _abort_count(server) -> float:
 
 def test_disconnect_mid_stream_aborts(server):
     before = _abort_count(server)
-    body = {"model": MODEL_NAME, "prompt": "def main():", "max_tokens": 230, "ignore_eos": True,
+    body = {"model": MODEL_NAME, "prompt": "def main():", "max_tokens": 480, "ignore_eos": True,
             "temperature": 0, "stream": True}
     with httpx.stream("POST", server.url + COMP, json=body, headers=server.headers, timeout=60) as r:
         assert r.status_code == 200
@@ -181,7 +181,7 @@ def test_disconnect_mid_stream_aborts(server):
 
 def test_disconnect_non_stream_aborts(server):
     before = _abort_count(server)
-    body = {"model": MODEL_NAME, "prompt": "def main():", "max_tokens": 230, "ignore_eos": True, "n": 4}
+    body = {"model": MODEL_NAME, "prompt": "def main():", "max_tokens": 480, "ignore_eos": True, "n": 4}
     with pytest.raises(httpx.TimeoutException):
         httpx.post(server.url + COMP, json=body, headers=server.headers, timeout=0.5)
     t0 = time.time()

@@ -146,6 +146,7 @@ def test_stop_strings(client):
 
 def _greedy_ids(client, prompt, n, **kw):
     r = _complete(client, prompt, max_tokens=n, logprobs=0, extra_body={"return_tokens_as_token_ids": True,
+                                                                        "ignore_eos": True,
                                                                         **kw.pop("extra_body", {})}, **kw)
     return [int(t.split(":")[1]) for t in r.choices[0].logprobs.tokens], r
 

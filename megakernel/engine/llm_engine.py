@@ -15,8 +15,8 @@ from megakernel.engine.outputs import CompletionOutput, RequestOutput
 from megakernel.engine.sampler import sample
 from megakernel.engine.sampling_params import SamplingParams
 from megakernel.engine.scheduler import Scheduler
-from megakernel.engine.sequence import Sequence, Status
-from megakernel.errors import RequestError
+from megakernel.engine.sequence import Sequence
+from megakernel.errors import MegakernelError, RequestError
 from megakernel.kv.block_manager import BlockManager
 from megakernel.kv.cache import KVCache, KVLayout, plan_num_blocks
 from megakernel.model.cohere2_moe import Cohere2MoeModel
@@ -135,6 +135,11 @@ class LLMEngine:
         if len(prompt_token_ids) >= self.max_model_len:
             raise RequestError(f"the prompt has {len(prompt_token_ids)} tokens; max_model_len is "
                                f"{self.max_model_len} (prompt plus at least one generated token)")
+        need = self.blocks.blocks_needed(self.blocks.new_sequence(), len(prompt_token_ids) + 1)
+        for pool, n in zip(self.blocks.pools, need):
+            if n > pool.num_blocks:
+                raise RequestError(f"the prompt needs {n} KV blocks in the {pool.name} pool, which has "
+                                   f"{pool.num_blocks} in all: raise the KV cache memory")
         bad_bias = [t for t in params.logit_bias if not 0 <= t < self.config.vocab_size]
         if bad_bias:
             raise RequestError(f"logit_bias token id {bad_bias[0]} is outside the vocabulary")
@@ -162,13 +167,28 @@ class LLMEngine:
     # ---- the loop ----------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one model step; return a snapshot of every request that advanced (finished ones are dropped)."""
+        touched: dict[str, None] = {}
         chunks = self.scheduler.schedule()
+        for seq in self.scheduler.ended:          # outgrew the whole KV pool alone: ended as "length"
+            log.warning("megakernel: request %s ended at %d tokens: the KV pool is full", seq.request_id, len(seq))
+            touched[seq.request_id] = None
+        self.scheduler.ended.clear()
         if not chunks:
-            return []
-        sampled, logits = self.runner.run(chunks)
+            return self._outputs(touched)
+        try:
+            sampled, logits = self.runner.run(chunks)
+        except MegakernelError as e:
+            # A failed or hung decode step (the backend's watchdog): fail the requests it was decoding and keep
+            # serving. Prefill chunks of the same step did not advance and simply run again next step.
+            log.error("megakernel: step failed: %s", e)
+            failed = [c for c in chunks if c.is_decode] if self.runner.decode_backend is not None else chunks
+            for c in failed or chunks:
+                c.seq.error = str(e)
+                self.scheduler.finish(c.seq, "abort")
+                touched[c.seq.request_id] = None
+            return self._outputs(touched)
         for c in chunks:
             c.seq.num_computed = c.end
-        touched: dict[str, None] = {}
         if sampled:
             seqs = [c.seq for c in sampled]
             tokens, lps = sample(logits, seqs, self.generator)
@@ -177,6 +197,9 @@ class LLMEngine:
                 touched[seq.request_id] = None
         for seq in self.scheduler.running:
             self.scheduler.recycle(seq)
+        return self._outputs(touched)
+
+    def _outputs(self, touched: dict[str, None]) -> list[RequestOutput]:
         outputs = []
         for rid in touched:
             req = self.requests[rid]
@@ -218,8 +241,9 @@ class LLMEngine:
         outs = [CompletionOutput(s.index, list(s.output_token_ids), s.text, s.finish_reason,
                                  list(s.logprobs) if s.params.logprobs is not None else None,
                                  s.stop_reason) for s in req.seqs]
+        errors = [s.error for s in req.seqs if s.error]
         return RequestOutput(rid, req.prompt, req.prompt_token_ids, outs,
-                             finished=all(s.finished for s in req.seqs),
+                             finished=all(s.finished for s in req.seqs), error=errors[0] if errors else None,
                              num_cached_tokens=max((s.num_cached_prompt for s in req.seqs), default=0))
 
     def num_kv_blocks_in_use(self) -> int:

@@ -29,6 +29,7 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
     num_cached_tokens: int = 0
+    error: str | None = None              # set when the engine failed the request (e.g. a hung decode step)
 
     # Conveniences for the common n == 1 case.
     @property

@@ -45,6 +45,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.ended: list[Sequence] = []     # sequences the scheduler ended itself (out of KV), for the engine
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -80,7 +81,10 @@ class Scheduler:
                 self.blocks.free(seq.blocks)            # undo a prefix-cache attach
                 seq.num_computed = seq.num_cached_prompt = 0
                 if not self.running and not chunks:
-                    raise          # nothing else holds blocks: this sequence can never fit
+                    # nothing else holds blocks: this sequence can never fit; end it where it is
+                    self.finish(seq, "length")
+                    self.ended.append(seq)
+                    continue
                 break
             if self.prefix_cache is not None:
                 self.prefix_cache.count(seq)
@@ -94,13 +98,18 @@ class Scheduler:
     def _try_prepare(self, seq: Sequence, n: int, chunks: list[ScheduledChunk]) -> bool:
         """Back seq's next n tokens with blocks, preempting newer sequences until it fits.
 
-        Returns False if `seq` itself had to be preempted.
+        Returns False if `seq` itself had to be preempted (or ended, when it cannot fit even alone).
         """
         while True:
             try:
                 self.blocks.prepare(seq.blocks, seq.num_computed, seq.num_computed + n)
                 return True
             except OutOfKVBlocks:
+                if self.running == [seq]:
+                    # it holds every block in use and still cannot grow: end it where it is
+                    self.finish(seq, "length")
+                    self.ended.append(seq)
+                    return False
                 victim = self.running[-1]
                 if any(c.seq is victim for c in chunks):
                     # never preempt a sequence already in this step's batch: preempt the one asking instead

@@ -41,6 +41,7 @@ class Sequence:
     status: Status = Status.WAITING
     finish_reason: str | None = None
     stop_reason: int | str | None = None       # the stop token id or stop string that ended it
+    error: str | None = None                   # why the engine failed it, if it did
     text: str = ""
     logprobs: list[TokenLogprob] = field(default_factory=list)
     generator: torch.Generator | None = None

@@ -63,6 +63,9 @@ class Cohere2MoeModel:
         h = F.embedding(batch.input_ids, w.embed)
         cos, sin = L.rope_cos_sin(batch.positions, cfg, h.dtype)
         slots = self._slots(batch, cache)
+        lengths = [batch.starts[s + 1] - batch.starts[s] for s in range(batch.num_seqs)]
+        single = [s for s, n in enumerate(lengths) if n == 1]
+        multi = [s for s, n in enumerate(lengths) if n > 1]
         for i, lw in enumerate(w.layers):
             x = L.norm(h, lw.norm_weight, cfg)
             qkv = F.linear(x, lw.qkv, lw.qkv_bias)
@@ -78,7 +81,12 @@ class Cohere2MoeModel:
             layer_kv[blk, 1, off] = v
             window = cfg.window_for(i)
             attn = torch.empty(q.shape[0], cfg.q_size, device=q.device, dtype=q.dtype)
-            for s in range(batch.num_seqs):
+            if single:      # one new token per sequence: all rows in one batched attention
+                rows = torch.tensor([batch.starts[s] for s in single], device=q.device)
+                attn[rows] = L.paged_decode_attention(q[rows], batch.positions[rows], layer_kv,
+                                                      [batch.block_tables[s][g] for s in single], window, bs,
+                                                      self.scale)
+            for s in multi:
                 a, b = batch.starts[s], batch.starts[s + 1]
                 attn[a:b] = L.paged_attention(q[a:b], batch.positions[a:b], layer_kv, batch.block_tables[s][g],
                                               window, bs, self.scale)

@@ -111,3 +111,37 @@ def paged_attention(q: torch.Tensor, q_pos: torch.Tensor, layer_kv: torch.Tensor
     probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     out = torch.matmul(probs, v.permute(1, 0, 2))                        # [n_kv, n*g, d]
     return out.view(n_kv, n, g, d).permute(1, 0, 2, 3).reshape(n, n_heads * d)
+
+
+def paged_decode_attention(q: torch.Tensor, q_pos: torch.Tensor, layer_kv: torch.Tensor, tables: list[list[int]],
+                           window: int | None, block_size: int, scale: float) -> torch.Tensor:
+    """Attention of one new token per sequence, for many sequences at once (same math as `paged_attention`).
+
+    q: [n, heads, head_dim], row i at position q_pos[i] of sequence i with block table tables[i]. Each row's
+    visible blocks are gathered into a padded [n, S] key range; padding and out-of-window keys are masked.
+    """
+    n, n_heads, d = q.shape
+    n_kv = layer_kv.shape[3]
+    g = n_heads // n_kv
+    pos = q_pos.tolist()
+    first = [0 if window is None else max(0, p - window + 1) // block_size for p in pos]
+    last = [p // block_size + 1 for p in pos]
+    width = max(b - a for a, b in zip(first, last))
+    idx = torch.zeros(n, width, dtype=torch.long)
+    for i, (a, b) in enumerate(zip(first, last)):
+        idx[i, : b - a] = torch.tensor(tables[i][a:b])
+    kv = layer_kv[idx.to(layer_kv.device)]                          # [n, width, 2, bs, n_kv, d]
+    k = kv[:, :, 0].reshape(n, width * block_size, n_kv, d)
+    v = kv[:, :, 1].reshape(n, width * block_size, n_kv, d)
+    dev = q.device
+    k_pos = torch.tensor(first, device=dev)[:, None] * block_size + torch.arange(width * block_size, device=dev)
+    keep = (k_pos <= q_pos[:, None]) & (k_pos < torch.tensor(last, device=dev)[:, None] * block_size)
+    if window is not None:
+        keep &= (q_pos[:, None] - k_pos) < window
+    mask = torch.zeros(keep.shape, dtype=q.dtype, device=dev).masked_fill_(~keep, torch.finfo(q.dtype).min)
+    qh = q.view(n, n_kv, g, d)
+    scores = torch.matmul(qh, k.permute(0, 2, 3, 1)) * scale        # [n, n_kv, g, S]
+    scores = scores + mask[:, None, None, :]
+    probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    out = torch.matmul(probs, v.permute(0, 2, 1, 3))                  # [n, n_kv, g, d]
+    return out.reshape(n, n_heads * d)

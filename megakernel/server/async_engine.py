@@ -14,12 +14,12 @@ import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 from megakernel.engine.outputs import RequestOutput
 from megakernel.engine.sampling_params import SamplingParams
-from megakernel.errors import OutOfKVBlocks, RequestError
+from megakernel.errors import RequestError
 
 log = logging.getLogger("megakernel.server")
 
@@ -190,10 +190,6 @@ class AsyncEngine:
         t0 = time.monotonic()
         try:
             outputs = eng.step()
-        except OutOfKVBlocks as e:
-            # A sequence that cannot fit even alone: drop it (give back what it has) and keep serving.
-            self._drop_unfittable(e)
-            return
         except Exception as e:  # noqa: BLE001 - fail the batch, keep serving (a broken engine fails again)
             log.exception("megakernel: engine step failed; failing the %d requests in flight", len(self._sinks))
             self._fail_all(RequestFailed(f"the engine failed: {type(e).__name__}: {e}", status=500))
@@ -223,29 +219,6 @@ class AsyncEngine:
                 del self._sinks[out.request_id]
                 if self.metrics is not None:
                     self.metrics.request_finished("error" if error else _finish_label(out), sink, out)
-
-    def _drop_unfittable(self, e: OutOfKVBlocks) -> None:
-        sched = self.engine.scheduler
-        victim = sched.waiting[0] if sched.waiting else None
-        rid = victim.request_id if victim is not None else None
-        log.warning("megakernel: %s; dropping request %s, which does not fit in the KV cache", e, rid)
-        if rid is None:
-            self._fail_all(RequestFailed(f"the KV cache is too small: {e}"))
-            return
-        self.engine.abort_request(rid)
-        sink = self._sinks.pop(rid, None)
-        if sink is None:
-            return
-        if sink.last is not None and any(o.token_ids for o in sink.last.outputs):
-            outs = [replace(o, finish_reason=o.finish_reason or "length") for o in sink.last.outputs]
-            final = replace(sink.last, outputs=outs, finished=True)
-            self._deliver(sink, final)
-            if self.metrics is not None:
-                self.metrics.request_finished("length", sink, final)
-        else:
-            self._deliver(sink, RequestFailed("the request does not fit in the server's KV cache"))
-            if self.metrics is not None:
-                self.metrics.request_finished("error", sink, None)
 
     def _fail_all(self, err: BaseException) -> None:
         for rid in list(getattr(self.engine, "requests", {}) or {}):

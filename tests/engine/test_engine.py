@@ -178,3 +178,34 @@ def test_sampler_frequencies_follow_the_distribution():
     for _ in range(3000):
         counts[sample(logits, [seq], gen)[0][0]] += 1
     assert torch.allclose(counts / 3000, torch.tensor([0.5, 0.3, 0.2]), atol=0.03)
+
+
+def test_a_failed_decode_step_fails_its_requests_and_serving_goes_on(folder):
+    from megakernel.errors import MegakernelError
+
+    class HangingBackend:
+        """Stands in for the megakernel backend whose watchdog fired."""
+
+        def decode(self, batch, cache, trace=None):
+            raise MegakernelError("decode step hung: counter 17 stuck at 3 of 4")
+
+    llm = make_llm(folder)
+    llm.engine.runner.decode_backend = HangingBackend()
+    outs = llm.generate(prompts(3), GREEDY, use_tqdm=False)
+    assert all(o.finish_reason == "abort" and "counter 17" in o.error for o in outs)
+    assert all(len(o.token_ids) == 1 for o in outs)      # the prefill's token, then the decode step failed
+    assert llm.engine.num_kv_blocks_in_use() == 0
+    llm.engine.runner.decode_backend = None
+    assert llm.generate(prompts(1), GREEDY, use_tqdm=False)[0].token_ids == \
+        make_llm(folder).generate(prompts(1), GREEDY, use_tqdm=False)[0].token_ids
+
+
+def test_kv_pool_limits(folder):
+    llm = make_llm(folder, num_kv_blocks=[6, 6], enable_prefix_caching=False)
+    with pytest.raises(RequestError, match="KV blocks"):
+        llm.generate([[5] * 30], GREEDY, use_tqdm=False)       # 8 blocks of 4 needed, 6 exist
+    out = llm.generate([[5] * 10], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True),
+                       use_tqdm=False)[0]
+    # 6 blocks of 4 back positions 0..23; the token sampled at position 23 is the last one
+    assert out.finish_reason == "length" and len(out.token_ids) == 24 + 1 - 10
+    assert llm.engine.num_kv_blocks_in_use() == 0

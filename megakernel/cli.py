@@ -25,12 +25,7 @@ def _generate(args: argparse.Namespace) -> int:
               max_model_len=args.max_model_len)
     prompt: str | list[int] = args.prompt
     if args.chat:
-        if llm.tokenizer is None or llm.tokenizer.chat_template is None:
-            raise MegakernelError("--chat needs a model folder with a chat template")
-        prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}],
-                                                   add_generation_prompt=True, tokenize=True)
-        if isinstance(prompt, dict):
-            prompt = prompt["input_ids"]
+        prompt = llm.render_chat([{"role": "user", "content": args.prompt}])
     elif llm.tokenizer is None:
         try:
             prompt = [int(t) for t in args.prompt.replace(",", " ").split()]

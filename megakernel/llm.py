@@ -37,6 +37,22 @@ class LLM:
             return self.tokenizer.encode(prompt)
         return [int(t) for t in prompt]
 
+    def render_chat(self, messages: list[dict], tools: list[dict] | None = None, **template_kwargs) -> list[int]:
+        """Token ids of `messages` in the model's chat template, ending with the assistant's generation prompt."""
+        tok = self.tokenizer
+        if tok is None or not getattr(tok, "chat_template", None):
+            raise RequestError("this model folder has no chat template")
+        text = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False,
+                                       **template_kwargs)
+        return tok.encode(text, add_special_tokens=False)
+
+    def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None,
+             tools: list[dict] | None = None, use_tqdm: bool = True, **template_kwargs) -> list[RequestOutput]:
+        """Generate replies to one conversation or a list of them (OpenAI-style message dicts)."""
+        convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        return self.generate([self.render_chat(c, tools, **template_kwargs) for c in convs], sampling_params,
+                             use_tqdm=use_tqdm)
+
     def generate(self, prompts: Prompt | Seq[Prompt], sampling_params: SamplingParams | Seq[SamplingParams] | None
                  = None, use_tqdm: bool = True) -> list[RequestOutput]:
         """Generate for every prompt (text, or a list of token ids); outputs come back in input order."""

@@ -135,8 +135,9 @@ class LLMEngine:
         if len(prompt_token_ids) >= self.max_model_len:
             raise RequestError(f"the prompt has {len(prompt_token_ids)} tokens; max_model_len is "
                                f"{self.max_model_len} (prompt plus at least one generated token)")
-        need = self.blocks.blocks_needed(self.blocks.new_sequence(), len(prompt_token_ids) + 1)
-        for pool, n in zip(self.blocks.pools, need):
+        layout, chunk = self.cache.layout, self.args.max_num_batched_tokens
+        for g, pool in enumerate(self.blocks.pools):
+            n = layout.blocks_per_seq(g, len(prompt_token_ids) + 1, chunk)
             if n > pool.num_blocks:
                 raise RequestError(f"the prompt needs {n} KV blocks in the {pool.name} pool, which has "
                                    f"{pool.num_blocks} in all: raise the KV cache memory")

@@ -104,32 +104,40 @@ def test_available():
 
 
 @needs_sm90
-@pytest.mark.parametrize("variant", ["north_like", "softmax_shared_avg_untied_g4"])
-def test_llm_generate_greedy_matches_torch(variant, tmp_path):
-    try:
-        from megakernel import LLM, SamplingParams
-    except ImportError:
-        pytest.skip("LLM API not available")
-    import sys
+def test_llm_generate_greedy_matches_torch():
+    """The engine's default on sm_90 is the megakernel, and its greedy generations through LLM.generate equal the
+    PyTorch path's on the embedded (trained) model: a ragged batch of chat prompts, 64 tokens each, bf16."""
+    import json
     from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    try:
-        import tiny_models
-    except ImportError:
-        pytest.skip("tests/tiny_models.py missing")
-    name = variant if variant in tiny_models.VARIANTS else "softmax_shared_avg_untied"
-    folder = tiny_models.write_checkpoint(name, tmp_path / name)
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, 512, (n,), generator=g).tolist() for n in (5, 19, 37)]
-    sp = SamplingParams(temperature=0, max_tokens=24)
-    outs = {}
-    for backend in ("torch", "megakernel"):
-        llm = LLM(model=str(folder), device="cuda", dtype="bfloat16", backend=backend)
-        outs[backend] = [o.outputs[0].token_ids if hasattr(o, "outputs") else o.token_ids
-                         for o in llm.generate(prompts, sp)]
+
+    from megakernel import LLM, SamplingParams
+
+    eval_dir = Path(__file__).resolve().parents[2] / "training" / "eval"
+    held_out = json.loads((eval_dir / "heldout_functions.json").read_text())
+    outs, backends, gaps = {}, {}, {}
+    for backend in ("torch", "auto"):
+        llm = LLM(device="cuda", dtype="bfloat16", backend=backend, progress=False)
+        backends[backend] = llm.engine.runner.backend_name
+        sp = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True, logprobs=2)
+        res = llm.chat([item["messages"] for item in held_out[:12]], sp, use_tqdm=False)
+        outs[backend] = [o.token_ids for o in res]
+        gaps[backend] = [[sorted(lp.top.values())[-1] - sorted(lp.top.values())[-2] for lp in o.outputs[0].logprobs]
+                         for o in res]
         del llm
-    # Two bf16 implementations agree until a near-tie of bf16 logits flips one greedy choice; on the device
-    # (2026-11-29) the first 11..21 of 24 tokens were identical for every prompt, then the sequences drifted.
-    for a, b in zip(outs["megakernel"], outs["torch"]):
-        same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-        assert same >= min(8, len(b)), (same, a, b)
+    assert backends == {"torch": "torch", "auto": "megakernel"}, backends
+    same = sum(a == b for a, b in zip(outs["auto"], outs["torch"]))
+    print(f"megakernel vs torch greedy (north_nano, 12 prompts x 64 tokens): {same}/12 identical")
+    for i, (a, b) in enumerate(zip(outs["auto"], outs["torch"])):
+        at = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        if at is not None:
+            print(f"  prompt {i}: first difference at token {at}; top-2 logprob gap there: torch "
+                  f"{gaps['torch'][i][at]:.4f}, megakernel {gaps['auto'][i][at]:.4f} (median gap over the row "
+                  f"{sorted(gaps['torch'][i])[len(gaps['torch'][i]) // 2]:.3f})")
+    # Two bf16 implementations may split an exact or near tie differently; after that the texts go their own way.
+    # A row may differ only if its first difference sits where the PyTorch path's top-2 logprob gap is within
+    # one bf16 step of logits of magnitude <= 32 (0.125). Measured 2026-11-29 on the H200: 10/12 identical, the
+    # other two split at gaps 0.031 and 0.0625 (row medians ~2.4).
+    for i, (a, b) in enumerate(zip(outs["auto"], outs["torch"])):
+        at = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        assert at is None or gaps["torch"][i][at] <= 0.125, (i, at, gaps["torch"][i][at])
+    assert same >= 10

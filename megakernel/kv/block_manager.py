@@ -53,6 +53,7 @@ class SequenceBlocks:
     """Block tables of one sequence: tables[g][i] holds positions [i*bs, (i+1)*bs) of group g (or FREED)."""
 
     tables: list[list[int]] = field(default_factory=list)
+    hashes: list[bytes] = field(default_factory=list)   # prefix-cache keys of its full blocks, computed once
 
 
 class BlockManager:

@@ -18,15 +18,18 @@ from megakernel.kv.block_manager import FREED, BlockManager, SequenceBlocks
 from megakernel.kv.cache import KVLayout
 
 
-def chain_hashes(tokens: list[int], block_size: int, num_blocks: int) -> list[bytes]:
-    out: list[bytes] = []
-    prev = b""
-    for i in range(num_blocks):
+def chain_hashes(tokens: list[int], block_size: int, num_blocks: int, known: list[bytes] | None = None
+                 ) -> list[bytes]:
+    """Keys of the first `num_blocks` full blocks of `tokens`; `known` (keys already computed for a prefix of the
+    same tokens) is extended in place, so a growing sequence hashes each block once."""
+    out = known if known is not None else []
+    prev = out[-1] if out else b""
+    for i in range(len(out), num_blocks):
         h = hashlib.blake2b(prev, digest_size=16)
         h.update(b",".join(str(t).encode() for t in tokens[i * block_size:(i + 1) * block_size]))
         prev = h.digest()
         out.append(prev)
-    return out
+    return out[:num_blocks]
 
 
 class PrefixCache:
@@ -50,7 +53,7 @@ class PrefixCache:
         max_blocks = (len(tokens) - 1) // bs
         if max_blocks == 0:
             return
-        hashes = chain_hashes(tokens, bs, max_blocks)
+        hashes = self._keys(seq, max_blocks)
         k = self._longest_hit(hashes, blocks)
         if k == 0:
             return
@@ -70,7 +73,10 @@ class PrefixCache:
         seq.num_cached_prompt = min(k * bs, len(seq.prompt_token_ids))
 
     def count(self, seq) -> None:
-        """Account an admitted sequence's lookup in the hit rate."""
+        """Account an admitted sequence's lookup in the hit rate (its first admission only, not re-admissions
+        after preemption)."""
+        if seq.num_preemptions:
+            return
         self.queried_tokens += len(seq.prompt_token_ids)
         self.hit_tokens += seq.num_cached_prompt
 
@@ -95,10 +101,14 @@ class PrefixCache:
             k -= 1
         return 0
 
+    def _keys(self, seq, n: int) -> list[bytes]:
+        """seq's first n block keys, memoised on its block tables (its tokens only ever grow)."""
+        return chain_hashes(seq.token_ids, self.layout.block_size, n, seq.blocks.hashes)
+
     # ---- insertion ---------------------------------------------------------------------------------------------
     def offer(self, seq, g: int, index: int, block: int, blocks: BlockManager) -> None:
         """Keep block `index` of group g of seq (which must be full and computed) for later reuse."""
-        key = chain_hashes(seq.token_ids, self.layout.block_size, index + 1)[index]
+        key = self._keys(seq, index + 1)[index]
         self._insert(g, key, block, blocks)
 
     def release(self, seq, blocks: BlockManager) -> None:
@@ -107,7 +117,7 @@ class PrefixCache:
         n_full = min(seq.num_computed, len(seq.token_ids)) // bs
         if n_full == 0:
             return
-        hashes = chain_hashes(seq.token_ids, bs, n_full)
+        hashes = self._keys(seq, n_full)
         for g, table in enumerate(seq.blocks.tables):
             for i in range(min(n_full, len(table))):
                 if table[i] != FREED:

@@ -8,7 +8,6 @@ Runs on CPU in a couple of minutes (all 100 held-out prompts are generated in on
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 

@@ -24,21 +24,56 @@ VARIANTS: dict[str, dict] = {
     "sigmoid_renorm_shared_sum_layernorm": dict(norm_topk_prob=True, num_shared_experts=1,
                                                 shared_expert_combination_strategy="sum", rms_norm_eps=None,
                                                 layer_norm_eps=1e-5, logit_scale=0.5),
-    "softmax_shared_avg_untied": dict(expert_selection_fn="softmax", num_shared_experts=2,
-                                      shared_expert_combination_strategy="average", tie_word_embeddings=False,
-                                      logit_scale=2.0, prefix_dense_sliding_window_pattern=2,
-                                      first_k_dense_replace=2, num_hidden_layers=6),
+    "softmax_shared_avg_untied_g4": dict(expert_selection_fn="softmax", num_shared_experts=2,
+                                         shared_expert_combination_strategy="average", tie_word_embeddings=False,
+                                         logit_scale=2.0, prefix_dense_sliding_window_pattern=2,
+                                         first_k_dense_replace=2, num_hidden_layers=6, num_attention_heads=8,
+                                         num_experts=16, num_experts_per_tok=4),
 }
+
+
+def config_kwargs(name: str) -> dict:
+    """Cohere2MoeConfig keyword arguments of a variant (layer_types explicit, North's 3:1 pattern)."""
+    kw = {**BASE, **VARIANTS[name]}
+    n = kw["num_hidden_layers"]
+    if "prefix_dense_sliding_window_pattern" not in VARIANTS[name]:
+        kw["layer_types"] = ["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(n)]
+    return kw
 
 
 def make_config(name: str):
     from transformers import Cohere2MoeConfig
 
-    kw = {**BASE, **VARIANTS[name]}
-    n = kw["num_hidden_layers"]
-    if "prefix_dense_sliding_window_pattern" not in VARIANTS[name]:
-        kw["layer_types"] = ["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(n)]
-    return Cohere2MoeConfig(**kw)
+    return Cohere2MoeConfig(**config_kwargs(name))
+
+
+def prefill_ragged(model, cache, blocks, prompts: list[list[int]], chunk: int, device="cpu"):
+    """Prefill ragged prompts together, `chunk` tokens per prompt per step, with the PyTorch path.
+
+    Returns the sequences' block tables and, per prompt, the logits of every prompt position.
+    """
+    from megakernel.model.cohere2_moe import ForwardBatch
+
+    seqs = [blocks.new_sequence() for _ in prompts]
+    done = [0] * len(prompts)
+    out: list[list[torch.Tensor]] = [[] for _ in prompts]
+    while any(d < len(p) for d, p in zip(done, prompts)):
+        active = [i for i, p in enumerate(prompts) if done[i] < len(p)]
+        ids, pos, starts, tables = [], [], [0], []
+        for i in active:
+            s, e = done[i], min(len(prompts[i]), done[i] + chunk)
+            blocks.prepare(seqs[i], s, e)
+            ids += prompts[i][s:e]
+            pos += range(s, e)
+            starts.append(len(ids))
+            tables.append(seqs[i].tables)
+        batch = ForwardBatch(torch.tensor(ids, device=device), torch.tensor(pos, device=device), starts, tables,
+                             logits_rows=torch.arange(len(ids), device=device))
+        logits = model.forward(batch, cache)
+        for j, i in enumerate(active):
+            out[i].append(logits[starts[j]:starts[j + 1]])
+            done[i] = min(len(prompts[i]), done[i] + chunk)
+    return seqs, [torch.cat(o) for o in out]
 
 
 def write_checkpoint(name: str, folder: Path, seed: int = 0, **save_kwargs) -> Path:

@@ -13,9 +13,9 @@ from megakernel import LLM, SamplingParams
 from megakernel.config import ModelConfig
 from megakernel.kv.block_manager import BlockManager
 from megakernel.kv.cache import KVCache, KVLayout
-from megakernel.model.cohere2_moe import Cohere2MoeModel, ForwardBatch
+from megakernel.model.cohere2_moe import Cohere2MoeModel
 from megakernel.model.weights import load_checkpoint
-from tiny_models import VARIANTS, load_reference, write_checkpoint
+from tiny_models import VARIANTS, load_reference, prefill_ragged, write_checkpoint
 
 PROMPT_LENS = (5, 19, 37)   # one under the window, two over it; ragged
 
@@ -38,26 +38,7 @@ def ragged_prefill_logits(folder, prompts, chunk: int, block_size: int = 4) -> l
     layout = KVLayout.for_model(cfg, block_size)
     n_blocks = [256] * len(layout.groups)
     cache, blocks = KVCache(layout, n_blocks, "cpu", torch.float32), BlockManager(layout, n_blocks)
-    seqs = [blocks.new_sequence() for _ in prompts]
-    done = [0] * len(prompts)
-    out: list[list[torch.Tensor]] = [[] for _ in prompts]
-    while any(d < len(p) for d, p in zip(done, prompts)):
-        active = [i for i, p in enumerate(prompts) if done[i] < len(p)]
-        ids, pos, starts, tables = [], [], [0], []
-        for i in active:
-            s, e = done[i], min(len(prompts[i]), done[i] + chunk)
-            blocks.prepare(seqs[i], s, e)
-            ids += prompts[i][s:e]
-            pos += range(s, e)
-            starts.append(len(ids))
-            tables.append(seqs[i].tables)
-        batch = ForwardBatch(torch.tensor(ids), torch.tensor(pos), starts, tables,
-                             logits_rows=torch.arange(len(ids)))
-        logits = model.forward(batch, cache)
-        for j, i in enumerate(active):
-            out[i].append(logits[starts[j]:starts[j + 1]])
-            done[i] = min(len(prompts[i]), done[i] + chunk)
-    return [torch.cat(o) for o in out]
+    return prefill_ragged(model, cache, blocks, prompts, chunk)[1]
 
 
 @pytest.mark.parametrize("chunk", [7, 64])

@@ -263,10 +263,6 @@ def test_e2e_tool_choice_real_model(server):
 def test_e2e_trained_model_tool_round_trip(server, model_path):
     """With the trained embedded model (north_nano): a tool call from the model itself, non-streamed and streamed
     (deltas rebuild the same call), then the tool result rendered back and answered in text."""
-    from north_test_model import default_model_usable
-
-    if default_model_usable() != model_path:
-        pytest.skip("needs the trained embedded model (the random stand-in does not call tools)")
     c = server.client()
     tools = [WEATHER]
     msgs = [{"role": "user", "content": "What is the weather in Paris?"}]

@@ -51,12 +51,7 @@ def measure_read_bandwidth(device: torch.device, gib: float = 4.0) -> float:
         x.sum()
         torch.cuda.synchronize(device)
         best = min(best, time.perf_counter() - t0)
-    del x
-    return x_bytes(gib) / best
-
-
-def x_bytes(gib: float) -> int:
-    return int(gib * (1 << 30)) // 2 * 2
+    return x.numel() * x.element_size() / best
 
 
 def run_bench(args: argparse.Namespace) -> int:

@@ -117,10 +117,5 @@ class BlockManager:
                     pool.release(b)
             table.clear()
 
-    def usage(self) -> float:
-        """Fraction of all blocks in use (over every pool)."""
-        total = sum(p.num_blocks for p in self.pools)
-        return 1.0 - sum(p.num_free for p in self.pools) / max(1, total)
-
     def all_free(self) -> bool:
         return all(p.num_free == p.num_blocks for p in self.pools)

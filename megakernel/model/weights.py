@@ -179,8 +179,6 @@ class _CheckpointReader:
             self.handles[f] = h
             for k in h.keys():
                 self.where[k] = f
-        expected_size = {f: (folder / f).stat().st_size for f in files}
-        self._sizes = expected_size
 
     def names(self) -> set[str]:
         return set(self.where)

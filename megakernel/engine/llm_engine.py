@@ -182,8 +182,7 @@ class LLMEngine:
             # A failed or hung decode step (the backend's watchdog): fail the requests it was decoding and keep
             # serving. Prefill chunks of the same step did not advance and simply run again next step.
             log.error("megakernel: step failed: %s", e)
-            failed = [c for c in chunks if c.is_decode] if self.runner.decode_backend is not None else chunks
-            for c in failed or chunks:
+            for c in [c for c in chunks if c.is_decode] or chunks:
                 c.seq.error = str(e)
                 self.scheduler.finish(c.seq, "abort")
                 touched[c.seq.request_id] = None

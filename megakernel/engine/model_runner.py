@@ -59,10 +59,7 @@ class ModelRunner:
             logits.append(out)
         if decodes:
             batch = build_batch(decodes, self.model.device)
-            if self.trace is not None:
-                logits.append(self.decode_backend.decode(batch, self.cache, trace=self.trace))
-            else:
-                logits.append(self.decode_backend.decode(batch, self.cache))
+            logits.append(self.decode_backend.decode(batch, self.cache, trace=self.trace))
             sampled += decodes
         if not logits:
             return [], torch.empty(0)

@@ -36,9 +36,11 @@ class ForwardBatch:
 
 @dataclass
 class ForwardTrace:
-    """Optional record of internals, for comparing backends (chosen experts per MoE layer)."""
+    """Optional record of internals, for comparing backends: the chosen experts per MoE layer and, when `hidden`
+    is a list, the residual stream after the embedding and after every layer."""
 
     experts: list[torch.Tensor] = field(default_factory=list)
+    hidden: list[torch.Tensor] | None = None
 
 
 class Cohere2MoeModel:
@@ -61,11 +63,16 @@ class Cohere2MoeModel:
         cfg, w = self.cfg, self.w
         bs = cache.layout.block_size
         h = F.embedding(batch.input_ids, w.embed)
+        hidden = trace.hidden if trace is not None else None
+        if hidden is not None:
+            hidden.append(h)
         cos, sin = L.rope_cos_sin(batch.positions, cfg, h.dtype)
         slots = self._slots(batch, cache)
         lengths = [batch.starts[s + 1] - batch.starts[s] for s in range(batch.num_seqs)]
         single = [s for s, n in enumerate(lengths) if n == 1]
         multi = [s for s, n in enumerate(lengths) if n > 1]
+        single_rows = torch.tensor([batch.starts[s] for s in single], dtype=torch.long, device=h.device)
+        plans: dict[int, L.DecodeAttentionPlan] = {}      # per KV group: the same for all its layers
         for i, lw in enumerate(w.layers):
             x = L.norm(h, lw.norm_weight, cfg)
             qkv = F.linear(x, lw.qkv, lw.qkv_bias)
@@ -82,10 +89,11 @@ class Cohere2MoeModel:
             window = cfg.window_for(i)
             attn = torch.empty(q.shape[0], cfg.q_size, device=q.device, dtype=q.dtype)
             if single:      # one new token per sequence: all rows in one batched attention
-                rows = torch.tensor([batch.starts[s] for s in single], device=q.device)
-                attn[rows] = L.paged_decode_attention(q[rows], batch.positions[rows], layer_kv,
-                                                      [batch.block_tables[s][g] for s in single], window, bs,
-                                                      self.scale)
+                if g not in plans:
+                    plans[g] = L.plan_decode_attention(batch.positions[single_rows],
+                                                       [batch.block_tables[s][g] for s in single], window, bs,
+                                                       q.dtype)
+                attn[single_rows] = L.paged_decode_attention(q[single_rows], layer_kv, plans[g], self.scale)
             for s in multi:
                 a, b = batch.starts[s], batch.starts[s + 1]
                 attn[a:b] = L.paged_attention(q[a:b], batch.positions[a:b], layer_kv, batch.block_tables[s][g],
@@ -96,6 +104,8 @@ class Cohere2MoeModel:
             else:
                 mlp = L.swiglu(x, lw.dense)
             h = h + attn + mlp
+            if hidden is not None:
+                hidden.append(h)
         rows = batch.logits_rows if batch.logits_rows is not None else batch.last_rows()
         return self.logits(h[rows])
 

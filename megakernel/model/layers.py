@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -113,35 +115,50 @@ def paged_attention(q: torch.Tensor, q_pos: torch.Tensor, layer_kv: torch.Tensor
     return out.view(n_kv, n, g, d).permute(1, 0, 2, 3).reshape(n, n_heads * d)
 
 
-def paged_decode_attention(q: torch.Tensor, q_pos: torch.Tensor, layer_kv: torch.Tensor, tables: list[list[int]],
-                           window: int | None, block_size: int, scale: float) -> torch.Tensor:
-    """Attention of one new token per sequence, for many sequences at once (same math as `paged_attention`).
+@dataclass
+class DecodeAttentionPlan:
+    """Where each row's visible keys live, shared by every layer of one KV group (same tables, same window)."""
 
-    q: [n, heads, head_dim], row i at position q_pos[i] of sequence i with block table tables[i]. Each row's
-    visible blocks are gathered into a padded [n, S] key range; padding and out-of-window keys are masked.
-    """
-    n, n_heads, d = q.shape
-    n_kv = layer_kv.shape[3]
-    g = n_heads // n_kv
+    blocks: torch.Tensor      # [n, width] block ids to gather (padding points at block 0)
+    mask: torch.Tensor        # [n, width * block_size] additive: 0 where visible, dtype min elsewhere
+
+
+def plan_decode_attention(q_pos: torch.Tensor, tables: list[list[int]], window: int | None, block_size: int,
+                          dtype: torch.dtype) -> DecodeAttentionPlan:
+    """Row i (one new token of sequence i at q_pos[i], block table tables[i]) sees its visible blocks gathered
+    into a padded range; padding and out-of-window keys are masked."""
     pos = q_pos.tolist()
     first = [0 if window is None else max(0, p - window + 1) // block_size for p in pos]
     last = [p // block_size + 1 for p in pos]
     width = max(b - a for a, b in zip(first, last))
-    idx = torch.zeros(n, width, dtype=torch.long)
+    idx = torch.zeros(len(pos), width, dtype=torch.long)
     for i, (a, b) in enumerate(zip(first, last)):
         idx[i, : b - a] = torch.tensor(tables[i][a:b])
-    kv = layer_kv[idx.to(layer_kv.device)]                          # [n, width, 2, bs, n_kv, d]
-    k = kv[:, :, 0].reshape(n, width * block_size, n_kv, d)
-    v = kv[:, :, 1].reshape(n, width * block_size, n_kv, d)
-    dev = q.device
+    dev = q_pos.device
     k_pos = torch.tensor(first, device=dev)[:, None] * block_size + torch.arange(width * block_size, device=dev)
     keep = (k_pos <= q_pos[:, None]) & (k_pos < torch.tensor(last, device=dev)[:, None] * block_size)
     if window is not None:
         keep &= (q_pos[:, None] - k_pos) < window
-    mask = torch.zeros(keep.shape, dtype=q.dtype, device=dev).masked_fill_(~keep, torch.finfo(q.dtype).min)
+    mask = torch.zeros(keep.shape, dtype=dtype, device=dev).masked_fill_(~keep, torch.finfo(dtype).min)
+    return DecodeAttentionPlan(idx.to(dev), mask)
+
+
+def paged_decode_attention(q: torch.Tensor, layer_kv: torch.Tensor, plan: DecodeAttentionPlan,
+                           scale: float) -> torch.Tensor:
+    """Attention of one new token per sequence, for many sequences at once (same math as `paged_attention`).
+
+    q: [n, heads, head_dim]; `plan` says which blocks each row sees.
+    """
+    n, n_heads, d = q.shape
+    n_kv, block_size = layer_kv.shape[3], layer_kv.shape[2]
+    g = n_heads // n_kv
+    width = plan.blocks.shape[1]
+    kv = layer_kv[plan.blocks]                                        # [n, width, 2, bs, n_kv, d]
+    k = kv[:, :, 0].reshape(n, width * block_size, n_kv, d)
+    v = kv[:, :, 1].reshape(n, width * block_size, n_kv, d)
     qh = q.view(n, n_kv, g, d)
     scores = torch.matmul(qh, k.permute(0, 2, 3, 1)) * scale        # [n, n_kv, g, S]
-    scores = scores + mask[:, None, None, :]
+    scores = scores + plan.mask[:, None, None, :]
     probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     out = torch.matmul(probs, v.permute(0, 2, 1, 3))                  # [n, n_kv, g, d]
     return out.reshape(n, n_heads * d)

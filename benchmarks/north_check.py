@@ -11,6 +11,7 @@ absolute logit error, and agreement of the chosen expert sets per (row, layer, s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import time
@@ -106,37 +107,14 @@ def parity(cfg, w, B, ctx, steps, budget_s, seed=0):
 
 
 def torch_hidden(model, batch, cache, noise=0.0):
-    """The PyTorch decode forward, returning the residual stream after every layer (and the logits)."""
-    import torch.nn.functional as F
-    from megakernel.model import layers as Lyr
-    cfg, w = model.cfg, model.w
-    bs = cache.layout.block_size
-    h = F.embedding(batch.input_ids, w.embed)
+    """The PyTorch decode forward, returning the residual stream after every layer (and the logits). `noise`
+    perturbs the input embeddings (not the tied LM head) by that much times a standard normal."""
     if noise:
-        h = h + noise * torch.randn_like(h)
-    cos, sin = Lyr.rope_cos_sin(batch.positions, cfg, h.dtype)
-    slots = model._slots(batch, cache)
-    hs = [h]
-    for i, lw in enumerate(w.layers):
-        x = Lyr.norm(h, lw.norm_weight, cfg)
-        q, k, v = F.linear(x, lw.qkv).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-        q = q.view(-1, cfg.num_heads, cfg.head_dim)
-        k = k.view(-1, cfg.num_kv_heads, cfg.head_dim)
-        v = v.view(-1, cfg.num_kv_heads, cfg.head_dim)
-        if cfg.uses_rope(i):
-            q, k = Lyr.apply_rope(q, cos, sin), Lyr.apply_rope(k, cos, sin)
-        g, layer_kv = cache.layer(i)
-        blk, off = slots[g]
-        layer_kv[blk, 0, off] = k
-        layer_kv[blk, 1, off] = v
-        attn = torch.cat([Lyr.paged_attention(q[s:s + 1], batch.positions[s:s + 1], layer_kv,
-                                              batch.block_tables[s][g], cfg.window_for(i), bs, model.scale)
-                          for s in range(batch.num_seqs)])
-        attn = F.linear(attn, lw.o)
-        mlp = Lyr.moe(x, lw.moe, cfg) if lw.moe is not None else Lyr.swiglu(x, lw.dense)
-        h = h + attn + mlp
-        hs.append(h)
-    return hs, model.logits(h)
+        w = dataclasses.replace(model.w, embed=model.w.embed + noise * torch.randn_like(model.w.embed))
+        model = Cohere2MoeModel(model.cfg, w)
+    trace = ForwardTrace(hidden=[])
+    logits = model.forward(batch, cache, trace)
+    return trace.hidden, logits
 
 
 def layers_diag(cfg, w, B=1, ctx=100):

@@ -497,6 +497,23 @@ async def _merge(gens: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tupl
             t.cancel()
 
 
+async def _collect_finals(raw: Request, gens) -> dict[int, RequestOutput] | None:
+    """The final output of each generator (by index), or None if the client disconnected first (which aborts
+    the requests). Engine failures become OpenAI-shaped HTTP errors."""
+
+    async def collect() -> dict[int, RequestOutput]:
+        finals: dict[int, RequestOutput] = {}
+        async for i, out in _merge(gens):
+            if out.finished:
+                finals[i] = out
+        return finals
+
+    try:
+        return await _until_disconnect(raw, collect())
+    except (RequestError, EngineDeadError, RequestFailed) as e:
+        raise _engine_error(e) from None
+
+
 async def _until_disconnect(raw: Request, coro):
     """Run coro; if the client disconnects first, cancel it (which aborts its requests) and return None."""
     task = asyncio.ensure_future(coro)
@@ -614,17 +631,7 @@ async def _completions(state: _State, req: CompletionRequest, raw: Request):
         return _stream_response(_stream_completions(state, req, params, gens, items, echo_texts, base, created,
                                                     holdback, include_usage))
 
-    async def collect():
-        finals: dict[int, RequestOutput] = {}
-        async for i, out in _merge(gens):
-            if out.finished:
-                finals[i] = out
-        return finals
-
-    try:
-        finals = await _until_disconnect(raw, collect())
-    except (RequestError, EngineDeadError, RequestFailed) as e:
-        raise _engine_error(e) from None
+    finals = await _collect_finals(raw, gens)
     if finals is None:
         return Response(status_code=499)
     choices = []
@@ -747,19 +754,10 @@ async def _chat(state: _State, req: ChatCompletionRequest, raw: Request):
         return _stream_response(_stream_chat(state, req, params, gen, rendered, new_parser, rid, created, holdback,
                                              include_usage, logprobs, single_call, as_ids))
 
-    async def collect():
-        final = None
-        async for _, out in _merge([gen]):
-            if out.finished:
-                final = out
-        return final
-
-    try:
-        final = await _until_disconnect(raw, collect())
-    except (RequestError, EngineDeadError, RequestFailed) as e:
-        raise _engine_error(e) from None
-    if final is None:
+    finals = await _collect_finals(raw, [gen])
+    if finals is None:
         return Response(status_code=499)
+    final = finals[0]
     choices = []
     completion_tokens = 0
     for o in sorted(final.outputs, key=lambda o: o.index):

@@ -34,7 +34,7 @@ def synthetic_state(cfg, layout, B, ctx, extra, seed):
         if g.window is None:
             nb.append(B * math.ceil((ctx + extra + 1) / bs) + 4)
         else:
-            nb.append(B * (math.ceil(g.window / bs) + 3) + 4)
+            nb.append(B * (math.ceil(g.window / bs) + math.ceil(extra / bs) + 3) + 4)
     blocks = BlockManager(layout, nb)
     seqs = []
     for _ in range(B):

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from megakernel.config import ModelConfig
 from megakernel.kv.cache import KVCache
 from megakernel.model import layers as L
-from megakernel.model.weights import ModelWeights
+from megakernel.model.weights import LayerWeights, ModelWeights
 
 
 @dataclass
@@ -32,6 +32,21 @@ class ForwardBatch:
 
     def last_rows(self) -> torch.Tensor:
         return torch.tensor([s - 1 for s in self.starts[1:]], dtype=torch.long, device=self.input_ids.device)
+
+
+@dataclass
+class LayerContext:
+    """Per-forward state shared by all layers (built once by `Cohere2MoeModel.prepare`)."""
+
+    batch: ForwardBatch
+    block_size: int
+    cos: torch.Tensor
+    sin: torch.Tensor
+    slots: list[tuple[torch.Tensor, torch.Tensor]]   # per KV group: (block id, offset) of every token
+    single: list[int]                  # sequences decoding exactly one token
+    multi: list[int]                   # sequences with a chunk of several tokens
+    single_rows: torch.Tensor          # flat rows of the single-token sequences
+    plans: dict[int, L.DecodeAttentionPlan]   # per KV group, built by the first layer that needs it
 
 
 @dataclass
@@ -60,54 +75,67 @@ class Cohere2MoeModel:
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, cache: KVCache, trace: ForwardTrace | None = None) -> torch.Tensor:
         """Run every layer for the batch's tokens, writing their K/V into `cache`; return fp32 logits."""
-        cfg, w = self.cfg, self.w
-        bs = cache.layout.block_size
-        h = F.embedding(batch.input_ids, w.embed)
+        h = F.embedding(batch.input_ids, self.w.embed)
         hidden = trace.hidden if trace is not None else None
         if hidden is not None:
             hidden.append(h)
-        cos, sin = L.rope_cos_sin(batch.positions, cfg, h.dtype)
-        slots = self._slots(batch, cache)
-        lengths = [batch.starts[s + 1] - batch.starts[s] for s in range(batch.num_seqs)]
-        single = [s for s, n in enumerate(lengths) if n == 1]
-        multi = [s for s, n in enumerate(lengths) if n > 1]
-        single_rows = torch.tensor([batch.starts[s] for s in single], dtype=torch.long, device=h.device)
-        plans: dict[int, L.DecodeAttentionPlan] = {}      # per KV group: the same for all its layers
-        for i, lw in enumerate(w.layers):
-            x = L.norm(h, lw.norm_weight, cfg)
-            qkv = F.linear(x, lw.qkv, lw.qkv_bias)
-            q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-            q = q.view(-1, cfg.num_heads, cfg.head_dim)
-            k = k.view(-1, cfg.num_kv_heads, cfg.head_dim)
-            v = v.view(-1, cfg.num_kv_heads, cfg.head_dim)
-            if cfg.uses_rope(i):
-                q, k = L.apply_rope(q, cos, sin), L.apply_rope(k, cos, sin)
-            g, layer_kv = cache.layer(i)
-            blk, off = slots[g]
-            layer_kv[blk, 0, off] = k
-            layer_kv[blk, 1, off] = v
-            window = cfg.window_for(i)
-            attn = torch.empty(q.shape[0], cfg.q_size, device=q.device, dtype=q.dtype)
-            if single:      # one new token per sequence: all rows in one batched attention
-                if g not in plans:
-                    plans[g] = L.plan_decode_attention(batch.positions[single_rows],
-                                                       [batch.block_tables[s][g] for s in single], window, bs,
-                                                       q.dtype)
-                attn[single_rows] = L.paged_decode_attention(q[single_rows], layer_kv, plans[g], self.scale)
-            for s in multi:
-                a, b = batch.starts[s], batch.starts[s + 1]
-                attn[a:b] = L.paged_attention(q[a:b], batch.positions[a:b], layer_kv, batch.block_tables[s][g],
-                                              window, bs, self.scale)
-            attn = F.linear(attn, lw.o, lw.o_bias)
-            if lw.moe is not None:
-                mlp = L.moe(x, lw.moe, cfg, trace.experts if trace is not None else None)
-            else:
-                mlp = L.swiglu(x, lw.dense)
-            h = h + attn + mlp
+        ctx = self.prepare(batch, cache, h.dtype)
+        for i in range(self.cfg.num_layers):
+            h = self.layer(i, h, ctx, cache.layer(i), trace)
             if hidden is not None:
                 hidden.append(h)
         rows = batch.logits_rows if batch.logits_rows is not None else batch.last_rows()
         return self.logits(h[rows])
+
+    def prepare(self, batch: ForwardBatch, cache: KVCache, dtype: torch.dtype) -> "LayerContext":
+        """What every layer of one forward shares: RoPE tables, KV slots, which sequences decode one token."""
+        cos, sin = L.rope_cos_sin(batch.positions, self.cfg, dtype)
+        lengths = [batch.starts[s + 1] - batch.starts[s] for s in range(batch.num_seqs)]
+        single = [s for s, n in enumerate(lengths) if n == 1]
+        single_rows = torch.tensor([batch.starts[s] for s in single], dtype=torch.long,
+                                   device=batch.input_ids.device)
+        return LayerContext(batch, cache.layout.block_size, cos, sin, self._slots(batch, cache), single,
+                            [s for s, n in enumerate(lengths) if n > 1], single_rows, {})
+
+    @torch.inference_mode()
+    def layer(self, i: int, h: torch.Tensor, ctx: "LayerContext", kv: tuple[int, torch.Tensor],
+              trace: ForwardTrace | None = None, lw: LayerWeights | None = None) -> torch.Tensor:
+        """Layer `i` (parallel residual: h + attention(norm h) + MLP(norm h)). `lw` overrides the layer's weights
+        and `kv` is (KV group, this layer's slice of the paged cache): checks run one layer at a time in fp32 on another
+        backend's inputs this way (per-layer teacher forcing)."""
+        cfg, batch = self.cfg, ctx.batch
+        lw = lw if lw is not None else self.w.layers[i]
+        x = L.norm(h, lw.norm_weight, cfg)
+        qkv = F.linear(x, lw.qkv, lw.qkv_bias)
+        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        q = q.view(-1, cfg.num_heads, cfg.head_dim)
+        k = k.view(-1, cfg.num_kv_heads, cfg.head_dim)
+        v = v.view(-1, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.uses_rope(i):
+            q, k = L.apply_rope(q, ctx.cos, ctx.sin), L.apply_rope(k, ctx.cos, ctx.sin)
+        g, layer_kv = kv
+        blk, off = ctx.slots[g]
+        layer_kv[blk, 0, off] = k.to(layer_kv.dtype)
+        layer_kv[blk, 1, off] = v.to(layer_kv.dtype)
+        window = cfg.window_for(i)
+        attn = torch.empty(q.shape[0], cfg.q_size, device=q.device, dtype=q.dtype)
+        if ctx.single:      # one new token per sequence: all rows in one batched attention
+            if g not in ctx.plans:     # the same for every layer of this KV group
+                ctx.plans[g] = L.plan_decode_attention(batch.positions[ctx.single_rows],
+                                                       [batch.block_tables[s][g] for s in ctx.single], window,
+                                                       ctx.block_size, q.dtype)
+            attn[ctx.single_rows] = L.paged_decode_attention(q[ctx.single_rows], layer_kv, ctx.plans[g],
+                                                             self.scale)
+        for s in ctx.multi:
+            a, b = batch.starts[s], batch.starts[s + 1]
+            attn[a:b] = L.paged_attention(q[a:b], batch.positions[a:b], layer_kv, batch.block_tables[s][g],
+                                          window, ctx.block_size, self.scale)
+        attn = F.linear(attn, lw.o, lw.o_bias)
+        if lw.moe is not None:
+            mlp = L.moe(x, lw.moe, cfg, trace.experts if trace is not None else None)
+        else:
+            mlp = L.swiglu(x, lw.dense)
+        return h + attn + mlp
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         h = L.norm(h, self.w.final_norm, self.cfg)

@@ -63,7 +63,8 @@ def run_bench(args: argparse.Namespace) -> int:
 
     B, ctx, steps = args.batch_size, args.context, args.steps
     common = dict(device=args.device, dtype=args.dtype, backend=args.backend, max_num_seqs=B,
-                  max_model_len=max(ctx + steps + 8, args.max_model_len or 0), max_num_batched_tokens=2048)
+                  max_model_len=max(ctx + steps + 8, args.max_model_len or 0), max_num_batched_tokens=2048,
+                  async_scheduling=not args.sync_steps)
     if args.random_north:
         cfg = north_mini_code_config()
         dev = torch.device(args.device or "cuda")
@@ -98,7 +99,8 @@ def run_bench(args: argparse.Namespace) -> int:
     step_bytes = weight_bytes_per_step(cfg, distinct, elt) + kv_bytes_per_step(cfg, lens, elt)
     step_s = elapsed / steps
     gbps = step_bytes / step_s / 1e9
-    print(f"backend {engine.runner.backend_name}, batch {B}, context {ctx}: {step_s * 1e3:.2f} ms/step, "
+    mode = "synchronous steps" if args.sync_steps else "pipelined steps"
+    print(f"backend {engine.runner.backend_name} ({mode}), batch {B}, context {ctx}: {step_s * 1e3:.2f} ms/step, "
           f"{B / step_s:.1f} tok/s, {step_bytes / 1e9:.2f} GB/step read, {gbps:.0f} GB/s achieved")
     if engine.device.type == "cuda":
         peak = measure_read_bandwidth(engine.device) / 1e9

@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--batch-size", type=int, default=1)
     b.add_argument("--context", type=int, default=1024)
     b.add_argument("--steps", type=int, default=32)
+    b.add_argument("--sync-steps", action="store_true",
+                   help="read each step back before preparing the next (default: pipelined)")
 
     if argv and argv[0] == "serve":
         return _run(lambda: _serve(argv[1:]), "warning")

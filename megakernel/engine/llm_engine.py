@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -12,10 +13,10 @@ from megakernel.config import ModelConfig
 from megakernel.engine.loader import generation_eos_ids, load_model, load_tokenizer, resolve_device, resolve_dtype
 from megakernel.engine.model_runner import ModelRunner
 from megakernel.engine.outputs import CompletionOutput, RequestOutput
-from megakernel.engine.sampler import sample
+from megakernel.engine.sampler import SampledTokens, sample_async
 from megakernel.engine.sampling_params import SamplingParams
-from megakernel.engine.scheduler import Scheduler
-from megakernel.engine.sequence import Sequence
+from megakernel.engine.scheduler import ScheduledChunk, Scheduler
+from megakernel.engine.sequence import PLACEHOLDER, Sequence
 from megakernel.errors import MegakernelError, RequestError
 from megakernel.kv.block_manager import BlockManager
 from megakernel.kv.cache import KVCache, KVLayout, plan_num_blocks
@@ -40,6 +41,17 @@ class EngineArgs:
     enable_prefix_caching: bool = True
     seed: int = 0
     progress: bool = True
+    async_scheduling: bool = True            # prepare step t+1 while the device runs step t
+
+
+@dataclass
+class _InFlight:
+    """A launched step whose tokens the host has not read yet."""
+
+    slots: list[tuple[Sequence, int]]        # (sequence, output index) of each sampled row
+    result: SampledTokens | None
+    checks: list[Callable[[], None]]         # decode-backend completion checks (raise MegakernelError)
+    decoded: list[Sequence]                  # sequences the decode backend ran (failed if a check raises)
 
 
 @dataclass
@@ -92,6 +104,7 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.cache, self._make_decode_backend(args.backend))
         self.generator = torch.Generator(device=self.device).manual_seed(args.seed)
         self.requests: dict[str, _Request] = {}
+        self._in_flight: _InFlight | None = None
         log.info("megakernel: %s on %s (%s), decode backend %s, KV blocks %s of %d tokens",
                  self.model_path or "in-memory model", self.device, weights.dtype, self.runner.backend_name,
                  num_blocks, args.block_size)
@@ -165,62 +178,121 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
+    def drain(self) -> list[RequestOutput]:
+        """Read back the step still in flight, if any (nothing new is launched)."""
+        touched: dict[str, None] = {}
+        if self._in_flight is not None:
+            step, self._in_flight = self._in_flight, None
+            self._resolve(step, touched)
+        return self._outputs(touched)
+
     # ---- the loop ----------------------------------------------------------------------------------------------
+    # Steps are pipelined one deep: step() schedules and launches step t+1, then reads back step t's tokens
+    # while the device runs t+1. A sequence therefore enters step t+1 before the host knows its token from step
+    # t: the token sits in its output as a placeholder and the device copies it into t+1's inputs. Stop checks
+    # run one step late; a sequence that turns out to have stopped at t wasted one decode row at t+1, which is
+    # discarded. With EngineArgs.async_scheduling=False each step is read back right after its launch.
+
     def step(self) -> list[RequestOutput]:
-        """Run one model step; return a snapshot of every request that advanced (finished ones are dropped)."""
+        """Launch one model step and return a snapshot of every request that advanced in the step before it
+        (finished requests are dropped after their last snapshot)."""
         touched: dict[str, None] = {}
         chunks = self.scheduler.schedule()
         for seq in self.scheduler.ended:          # outgrew the whole KV pool alone: ended as "length"
             log.warning("megakernel: request %s ended at %d tokens: the KV pool is full", seq.request_id, len(seq))
             touched[seq.request_id] = None
         self.scheduler.ended.clear()
-        if not chunks:
-            return self._outputs(touched)
-        try:
-            sampled, logits = self.runner.run(chunks)
-        except MegakernelError as e:
-            # A failed or hung decode step (the backend's watchdog): fail the requests it was decoding and keep
-            # serving. Prefill chunks of the same step did not advance and simply run again next step.
-            log.error("megakernel: step failed: %s", e)
-            for c in [c for c in chunks if c.is_decode] or chunks:
-                c.seq.error = str(e)
-                self.scheduler.finish(c.seq, "abort")
-                touched[c.seq.request_id] = None
-            return self._outputs(touched)
-        for c in chunks:
-            c.seq.num_computed = c.end
-        if sampled:
-            seqs = [c.seq for c in sampled]
-            tokens, lps = sample(logits, seqs, self.generator)
-            for seq, tok, lp in zip(seqs, tokens, lps):
-                self._append(seq, tok, lp)
-                touched[seq.request_id] = None
+        launched, refused = self._launch(chunks) if chunks else (None, None)
+        if self._in_flight is not None:
+            self._resolve(self._in_flight, touched)
+        self._in_flight = launched
+        if refused is not None:
+            # The decode backend refused the step: fail the requests it was decoding (after the step before
+            # was read back, so their earlier tokens count) and keep serving. Prefill chunks of the same step did
+            # not advance and simply run again next step.
+            error, chunks = refused
+            self._fail([c.seq for c in chunks if c.is_decode and not c.seq.finished]
+                       or [c.seq for c in chunks if not c.seq.finished], error, touched)
+        if launched is not None and not self.args.async_scheduling:
+            self._resolve(launched, touched)
+            self._in_flight = None
         for seq in self.scheduler.running:
             self.scheduler.recycle(seq)
         return self._outputs(touched)
 
+    def _launch(self, chunks: list[ScheduledChunk]
+                ) -> tuple["_InFlight | None", tuple[MegakernelError, list[ScheduledChunk]] | None]:
+        """Run the model and enqueue sampling for `chunks`; on a backend error return it instead."""
+        try:
+            sampled, logits, checks = self.runner.run(chunks)
+        except MegakernelError as e:
+            return None, (e, chunks)
+        for c in chunks:
+            c.seq.num_computed = c.end
+        seqs = [c.seq for c in sampled]
+        result = sample_async(logits, seqs, self.generator) if seqs else None
+        slots = []
+        for row, seq in enumerate(seqs):
+            idx = len(seq.output_token_ids)
+            seq.output_token_ids.append(PLACEHOLDER)
+            seq.pending[idx] = (result.tokens, row)
+            slots.append((seq, idx))
+            p = seq.params
+            if (p.max_tokens is not None and idx + 1 >= p.max_tokens) or len(seq) >= self.max_model_len:
+                seq.awaiting_last = True
+        decoded = [c.seq for c in chunks if c.is_decode] if checks else []
+        return _InFlight(slots, result, checks, decoded), None
+
+    def _resolve(self, step: "_InFlight", touched: dict[str, None]) -> None:
+        """Wait for a launched step, then commit its tokens (or fail what the decode backend was running)."""
+        try:
+            for check in step.checks:
+                check()
+        except MegakernelError as e:
+            self._fail([s for s in step.decoded if not s.finished], e, touched)
+        if step.result is None:
+            return
+        tokens, lps = step.result.resolve()
+        for (seq, idx), tok, lp in zip(step.slots, tokens, lps):
+            if seq.finished or seq.pending.get(idx, (None,))[0] is not step.result.tokens:
+                continue                          # ended meanwhile (stop seen late, abort, failure)
+            del seq.pending[idx]
+            self._commit(seq, idx, tok, lp)
+            touched[seq.request_id] = None
+
+    def _fail(self, seqs: list[Sequence], e: Exception, touched: dict[str, None]) -> None:
+        log.error("megakernel: step failed: %s", e)
+        for seq in seqs:
+            seq.error = str(e)
+            self.scheduler.finish(seq, "abort")
+            touched[seq.request_id] = None
+
     def _outputs(self, touched: dict[str, None]) -> list[RequestOutput]:
         outputs = []
         for rid in touched:
-            req = self.requests[rid]
+            req = self.requests.get(rid)
+            if req is None:                       # aborted meanwhile
+                continue
             out = self._snapshot(rid, req)
             outputs.append(out)
             if out.finished:
                 del self.requests[rid]
         return outputs
 
-    def _append(self, seq: Sequence, tok: int, lp) -> None:
+    def _commit(self, seq: Sequence, idx: int, tok: int, lp) -> None:
+        """Output token `idx` of seq is `tok`: record it, then check stop conditions and max lengths."""
         p = seq.params
-        seq.output_token_ids.append(tok)
+        seq.output_token_ids[idx] = tok
         if lp is not None:
             seq.logprobs.append(lp)
+        n_out = idx + 1
         reason, stop_reason = None, None
         if tok in p.stop_token_ids:
             reason, stop_reason = "stop", tok
         elif not p.ignore_eos and tok in self.eos_token_ids:
             reason, stop_reason = "stop", None
         if self.tokenizer is not None:
-            ids = seq.output_token_ids[:-1] if reason else seq.output_token_ids
+            ids = seq.output_token_ids[:n_out - 1] if reason else seq.output_token_ids[:n_out]
             prev = len(seq.text)
             seq.text = self.tokenizer.decode(ids, skip_special_tokens=p.skip_special_tokens)
             if reason is None and p.stop:
@@ -229,16 +301,19 @@ class LLMEngine:
                     at, s = hit
                     seq.text = seq.text[: at + (len(s) if p.include_stop_str_in_output else 0)]
                     reason, stop_reason = "stop", s
-        if reason is None and p.max_tokens is not None and len(seq.output_token_ids) >= p.max_tokens:
+        if reason is None and p.max_tokens is not None and n_out >= p.max_tokens:
             reason = "length"
-        if reason is None and len(seq) >= self.max_model_len:
+        if reason is None and len(seq.prompt_token_ids) + n_out >= self.max_model_len:
+            reason = "length"
+        if reason is None and seq.kv_capped:
+            log.warning("megakernel: request %s ended at %d tokens: the KV pool is full", seq.request_id, len(seq))
             reason = "length"
         if reason is not None:
             seq.stop_reason = stop_reason
             self.scheduler.finish(seq, reason)
 
     def _snapshot(self, rid: str, req: _Request) -> RequestOutput:
-        outs = [CompletionOutput(s.index, list(s.output_token_ids), s.text, s.finish_reason,
+        outs = [CompletionOutput(s.index, s.output_token_ids[:s.num_resolved], s.text, s.finish_reason,
                                  list(s.logprobs) if s.params.logprobs is not None else None,
                                  s.stop_reason) for s in req.seqs]
         errors = [s.error for s in req.seqs if s.error]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 import torch
 
 from megakernel.engine.scheduler import ScheduledChunk
+from megakernel.transfer import to_device
 from megakernel.kv.cache import KVCache
 from megakernel.model.cohere2_moe import Cohere2MoeModel, ForwardBatch, ForwardTrace
 
@@ -14,22 +16,35 @@ log = logging.getLogger("megakernel")
 
 
 def build_batch(chunks: list[ScheduledChunk], device: torch.device) -> ForwardBatch:
+    """The ragged batch of `chunks`, uploaded without waiting for the GPU. A decode's input token may still be in
+    flight (sampled by the previous step, not read back): it is copied from that step's device tensor."""
     ids: list[int] = []
     pos: list[int] = []
     starts = [0]
     rows: list[int] = []
+    in_flight: list[tuple[int, torch.Tensor, int]] = []      # (flat row, device tokens, their row)
     for c in chunks:
-        ids.extend(c.seq.token_ids[c.start:c.end])
+        seq = c.seq
+        n_prompt = len(seq.prompt_token_ids)
+        for j in range(c.start, c.end):
+            src = seq.pending.get(j - n_prompt) if j >= n_prompt else None
+            if src is not None:
+                in_flight.append((len(ids), *src))
+            ids.append(seq.token_ids[j] if src is None else 0)
         pos.extend(range(c.start, c.end))
         starts.append(len(ids))
         if c.samples:
             rows.append(len(ids) - 1)
+    input_ids = to_device(ids, torch.long, device)
+    for row, src, src_row in in_flight:
+        input_ids[row] = src[src_row]
     return ForwardBatch(
-        input_ids=torch.tensor(ids, dtype=torch.long, device=device),
-        positions=torch.tensor(pos, dtype=torch.long, device=device),
+        input_ids=input_ids,
+        positions=to_device(pos, torch.long, device),
         starts=starts,
         block_tables=[c.seq.blocks.tables for c in chunks],
-        logits_rows=torch.tensor(rows, dtype=torch.long, device=device),
+        logits_rows=None if rows == [s - 1 for s in starts[1:]] else to_device(rows, torch.long, device),
+        positions_list=pos,
     )
 
 
@@ -46,12 +61,17 @@ class ModelRunner:
     def backend_name(self) -> str:
         return "megakernel" if self.decode_backend is not None else "torch"
 
-    def run(self, chunks: list[ScheduledChunk]) -> tuple[list[ScheduledChunk], torch.Tensor]:
-        """Execute one step. Returns the chunks that produce a token and their fp32 logits, in that order."""
-        decodes = [c for c in chunks if c.is_decode] if self.decode_backend is not None else []
-        others = [c for c in chunks if not (self.decode_backend is not None and c.is_decode)]
+    def run(self, chunks: list[ScheduledChunk]
+            ) -> tuple[list[ScheduledChunk], torch.Tensor, list[Callable[[], None]]]:
+        """Launch one step. Returns the chunks that produce a token, their fp32 logits (in that order, possibly
+        still being computed) and the checks to call before trusting them: each waits for the decode backend's
+        launch to finish and raises MegakernelError if it failed or hung."""
+        be = self.decode_backend
+        decodes = [c for c in chunks if c.is_decode] if be is not None else []
+        others = [c for c in chunks if not (be is not None and c.is_decode)]
         sampled: list[ScheduledChunk] = []
         logits: list[torch.Tensor] = []
+        checks: list[Callable[[], None]] = []
         if others:
             batch = build_batch(others, self.model.device)
             out = self.model.forward(batch, self.cache, self.trace)
@@ -59,8 +79,13 @@ class ModelRunner:
             logits.append(out)
         if decodes:
             batch = build_batch(decodes, self.model.device)
-            logits.append(self.decode_backend.decode(batch, self.cache, trace=self.trace))
+            if hasattr(be, "decode_async"):
+                out, check = be.decode_async(batch, self.cache, trace=self.trace)
+                checks.append(check)
+            else:
+                out = be.decode(batch, self.cache, trace=self.trace)
+            logits.append(out)
             sampled += decodes
         if not logits:
-            return [], torch.empty(0)
-        return sampled, torch.cat(logits) if len(logits) > 1 else logits[0]
+            return [], torch.empty(0), checks
+        return sampled, torch.cat(logits) if len(logits) > 1 else logits[0], checks

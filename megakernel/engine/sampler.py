@@ -2,58 +2,135 @@
 
 Vectorised over the batch. Seeded rows draw their noise from their own generator, so a seed gives the same
 tokens whether the request runs alone or in a busy batch.
+
+`sample_async` only enqueues device work and returns device tensors (`SampledTokens`); the host reads them with
+`resolve()` one step later, after it has launched the next step. Every decision about *which* ops to run is
+taken from the requests' parameters on the host, never from device values, so nothing here waits for the GPU.
+A row's history may end in a token still in flight (`Sequence.pending`): penalties read it on the device.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from megakernel.engine.sequence import Sequence, TokenLogprob
+from megakernel.engine.sequence import PLACEHOLDER, Sequence, TokenLogprob
+from megakernel.transfer import to_device
+
+
+def _ids_on_device(seq: Sequence, ids: list[int], offset: int, device: torch.device) -> torch.Tensor:
+    """`ids` (a slice of seq's tokens starting at token index `offset`) on the device, placeholders filled in
+    from the device tensors of the step that sampled them."""
+    t = to_device(ids, torch.long, device)
+    n_prompt = len(seq.prompt_token_ids)
+    for out_idx, (src, row) in seq.pending.items():
+        j = n_prompt + out_idx - offset
+        if 0 <= j < len(ids) and ids[j] == PLACEHOLDER:
+            t[j] = src[row]
+    return t
 
 
 def _penalise(logits: torch.Tensor, seqs: list[Sequence]) -> None:
+    dev, V = logits.device, logits.shape[1]
     for row, seq in enumerate(seqs):
         p = seq.params
         if p.needs_penalties:
-            out = torch.tensor(seq.output_token_ids, dtype=torch.long, device=logits.device)
             if p.repetition_penalty != 1.0:
-                seen = torch.tensor(sorted(set(seq.token_ids)), dtype=torch.long, device=logits.device)
-                vals = logits[row, seen]
-                logits[row, seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
-            if out.numel() and (p.presence_penalty or p.frequency_penalty):
-                counts = torch.bincount(out, minlength=logits.shape[1]).to(logits.dtype)
+                seen = torch.zeros(V, dtype=torch.bool, device=dev)
+                seen[_ids_on_device(seq, seq.token_ids, 0, dev)] = True
+                vals = logits[row]
+                logits[row] = torch.where(seen, torch.where(vals > 0, vals / p.repetition_penalty,
+                                                            vals * p.repetition_penalty), vals)
+            if seq.output_token_ids and (p.presence_penalty or p.frequency_penalty):
+                out = _ids_on_device(seq, seq.output_token_ids, len(seq.prompt_token_ids), dev)
+                counts = torch.zeros(V, dtype=logits.dtype, device=dev)
+                counts.scatter_add_(0, out, torch.ones(out.shape, dtype=logits.dtype, device=dev))
                 logits[row] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
         if p.logit_bias:
-            ids = torch.tensor(list(p.logit_bias), dtype=torch.long, device=logits.device)
-            logits[row, ids] += torch.tensor(list(p.logit_bias.values()), dtype=logits.dtype, device=logits.device)
+            ids = to_device(list(p.logit_bias), torch.long, dev)
+            logits[row, ids] += to_device(list(p.logit_bias.values()), logits.dtype, dev)
         if p.min_tokens and len(seq.output_token_ids) < p.min_tokens:
             ban = set(p.stop_token_ids) | (set() if p.ignore_eos else set(seq.eos_token_ids))
             if ban:
-                logits[row, torch.tensor(sorted(ban), device=logits.device)] = float("-inf")
+                logits[row, to_device(sorted(ban), torch.long, dev)] = float("-inf")
 
 
-def sample(logits: torch.Tensor, seqs: list[Sequence], default_generator: torch.Generator | None = None
-           ) -> tuple[list[int], list[TokenLogprob | None]]:
-    """Choose one token per row of fp32 `logits` [B, V] for `seqs`. Returns token ids and logprob records."""
+@dataclass
+class SampledTokens:
+    """One sampling call's results: device tensors, and (on a GPU) their host copies in flight."""
+
+    tokens: torch.Tensor                       # [B] long
+    want_logprobs: list[int | None]            # per row: None, or how many top alternatives
+    chosen_logprob: torch.Tensor | None        # [B] fp32
+    top_ids: torch.Tensor | None               # [B, max n]
+    top_vals: torch.Tensor | None
+    _host: list[torch.Tensor | None] | None = None
+    _ready: torch.cuda.Event | None = None
+
+    def start_readback(self) -> None:
+        """Enqueue the copies to pinned host memory now. Reading the device tensors later with `.tolist()`
+        would synchronise the whole stream, that is also wait for the step launched after this one."""
+        parts = [self.tokens, self.chosen_logprob, self.top_ids, self.top_vals]
+        if self.tokens.device.type != "cuda":
+            self._host = parts
+            return
+        self._host = []
+        for t in parts:
+            if t is None:
+                self._host.append(None)
+                continue
+            h = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            h.copy_(t, non_blocking=True)
+            self._host.append(h)
+        self._ready = torch.cuda.Event()
+        self._ready.record(torch.cuda.current_stream(self.tokens.device))
+
+    def resolve(self) -> tuple[list[int], list[TokenLogprob | None]]:
+        """Read the tokens (and logprobs) back to the host: the one wait for the GPU per step, and only up to
+        this sampling call (not for later work on the stream)."""
+        if self._host is None:
+            self.start_readback()
+        if self._ready is not None:
+            self._ready.synchronize()
+        tokens_t, chosen_t, ids_t, vals_t = self._host
+        tokens = tokens_t.tolist()
+        records: list[TokenLogprob | None] = []
+        if chosen_t is None:
+            return tokens, [None] * len(tokens)
+        chosen = chosen_t.tolist()
+        ids = ids_t.tolist() if ids_t is not None else None
+        vals = vals_t.tolist() if vals_t is not None else None
+        for row, n in enumerate(self.want_logprobs):
+            if n is None:
+                records.append(None)
+                continue
+            top = dict(zip(ids[row][:n], vals[row][:n])) if n > 0 else {}
+            records.append(TokenLogprob(tokens[row], chosen[row], top))
+        return tokens, records
+
+
+def sample_async(logits: torch.Tensor, seqs: list[Sequence], default_generator: torch.Generator | None = None
+                 ) -> SampledTokens:
+    """Choose one token per row of fp32 `logits` [B, V] for `seqs`, enqueueing device work only."""
     B, V = logits.shape
-    want_logprobs = [s.params.logprobs for s in seqs]
-    raw_logprobs = torch.log_softmax(logits, dim=-1) if any(n is not None for n in want_logprobs) else None
-
+    dev = logits.device
     params = [s.params for s in seqs]
+    want = [p.logprobs for p in params]
+    raw_logprobs = torch.log_softmax(logits, dim=-1) if any(n is not None for n in want) else None
+
     if any(p.needs_penalties or p.logit_bias or p.min_tokens for p in params):
         logits = logits.clone()
         _penalise(logits, seqs)
 
-    greedy = torch.tensor([p.greedy for p in params], device=logits.device)
     chosen = logits.argmax(dim=-1)
-    if not bool(greedy.all()):
-        dev = logits.device
-        temp = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], device=dev)[:, None]
+    if not all(p.greedy for p in params):
+        temp = to_device([1.0 if p.greedy else p.temperature for p in params], logits.dtype, dev)[:, None]
         scaled = logits / temp
-        top_k = torch.tensor([p.top_k if p.top_k > 0 else V for p in params], device=dev)
-        top_p = torch.tensor([p.top_p for p in params], device=dev)
-        min_p = torch.tensor([p.min_p for p in params], device=dev)
-        if bool((top_k < V).any()) or bool((top_p < 1).any()):
+        k_host = [p.top_k if p.top_k > 0 else V for p in params]
+        if any(k < V for k in k_host) or any(p.top_p < 1 for p in params):
+            top_k = to_device(k_host, torch.long, dev)
+            top_p = to_device([p.top_p for p in params], logits.dtype, dev)
             sorted_logits, order = scaled.sort(dim=-1, descending=True)
             ranks = torch.arange(V, device=dev)[None, :]
             drop = ranks >= top_k[:, None]
@@ -64,7 +141,8 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], default_generator: torch.
             drop[:, 0] = False
             scaled = scaled.scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
         probs = torch.softmax(scaled, dim=-1)
-        if bool((min_p > 0).any()):
+        if any(p.min_p > 0 for p in params):
+            min_p = to_device([p.min_p for p in params], logits.dtype, dev)
             probs = probs.masked_fill(probs < min_p[:, None] * probs.max(dim=-1, keepdim=True).values, 0.0)
         # Exponential-race sampling (argmax p/q, q ~ Exp(1)) equals sampling from p; each row's noise comes
         # from its own generator when seeded.
@@ -72,18 +150,21 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], default_generator: torch.
         for row, seq in enumerate(seqs):
             noise[row].exponential_(generator=seq.generator or default_generator)
         sampled = (probs / noise).argmax(dim=-1)
+        greedy = to_device([p.greedy for p in params], torch.bool, dev)
         chosen = torch.where(greedy, chosen, sampled)
 
-    tokens = chosen.tolist()
-    records: list[TokenLogprob | None] = []
-    for row, n in enumerate(want_logprobs):
-        if n is None:
-            records.append(None)
-            continue
-        lp = raw_logprobs[row]
-        top = {}
-        if n > 0:
-            vals, idx = lp.topk(n)
-            top = dict(zip(idx.tolist(), vals.tolist()))
-        records.append(TokenLogprob(tokens[row], float(lp[tokens[row]]), top))
-    return tokens, records
+    chosen_lp = top_ids = top_vals = None
+    if raw_logprobs is not None:
+        chosen_lp = raw_logprobs.gather(1, chosen[:, None])[:, 0]
+        n_max = max((n for n in want if n), default=0)
+        if n_max > 0:
+            top_vals, top_ids = raw_logprobs.topk(n_max, dim=-1)
+    out = SampledTokens(chosen, want, chosen_lp, top_ids, top_vals)
+    out.start_readback()
+    return out
+
+
+def sample(logits: torch.Tensor, seqs: list[Sequence], default_generator: torch.Generator | None = None
+           ) -> tuple[list[int], list[TokenLogprob | None]]:
+    """Choose one token per row and read it back at once (token ids and logprob records)."""
+    return sample_async(logits, seqs, default_generator).resolve()

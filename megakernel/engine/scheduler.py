@@ -61,7 +61,7 @@ class Scheduler:
         while i < len(self.running):
             seq = self.running[i]
             n = min(seq.num_pending, budget) if seq.num_pending > 1 else 1
-            if n <= 0:
+            if n <= 0 or seq.awaiting_last:       # its last token is in flight: no further step
                 i += 1
                 continue
             if not self._try_prepare(seq, n, chunks):
@@ -72,6 +72,8 @@ class Scheduler:
         # 2. Admit waiting sequences while there is room.
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if seq.pending:
+                break         # preempted with a token still in flight: admit it once the token is read back
             if seq.num_computed == 0 and self.prefix_cache is not None:
                 self.prefix_cache.attach(seq, self.blocks)
             n = min(seq.num_pending, budget)
@@ -106,7 +108,11 @@ class Scheduler:
                 return True
             except OutOfKVBlocks:
                 if self.running == [seq]:
-                    # it holds every block in use and still cannot grow: end it where it is
+                    # it holds every block in use and still cannot grow: end it where it is (once a token still
+                    # in flight is read back: that token is valid output)
+                    if seq.pending:
+                        seq.awaiting_last = seq.kv_capped = True
+                        return False
                     self.finish(seq, "length")
                     self.ended.append(seq)
                     return False
@@ -131,6 +137,7 @@ class Scheduler:
     def finish(self, seq: Sequence, reason: str) -> None:
         seq.status = Status.FINISHED
         seq.finish_reason = reason
+        seq.drop_pending()
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:

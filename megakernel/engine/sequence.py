@@ -20,6 +20,8 @@ class Status(enum.Enum):
 
 _ids = itertools.count()
 
+PLACEHOLDER = -1     # an output token sampled on the device whose value the host has not read yet
+
 
 @dataclass
 class TokenLogprob:
@@ -48,6 +50,11 @@ class Sequence:
     seq_id: int = field(default_factory=lambda: next(_ids))
     num_preemptions: int = 0
     eos_token_ids: tuple[int, ...] = ()        # end the sequence unless params.ignore_eos
+    # Output tokens sampled by a launched step but not yet read back: output index -> (device tokens, row).
+    # They sit in output_token_ids as PLACEHOLDER, always as the trailing entries.
+    pending: dict[int, tuple[torch.Tensor, int]] = field(default_factory=dict)
+    awaiting_last: bool = False                 # its pending token is its last (max_tokens / max_model_len)
+    kv_capped: bool = False                     # the KV pool cannot hold one more token of it, even alone
 
     @property
     def token_ids(self) -> list[int]:
@@ -55,6 +62,19 @@ class Sequence:
 
     def __len__(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_resolved(self) -> int:
+        """Output tokens whose values the host knows."""
+        return len(self.output_token_ids) - len(self.pending)
+
+    def drop_pending(self) -> None:
+        """Forget tokens still in flight (the sequence ended before they were read back)."""
+        if self.pending:
+            del self.output_token_ids[self.num_resolved:]
+            self.pending.clear()
+        self.num_computed = min(self.num_computed, len(self))
+        self.awaiting_last = False
 
     @property
     def num_pending(self) -> int:

@@ -15,6 +15,7 @@ import ctypes
 import logging
 import os
 import time
+from typing import Callable
 
 import numpy as np
 import torch
@@ -26,6 +27,7 @@ from megakernel.kernel.schedule import ModelPlan, StepInputs, TaskList, build_ta
 from megakernel.kv.cache import KVCache, KVLayout
 from megakernel.model.cohere2_moe import ForwardBatch, ForwardTrace
 from megakernel.model.weights import ModelWeights
+from megakernel.transfer import to_device
 
 log = logging.getLogger("megakernel")
 
@@ -109,7 +111,6 @@ class MegakernelBackend:
         for name, (off, shape, dt, n) in offs.items():
             self.buf[name] = self.scratch_bytes[off:off + n].view(dt).view(shape)
         self.sync = torch.zeros(p.sync_ints, dtype=torch.int32, device=dev)
-        self.ctrl_host = torch.zeros(O.CTRL_INTS, dtype=torch.int32, pin_memory=True)
         self.part_o = torch.empty(1, dtype=torch.float32, device=dev)
         self.part_lse = torch.empty(1, dtype=torch.float32, device=dev)
         self.layer_info = torch.from_numpy(p.layer_info()).to(dev)
@@ -146,7 +147,6 @@ class MegakernelBackend:
                 wp[l, F["e_down"]] = ptr(lw.moe.experts_down)
         self.wptrs = torch.from_numpy(wp).to(dev)
         self.embed_ptr, self.final_norm_ptr, self.lm_head_ptr = ptr(w.embed), ptr(w.final_norm), ptr(w.lm_head)
-        self.step_host = torch.zeros(1, dtype=torch.int32).pin_memory()
         self.step_dev = torch.zeros(1, dtype=torch.int32, device=dev)
 
     def _task_list(self, si: StepInputs) -> tuple[TaskList, torch.Tensor]:
@@ -154,62 +154,81 @@ class MegakernelBackend:
         hit = self._tasks.get(key)
         if hit is None:
             tl = build_tasks(self.plan, si.B, si.nsplit)
-            hit = (tl, torch.from_numpy(tl.records).to(self.device))
+            hit = (tl, to_device(torch.from_numpy(tl.records), torch.int32, self.device))
             if len(self._tasks) >= 16:
                 self._tasks.pop(next(iter(self._tasks)))
             self._tasks[key] = hit
         return hit
 
     # ---- one step ----------------------------------------------------------------------------------------------
-    @torch.inference_mode()
     def decode(self, batch: ForwardBatch, cache: KVCache, trace: ForwardTrace | None = None,
                _inject_hang: bool = False) -> torch.Tensor:
+        """One decode step; returns the fp32 logits once the kernel has finished (raises on failure or hang)."""
+        logits, check = self.decode_async(batch, cache, trace, _inject_hang)
+        check()
+        return logits
+
+    @torch.inference_mode()
+    def decode_async(self, batch: ForwardBatch, cache: KVCache, trace: ForwardTrace | None = None,
+                     _inject_hang: bool = False) -> tuple[torch.Tensor, Callable[[], None]]:
+        """Launch one decode step without waiting for it (nor for earlier GPU work: inputs are uploaded from
+        pinned memory, and the input token ids may be device values the host has not read yet). Returns the
+        logits (valid in stream order) and a check that waits for the launch and raises MegakernelHang /
+        MegakernelFailure if it hung or failed."""
         p = self.plan
         B = batch.num_seqs
         if batch.starts != list(range(B + 1)):
             raise ValueError("the megakernel decodes exactly one new token per sequence")
-        if B > p.max_batch:                          # several launches of at most max_batch rows
-            outs, toks = [], []
-            for a in range(0, B, p.max_batch):
-                b = min(B, a + p.max_batch)
-                sub = ForwardBatch(batch.input_ids[a:b], batch.positions[a:b], list(range(b - a + 1)),
-                                   batch.block_tables[a:b])
-                sub_trace = ForwardTrace() if trace is not None else None
-                outs.append(self.decode(sub, cache, sub_trace, _inject_hang))
-                toks.append(self.last_tokens)
-                if trace is not None:
-                    if not trace.experts:
-                        trace.experts.extend(sub_trace.experts)
-                    else:
-                        trace.experts[:] = [torch.cat([x, y]) for x, y in zip(trace.experts, sub_trace.experts)]
-            self.last_tokens = torch.cat(toks)
-            logits = torch.cat(outs)
-            rows = batch.logits_rows
-            return logits[rows] if rows is not None and rows.tolist() != list(range(B)) else logits
-        si = step_inputs(p, batch.input_ids.tolist(), batch.positions.tolist(), batch.block_tables)
+        positions = batch.host_positions()
+        launches = []
+        for a in range(0, B, p.max_batch):          # several launches of at most max_batch rows
+            b = min(B, a + p.max_batch)
+            sub_trace = ForwardTrace() if trace is not None else None
+            launches.append((*self._launch(batch.input_ids[a:b], positions[a:b], batch.block_tables[a:b], cache,
+                                           sub_trace, _inject_hang), sub_trace))
+        if trace is not None:
+            per_launch = [t.experts for *_, t in launches]
+            trace.experts.extend(torch.cat(x) if len(x) > 1 else x[0] for x in zip(*per_launch))
+        logits = torch.cat([x[0] for x in launches]) if len(launches) > 1 else launches[0][0]
+        self.last_tokens = torch.cat([x[1] for x in launches]) if len(launches) > 1 else launches[0][1]
+        rows = batch.logits_rows
+        if rows is not None:
+            logits = logits[rows]
+        checks = [x[2] for x in launches]
+
+        def check() -> None:
+            for c in checks:
+                c()
+
+        return logits, check
+
+    def _launch(self, input_ids: torch.Tensor, positions: list[int], tables: list, cache: KVCache,
+                trace: ForwardTrace | None, inject_hang: bool
+                ) -> tuple[torch.Tensor, torch.Tensor, Callable[[], None]]:
+        p = self.plan
+        B = len(positions)
+        si = step_inputs(p, [0] * B, positions, tables)        # token ids are copied in on the device below
         tl, tasks = self._task_list(si)
         self.last_task_list = tl
-        if _inject_hang:   # tests: one task waits for one more arrival than its counter ever gets
+        if inject_hang:   # tests: one task waits for one more arrival than its counter ever gets
             rec = tl.records.copy()
             i = len(rec) // 2
             while int(rec[i, O.R["w0c"]]) < 0:
                 i += 1
             rec[i, O.R["w0t"]] += 1
-            tasks = torch.from_numpy(rec).to(self.device)
+            tasks = to_device(torch.from_numpy(rec), torch.int32, self.device)
         dev = self.device
         g, d = p.g, p.d
         if self.part_o.numel() < max(1, tl.n_partials) * g * d:
             self.part_o = torch.empty(max(1, tl.n_partials) * g * d * 2, dtype=torch.float32, device=dev)
             self.part_lse = torch.empty(max(1, tl.n_partials) * g * 2, dtype=torch.float32, device=dev)
-        # per-step inputs: one pinned buffer, one copy
+        # per-step inputs: one fresh pinned buffer (the previous one may still be in flight), one copy
         n_step, n_tab = len(si.step), len(si.tables)
-        if self.step_host.numel() < n_step + n_tab:
-            self.step_host = torch.zeros(_align(n_step + n_tab, 1024), dtype=torch.int32).pin_memory()
-            self.step_dev = torch.zeros(self.step_host.numel(), dtype=torch.int32, device=dev)
-        hs = self.step_host.numpy()
-        hs[:n_step] = si.step
-        hs[n_step:n_step + n_tab] = si.tables
-        self.step_dev[:n_step + n_tab].copy_(self.step_host[:n_step + n_tab], non_blocking=True)
+        if self.step_dev.numel() < n_step + n_tab:
+            self.step_dev = torch.zeros(_align(n_step + n_tab, 1024), dtype=torch.int32, device=dev)
+        staged = torch.from_numpy(np.concatenate([si.step, si.tables]).astype(np.int32)).pin_memory()
+        self.step_dev[:n_step + n_tab].copy_(staged, non_blocking=True)
+        self.step_dev[:B].copy_(input_ids)                     # the step's token ids, straight from the device
         if self.poison:
             self.scratch_bytes.fill_(0xFF)
             self.part_o.fill_(float("nan"))
@@ -228,19 +247,18 @@ class MegakernelBackend:
             self.sync.data_ptr(), p.sync_ints * 4, stream.cuda_stream)
         if rc:
             raise MegakernelFailure(f"megakernel launch failed: {self.lib.mk_error_string(rc).decode()}")
-        self.ctrl_host.copy_(self.sync[:O.CTRL_INTS], non_blocking=True)
+        # the control block and counters of this launch, read back without waiting (the next launch reuses them)
+        n_sync = O.CTRL_INTS + p.n_counters
+        sync_host = torch.empty(n_sync, dtype=torch.int32, pin_memory=True)
+        sync_host.copy_(self.sync[:n_sync], non_blocking=True)
         ev = torch.cuda.Event()
         ev.record(stream)
-        self._wait(ev, tl, tasks)
-        self.last_tokens = self.buf["tokens"][:B].clone()
+        tokens = self.buf["tokens"][:B].clone()
         if trace is not None:
             for m in range(p.Lm):
                 ids = self.buf["route"][m, p.r_topk_ids:p.r_topk_ids + p.n_pairs].view(p.max_batch, p.topk)[:B]
                 trace.experts.append(ids.long().clone())
-        rows = batch.logits_rows
-        if rows is not None and rows.tolist() != list(range(B)):
-            logits = logits[rows]
-        return logits
+        return logits, tokens, lambda: self._wait(ev, tl, sync_host)
 
     def _params(self, si, tl, tasks, kv, cache, logits, n_step) -> np.ndarray:
         p, cfg = self.plan, self.cfg
@@ -280,7 +298,7 @@ class MegakernelBackend:
             v[P[name]] = int(x)
         return v
 
-    def _wait(self, ev: torch.cuda.Event, tl: TaskList, tasks: torch.Tensor) -> None:
+    def _wait(self, ev: torch.cuda.Event, tl: TaskList, sync_host: torch.Tensor) -> None:
         # Host-side backstop: the in-kernel watchdog ends a stuck step; if even that fails, do not hang forever.
         deadline = time.monotonic() + self.watchdog_ns / 1e9 + 30.0
         spins = 0
@@ -291,12 +309,12 @@ class MegakernelBackend:
             if time.monotonic() > deadline:
                 raise MegakernelHang("decode megakernel did not finish within the host deadline; the GPU may be "
                                      "unusable until the process exits")
-        ctrl = self.ctrl_host.tolist()
+        ctrl = sync_host[:O.CTRL_INTS].tolist()
         C = {n: i for i, n in enumerate(O.CTRL_FIELDS)}
         code = ctrl[C["err_code"]]
         if code == 0:
             return
-        counters = self.sync[O.CTRL_INTS:O.CTRL_INTS + self.plan.n_counters].cpu().numpy()
+        counters = sync_host[O.CTRL_INTS:].numpy()
         if code == O.ERR_WATCHDOG:
             c, val, tgt, task = (ctrl[C[k]] for k in ("err_counter", "err_value", "err_target", "err_task"))
             op = O.Op(int(tl.records[task, 0])).name if 0 <= task < len(tl.records) else "?"

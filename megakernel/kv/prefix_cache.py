@@ -114,7 +114,9 @@ class PrefixCache:
     def release(self, seq, blocks: BlockManager) -> None:
         """Before a sequence gives its blocks back: keep every full, computed block it holds."""
         bs = self.layout.block_size
-        n_full = min(seq.num_computed, len(seq.token_ids)) // bs
+        # only blocks whose tokens are all known (a token still in flight is a placeholder)
+        known = len(seq.token_ids) - len(getattr(seq, "pending", ()))
+        n_full = min(seq.num_computed, known) // bs
         if n_full == 0:
             return
         hashes = self._keys(seq, n_full)

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from megakernel.config import ModelConfig
+from megakernel.transfer import to_device
 from megakernel.kv.cache import KVCache
 from megakernel.model import layers as L
 from megakernel.model.weights import LayerWeights, ModelWeights
@@ -25,13 +26,17 @@ class ForwardBatch:
     starts: list[int]                  # len B+1, offsets into the flat token axis
     block_tables: list[list[list[int]]]  # [seq][group] -> block ids (FREED for recycled sliding blocks)
     logits_rows: torch.Tensor | None = None   # flat rows to produce logits for; None = last token of each seq
+    positions_list: list[int] | None = None   # `positions` on the host, when the caller has it (saves a sync)
 
     @property
     def num_seqs(self) -> int:
         return len(self.starts) - 1
 
     def last_rows(self) -> torch.Tensor:
-        return torch.tensor([s - 1 for s in self.starts[1:]], dtype=torch.long, device=self.input_ids.device)
+        return to_device([s - 1 for s in self.starts[1:]], torch.long, self.input_ids.device)
+
+    def host_positions(self) -> list[int]:
+        return self.positions_list if self.positions_list is not None else self.positions.tolist()
 
 
 @dataclass
@@ -92,8 +97,7 @@ class Cohere2MoeModel:
         cos, sin = L.rope_cos_sin(batch.positions, self.cfg, dtype)
         lengths = [batch.starts[s + 1] - batch.starts[s] for s in range(batch.num_seqs)]
         single = [s for s, n in enumerate(lengths) if n == 1]
-        single_rows = torch.tensor([batch.starts[s] for s in single], dtype=torch.long,
-                                   device=batch.input_ids.device)
+        single_rows = to_device([batch.starts[s] for s in single], torch.long, batch.input_ids.device)
         return LayerContext(batch, cache.layout.block_size, cos, sin, self._slots(batch, cache), single,
                             [s for s, n in enumerate(lengths) if n > 1], single_rows, {})
 
@@ -144,7 +148,7 @@ class Cohere2MoeModel:
     def _slots(self, batch: ForwardBatch, cache: KVCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per group: (block id, offset in block) of every batch token's K/V."""
         bs = cache.layout.block_size
-        pos = batch.positions.tolist()
+        pos = batch.host_positions()
         out = []
         for g in range(len(cache.layout.groups)):
             blk = []
@@ -154,5 +158,5 @@ class Cohere2MoeModel:
             if any(b < 0 for b in blk):
                 raise RuntimeError("a token's KV block was not allocated (or already recycled)")
             dev = batch.positions.device
-            out.append((torch.tensor(blk, dtype=torch.long, device=dev), batch.positions % bs))
+            out.append((to_device(blk, torch.long, dev), batch.positions % bs))
         return out

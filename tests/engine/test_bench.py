@@ -23,4 +23,4 @@ def test_bench_command_runs_on_cpu(tmp_path):
                         "--context", "20", "--steps", "4", "--backend", "torch"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert "tok/s" in r.stdout and "backend torch, batch 3" in r.stdout
+    assert "tok/s" in r.stdout and "backend torch (pipelined steps), batch 3" in r.stdout

@@ -1,0 +1,96 @@
+"""Pipelined steps (the host prepares step t+1 while the device runs step t) change nothing a caller can see.
+
+The engine reads a step's tokens back during the next step; a sequence enters step t+1 with its step-t token
+still on the device, and stop conditions are checked one step late. These tests compare it with the synchronous
+engine (async_scheduling=False) on the embedded model, on every sampling option whose state crosses steps, with
+and without preemption, and check that a decode failure found only at read-back fails just its requests.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from megakernel import LLM, SamplingParams
+from megakernel.errors import MegakernelError
+from tiny_models import write_checkpoint
+
+PROMPTS = ["def add(a, b):", "Write a function that reverses a list.", "import os\n", "class Stack:",
+           "# sort numbers\n", "def fib(n):"]
+
+
+def _params() -> list[SamplingParams]:
+    return [
+        SamplingParams(temperature=0, max_tokens=40, stop=["\n\n"]),
+        SamplingParams(temperature=0.9, top_p=0.9, top_k=20, seed=11, max_tokens=30, logprobs=3),
+        SamplingParams(temperature=0.8, seed=5, presence_penalty=0.7, frequency_penalty=0.4, repetition_penalty=1.3,
+                       max_tokens=30, n=2),
+        SamplingParams(temperature=0, max_tokens=1),
+        SamplingParams(temperature=1.0, min_p=0.1, seed=3, min_tokens=8, max_tokens=12, logprobs=0),
+        SamplingParams(temperature=0, max_tokens=25, stop_token_ids=[10], logit_bias={32: 3.0}),
+    ]
+
+
+def _run(async_scheduling: bool, **kw):
+    llm = LLM(device="cpu", dtype="float32", progress=False, async_scheduling=async_scheduling, **kw)
+    outs = llm.generate(PROMPTS, _params(), use_tqdm=False)
+    llm.engine.drain()
+    assert llm.engine.num_kv_blocks_in_use() == 0
+    return llm, [[(c.token_ids, c.text, c.finish_reason, c.stop_reason,
+                   [(lp.token_id, round(lp.logprob, 5), sorted(lp.top)) for lp in c.logprobs or []])
+                  for c in o.outputs] for o in outs]
+
+
+@pytest.fixture(scope="module")
+def synchronous():
+    return _run(False)[1]
+
+
+def test_pipelined_equals_synchronous(synchronous):
+    llm, outs = _run(True)
+    assert llm.engine.args.async_scheduling
+    assert outs == synchronous
+    finish = {c[2] for o in outs for c in o}
+    assert finish == {"stop", "length"}             # both kinds of ending were exercised
+
+
+def test_pipelined_with_preemption_equals_synchronous(synchronous):
+    llm, outs = _run(True, block_size=16, num_kv_blocks=[10, 10], enable_prefix_caching=False)
+    assert llm.engine.scheduler.num_preemptions > 0
+    assert outs == synchronous
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_failure_seen_at_readback_fails_only_its_requests(tmp_path, async_scheduling):
+    folder = write_checkpoint("north_like", tmp_path)
+    llm = LLM(str(folder), device="cpu", dtype="float32", progress=False, block_size=4,
+              async_scheduling=async_scheduling)
+
+    class LateFailingBackend:
+        """Launches fine; the third launch's completion check reports a hang (as the megakernel's watchdog)."""
+
+        def __init__(self, model, cache):
+            self.model, self.cache, self.calls = model, cache, 0
+
+        def decode_async(self, batch, cache, trace=None):
+            self.calls += 1
+            n = self.calls
+
+            def check():
+                if n == 3:
+                    raise MegakernelError("decode step hung: counter 9 stuck at 1 of 2")
+
+            return self.model.forward(batch, cache), check
+
+    eng = llm.engine
+    eng.runner.decode_backend = LateFailingBackend(eng.model, eng.cache)
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    outs = llm.generate([[5, 6, 7], [8, 9, 10, 11]], params, use_tqdm=False)
+    # token 1 from the prefill, tokens 2 and 3 from decode launches 1 and 2; launch 3 failed
+    assert all(o.finish_reason == "abort" and "counter 9" in o.error for o in outs)
+    assert [len(o.token_ids) for o in outs] == [3, 3]
+    eng.drain()
+    assert eng.num_kv_blocks_in_use() == 0
+    eng.runner.decode_backend = None
+    again = llm.generate([[5, 6, 7]], params, use_tqdm=False)[0]
+    assert again.finish_reason == "length" and again.token_ids[:3] == outs[0].token_ids

@@ -10,6 +10,7 @@ from typing import Callable
 import torch
 
 from megakernel.config import ModelConfig
+from megakernel.engine.detokenizer import detokenize_step
 from megakernel.engine.loader import generation_eos_ids, load_model, load_tokenizer, resolve_device, resolve_dtype
 from megakernel.engine.model_runner import ModelRunner
 from megakernel.engine.outputs import CompletionOutput, RequestOutput
@@ -291,16 +292,20 @@ class LLMEngine:
             reason, stop_reason = "stop", tok
         elif not p.ignore_eos and tok in self.eos_token_ids:
             reason, stop_reason = "stop", None
-        if self.tokenizer is not None:
-            ids = seq.output_token_ids[:n_out - 1] if reason else seq.output_token_ids[:n_out]
+        tok_text = self.tokenizer is not None
+        if tok_text and reason is None:
             prev = len(seq.text)
-            seq.text = self.tokenizer.decode(ids, skip_special_tokens=p.skip_special_tokens)
-            if reason is None and p.stop:
+            seq.text = detokenize_step(self.tokenizer, seq.output_token_ids[:n_out], seq.detok,
+                                       p.skip_special_tokens)
+            if p.stop:
                 hit = _find_stop(seq.text, p.stop, prev)
                 if hit is not None:
                     at, s = hit
                     seq.text = seq.text[: at + (len(s) if p.include_stop_str_in_output else 0)]
                     reason, stop_reason = "stop", s
+        elif tok_text:            # a stop token: the text is everything before it
+            seq.text = self.tokenizer.decode(seq.output_token_ids[:n_out - 1],
+                                             skip_special_tokens=p.skip_special_tokens)
         if reason is None and p.max_tokens is not None and n_out >= p.max_tokens:
             reason = "length"
         if reason is None and len(seq.prompt_token_ids) + n_out >= self.max_model_len:
@@ -308,6 +313,9 @@ class LLMEngine:
         if reason is None and seq.kv_capped:
             log.warning("megakernel: request %s ended at %d tokens: the KV pool is full", seq.request_id, len(seq))
             reason = "length"
+        if reason == "length" and tok_text:
+            # the final text in full (a last incomplete character shows as U+FFFD, as a full decode gives it)
+            seq.text = self.tokenizer.decode(seq.output_token_ids[:n_out], skip_special_tokens=p.skip_special_tokens)
         if reason is not None:
             seq.stop_reason = stop_reason
             self.scheduler.finish(seq, reason)

@@ -147,8 +147,17 @@ def sample_async(logits: torch.Tensor, seqs: list[Sequence], default_generator: 
         # Exponential-race sampling (argmax p/q, q ~ Exp(1)) equals sampling from p; each row's noise comes
         # from its own generator when seeded.
         noise = torch.empty_like(probs)
-        for row, seq in enumerate(seqs):
-            noise[row].exponential_(generator=seq.generator or default_generator)
+        shared = [row for row, seq in enumerate(seqs) if seq.generator is None]
+        if len(shared) == B:
+            noise.exponential_(generator=default_generator)
+        else:
+            for row, seq in enumerate(seqs):
+                if seq.generator is not None:
+                    noise[row].exponential_(generator=seq.generator)
+            if shared:
+                idx = to_device(shared, torch.long, dev)
+                noise[idx] = torch.empty(len(shared), V, dtype=probs.dtype, device=dev).exponential_(
+                    generator=default_generator)
         sampled = (probs / noise).argmax(dim=-1)
         greedy = to_device([p.greedy for p in params], torch.bool, dev)
         chosen = torch.where(greedy, chosen, sampled)

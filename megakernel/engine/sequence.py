@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from megakernel.engine.detokenizer import DetokState
 from megakernel.engine.sampling_params import SamplingParams
 from megakernel.kv.block_manager import SequenceBlocks
 
@@ -45,6 +46,7 @@ class Sequence:
     stop_reason: int | str | None = None       # the stop token id or stop string that ended it
     error: str | None = None                   # why the engine failed it, if it did
     text: str = ""
+    detok: DetokState = field(default_factory=DetokState)   # incremental detokenization of the output
     logprobs: list[TokenLogprob] = field(default_factory=list)
     generator: torch.Generator | None = None
     seq_id: int = field(default_factory=lambda: next(_ids))

@@ -14,8 +14,8 @@ for shape in "1 8192" "8 1024"; do
   python3 benchmarks/overlap_check.py --batch-size $1 --context $2 --steps 64 --json "$OUT/overlap_b$1.json" 2>&1 \
     | tee "$OUT/overlap_b$1.log" | grep -E "^\{|Error"
 done
-for b in megakernel torch; do
-  steps=32; [ $b = torch ] && steps=6
-  python3 -m megakernel bench --random-north --batch-size 1 --context 8192 --steps $steps --backend $b \
-    --log-level warning 2>&1 | tee "$OUT/bench_$b.log" | grep -vE "Loading|^$"
+for run in "megakernel 32" "megakernel 32 --sync-steps" "torch 6"; do
+  set -- $run
+  python3 -m megakernel bench --random-north --batch-size 1 --context 8192 --steps $2 --backend $1 $3 \
+    --log-level warning 2>&1 | tee "$OUT/bench_$1$3.log" | grep -vE "Loading|^$"
 done

@@ -141,3 +141,35 @@ def test_llm_generate_greedy_matches_torch():
         at = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
         assert at is None or gaps["torch"][i][at] <= 0.125, (i, at, gaps["torch"][i][at])
     assert same >= 10
+
+
+@needs_sm90
+def test_engine_survives_a_hung_step_while_pipelined():
+    """A megakernel step that hangs is found by the in-kernel watchdog only when its tokens are read back, after
+    the next step was already launched behind it. The requests that step decoded fail with the watchdog's
+    message; a request admitted afterwards is served normally, greedy-identical to a fresh engine's."""
+    from megakernel import LLM, SamplingParams
+
+    llm = LLM(device="cuda", dtype="bfloat16", backend="megakernel", progress=False)
+    eng = llm.engine
+    assert eng.args.async_scheduling
+    be = eng.runner.decode_backend
+    be.watchdog_ns = int(0.5e9)
+    launch = be.decode_async
+    calls = {"n": 0}
+
+    def hang_on_third(batch, cache, trace=None):
+        calls["n"] += 1
+        return launch(batch, cache, trace, _inject_hang=calls["n"] == 3)
+
+    be.decode_async = hang_on_third
+    sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    outs = llm.generate(["def add(a, b):", "class Stack:"], sp, use_tqdm=False)
+    assert all(o.finish_reason == "abort" and "watchdog" in o.error for o in outs), [o.error for o in outs]
+    assert [len(o.token_ids) for o in outs] == [3, 3]      # prefill token + 2 decode launches before the hang
+    eng.drain()
+    assert eng.num_kv_blocks_in_use() == 0
+    after = llm.generate(["def fib(n):"], sp, use_tqdm=False)[0]
+    fresh = LLM(device="cuda", dtype="bfloat16", backend="megakernel", progress=False)
+    assert after.finish_reason == "length" and after.token_ids == fresh.generate(["def fib(n):"], sp,
+                                                                                   use_tqdm=False)[0].token_ids

@@ -69,23 +69,22 @@ class ModelRunner:
         be = self.decode_backend
         decodes = [c for c in chunks if c.is_decode] if be is not None else []
         others = [c for c in chunks if not (be is not None and c.is_decode)]
-        sampled: list[ScheduledChunk] = []
-        logits: list[torch.Tensor] = []
         checks: list[Callable[[], None]] = []
-        if others:
-            batch = build_batch(others, self.model.device)
-            out = self.model.forward(batch, self.cache, self.trace)
-            sampled += [c for c in others if c.samples]
-            logits.append(out)
+        dec_logits = oth_logits = None
+        # Decodes first: the megakernel runs on the GPU while the host is still issuing the PyTorch prefill
+        # (which waits for device values inside its MoE dispatch).
         if decodes:
             batch = build_batch(decodes, self.model.device)
             if hasattr(be, "decode_async"):
-                out, check = be.decode_async(batch, self.cache, trace=self.trace)
+                dec_logits, check = be.decode_async(batch, self.cache, trace=self.trace)
                 checks.append(check)
             else:
-                out = be.decode(batch, self.cache, trace=self.trace)
-            logits.append(out)
-            sampled += decodes
+                dec_logits = be.decode(batch, self.cache, trace=self.trace)
+        if others:
+            batch = build_batch(others, self.model.device)
+            oth_logits = self.model.forward(batch, self.cache, self.trace)
+        sampled = [c for c in others if c.samples] + decodes
+        logits = [x for x in (oth_logits, dec_logits) if x is not None]
         if not logits:
             return [], torch.empty(0), checks
         return sampled, torch.cat(logits) if len(logits) > 1 else logits[0], checks

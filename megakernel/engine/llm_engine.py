@@ -52,7 +52,7 @@ class _InFlight:
     slots: list[tuple[Sequence, int]]        # (sequence, output index) of each sampled row
     result: SampledTokens | None
     checks: list[Callable[[], None]]         # decode-backend completion checks (raise MegakernelError)
-    decoded: list[Sequence]                  # sequences the decode backend ran (failed if a check raises)
+    decoded: list[tuple[Sequence, int]]      # (sequence, position) the decode backend ran: failed if a check raises
 
 
 @dataclass
@@ -204,16 +204,15 @@ class LLMEngine:
             touched[seq.request_id] = None
         self.scheduler.ended.clear()
         launched, refused = self._launch(chunks) if chunks else (None, None)
-        if self._in_flight is not None:
-            self._resolve(self._in_flight, touched)
-        self._in_flight = launched
+        previous, self._in_flight = self._in_flight, launched
+        if previous is not None:
+            self._resolve(previous, touched)
         if refused is not None:
             # The decode backend refused the step: fail the requests it was decoding (after the step before
             # was read back, so their earlier tokens count) and keep serving. Prefill chunks of the same step did
             # not advance and simply run again next step.
-            error, chunks = refused
-            self._fail([c.seq for c in chunks if c.is_decode and not c.seq.finished]
-                       or [c.seq for c in chunks if not c.seq.finished], error, touched)
+            error, decoding = refused
+            self._fail([s for s in decoding if not s.finished], error, touched)
         if launched is not None and not self.args.async_scheduling:
             self._resolve(launched, touched)
             self._in_flight = None
@@ -222,12 +221,14 @@ class LLMEngine:
         return self._outputs(touched)
 
     def _launch(self, chunks: list[ScheduledChunk]
-                ) -> tuple["_InFlight | None", tuple[MegakernelError, list[ScheduledChunk]] | None]:
-        """Run the model and enqueue sampling for `chunks`; on a backend error return it instead."""
+                ) -> tuple["_InFlight | None", tuple[MegakernelError, list[Sequence]] | None]:
+        """Run the model and enqueue sampling for `chunks`; on a backend error return it (and the sequences the
+        decode backend was given) instead."""
+        decoding = [c for c in chunks if c.is_decode]     # before any state below changes what is_decode says
         try:
             sampled, logits, checks = self.runner.run(chunks)
         except MegakernelError as e:
-            return None, (e, chunks)
+            return None, (e, [c.seq for c in decoding] or [c.seq for c in chunks])
         for c in chunks:
             c.seq.num_computed = c.end
         seqs = [c.seq for c in sampled]
@@ -241,25 +242,43 @@ class LLMEngine:
             p = seq.params
             if (p.max_tokens is not None and idx + 1 >= p.max_tokens) or len(seq) >= self.max_model_len:
                 seq.awaiting_last = True
-        decoded = [c.seq for c in chunks if c.is_decode] if checks else []
+        decoded = [(c.seq, c.start) for c in decoding] if checks else []
         return _InFlight(slots, result, checks, decoded), None
 
     def _resolve(self, step: "_InFlight", touched: dict[str, None]) -> None:
         """Wait for a launched step, then commit its tokens (or fail what the decode backend was running)."""
         try:
-            for check in step.checks:
-                check()
-        except MegakernelError as e:
-            self._fail([s for s in step.decoded if not s.finished], e, touched)
-        if step.result is None:
-            return
-        tokens, lps = step.result.resolve()
-        for (seq, idx), tok, lp in zip(step.slots, tokens, lps):
-            if seq.finished or seq.pending.get(idx, (None,))[0] is not step.result.tokens:
-                continue                          # ended meanwhile (stop seen late, abort, failure)
-            del seq.pending[idx]
-            self._commit(seq, idx, tok, lp)
-            touched[seq.request_id] = None
+            try:
+                for check in step.checks:
+                    check()
+            except MegakernelError as e:
+                failed = [(s, start) for s, start in step.decoded if not s.finished]
+                for seq, start in failed:
+                    # K/V from the failed launch (and any launched after it) must not reach the prefix cache
+                    seq.num_computed = min(seq.num_computed, start)
+                self._fail([s for s, _ in failed], e, touched)
+                if getattr(e, "device_stuck", False):
+                    # the kernel never ended: nothing queued behind it can be read back either
+                    self._fail([s for s, _ in step.slots if not s.finished], e, touched)
+                    return
+            if step.result is None:
+                return
+            tokens, lps = step.result.resolve()
+            for (seq, idx), tok, lp in zip(step.slots, tokens, lps):
+                if seq.finished or seq.pending.get(idx, (None,))[0] is not step.result.tokens:
+                    continue                          # ended meanwhile (stop seen late, abort, failure)
+                del seq.pending[idx]
+                self._commit(seq, idx, tok, lp)
+                touched[seq.request_id] = None
+        except BaseException as e:
+            # Anything unexpected (a CUDA or tokenizer error): end this step's sequences so none is left waiting
+            # for a token that will never be read back, then let the caller see the error.
+            for seq, _ in step.slots:
+                if not seq.finished:
+                    seq.error = f"{type(e).__name__}: {e}"
+                    self.scheduler.finish(seq, "abort")
+                    touched[seq.request_id] = None
+            raise
 
     def _fail(self, seqs: list[Sequence], e: Exception, touched: dict[str, None]) -> None:
         log.error("megakernel: step failed: %s", e)

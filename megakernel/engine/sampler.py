@@ -38,7 +38,7 @@ def _penalise(logits: torch.Tensor, seqs: list[Sequence]) -> None:
         if p.needs_penalties:
             if p.repetition_penalty != 1.0:
                 seen = torch.zeros(V, dtype=torch.bool, device=dev)
-                seen[_ids_on_device(seq, seq.token_ids, 0, dev)] = True
+                seen.index_fill_(0, _ids_on_device(seq, seq.token_ids, 0, dev), True)    # no host sync
                 vals = logits[row]
                 logits[row] = torch.where(seen, torch.where(vals > 0, vals / p.repetition_penalty,
                                                             vals * p.repetition_penalty), vals)
@@ -53,7 +53,7 @@ def _penalise(logits: torch.Tensor, seqs: list[Sequence]) -> None:
         if p.min_tokens and len(seq.output_token_ids) < p.min_tokens:
             ban = set(p.stop_token_ids) | (set() if p.ignore_eos else set(seq.eos_token_ids))
             if ban:
-                logits[row, to_device(sorted(ban), torch.long, dev)] = float("-inf")
+                logits[row].index_fill_(0, to_device(sorted(ban), torch.long, dev), float("-inf"))
 
 
 @dataclass

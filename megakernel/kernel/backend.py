@@ -307,8 +307,10 @@ class MegakernelBackend:
             if spins > 200:
                 time.sleep(50e-6)
             if time.monotonic() > deadline:
-                raise MegakernelHang("decode megakernel did not finish within the host deadline; the GPU may be "
+                err = MegakernelHang("decode megakernel did not finish within the host deadline; the GPU may be "
                                      "unusable until the process exits")
+                err.device_stuck = True      # work queued behind it will not finish either
+                raise err
         ctrl = sync_host[:O.CTRL_INTS].tolist()
         C = {n: i for i, n in enumerate(O.CTRL_FIELDS)}
         code = ctrl[C["err_code"]]

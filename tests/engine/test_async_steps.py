@@ -94,3 +94,101 @@ def test_failure_seen_at_readback_fails_only_its_requests(tmp_path, async_schedu
     eng.runner.decode_backend = None
     again = llm.generate([[5, 6, 7]], params, use_tqdm=False)[0]
     assert again.finish_reason == "length" and again.token_ids[:3] == outs[0].token_ids
+
+
+# ---- failures while pipelined: regressions found in review ------------------------------------------------------
+
+class ScriptedBackend:
+    """A decode backend on the PyTorch path whose n-th launch is refused (`refuse`) or reports a hang at read-back
+    (`hang`); a hung launch also overwrites the K/V it wrote with garbage, as a kernel stopped midway may."""
+
+    def __init__(self, engine, refuse=(), hang=()):
+        self.eng, self.refuse, self.hang, self.calls = engine, set(refuse), set(hang), 0
+
+    def decode_async(self, batch, cache, trace=None):
+        self.calls += 1
+        n = self.calls
+        if n in self.refuse:
+            raise MegakernelError(f"launch {n} refused")
+        out = self.eng.model.forward(batch, cache)
+        if n in self.hang:
+            bs = cache.layout.block_size
+            for i in range(self.eng.config.num_layers):
+                g, layer_kv = cache.layer(i)
+                for s, p in enumerate(batch.positions_list):
+                    layer_kv[batch.block_tables[s][g][p // bs], :, p % bs] = 100.0
+
+        def check():
+            if n in self.hang:
+                raise MegakernelError(f"launch {n} hung")
+
+        return out, check
+
+
+def _engine(folder, **kw):
+    from megakernel import EngineArgs, LLMEngine
+
+    kw = {"block_size": 4, "max_num_seqs": 8, "max_num_batched_tokens": 8, **kw}
+    return LLMEngine(EngineArgs(model=str(folder), device="cpu", dtype="float32", progress=False, **kw))
+
+
+def _run_engine(eng, outs=None, max_steps=300):
+    outs = {} if outs is None else outs
+    for _ in range(max_steps):
+        for o in eng.step():
+            outs[o.request_id] = o
+        if not eng.has_unfinished_requests():
+            eng.drain()
+            return outs
+    raise AssertionError("requests never finished")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return write_checkpoint("north_like", tmp_path_factory.mktemp("north_like_async"))
+
+
+def test_kv_of_a_failed_step_is_not_kept_by_the_prefix_cache(tiny):
+    greedy = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    eng = _engine(tiny)
+    eng.runner.decode_backend = ScriptedBackend(eng, hang={5})       # the decode at position 7 fails
+    eng.add_request("a", [5, 6, 7], greedy)
+    failed = _run_engine(eng)["a"]
+    assert failed.finish_reason == "abort" and len(failed.outputs[0].token_ids) == 5
+    eng.runner.decode_backend = None
+    follow_up = [5, 6, 7] + failed.outputs[0].token_ids + [1]         # e.g. the next turn of that chat
+    eng.add_request("b", follow_up, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    again = _run_engine(eng)["b"]
+    assert again.num_cached_tokens == 4                               # block 0 only; block 1 held position 7
+    fresh = _engine(tiny, enable_prefix_caching=False)
+    fresh.add_request("b", follow_up, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    assert again.outputs[0].token_ids == _run_engine(fresh)["b"].outputs[0].token_ids
+
+
+def test_refused_launch_spares_prefills_when_its_decodes_stopped_late(tiny):
+    eng = _engine(tiny)
+    eng.add_request("solo", [5, 6, 7], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    stop = _run_engine(eng)["solo"].outputs[0].token_ids[2]
+    eng = _engine(tiny)
+    eng.runner.decode_backend = ScriptedBackend(eng, refuse={3})
+    eng.add_request("a", [5, 6, 7], SamplingParams(temperature=0, max_tokens=10, stop_token_ids=[stop]))
+    outs = {o.request_id: o for o in eng.step()}
+    eng.add_request("b", list(range(20, 60)), SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    outs = _run_engine(eng, outs)
+    # a's stop token arrives with the read-back in the step whose launch is refused: a stopped, it did not fail
+    assert outs["a"].outputs[0].finish_reason == "stop" and outs["a"].error is None
+    assert outs["b"].outputs[0].finish_reason == "length" and outs["b"].error is None
+    assert len(outs["b"].outputs[0].token_ids) == 3
+
+
+def test_a_one_token_prefill_chunk_is_not_failed_with_the_decodes(tiny):
+    eng = _engine(tiny)
+    eng.runner.decode_backend = ScriptedBackend(eng, hang={3})
+    eng.add_request("a", [5, 6, 7], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    outs = {o.request_id: o for o in eng.step()}
+    # 15 prompt tokens in chunks of 8 beside a's decode: 7 + 7 + a last chunk of 1, run in launch 3's step
+    eng.add_request("b", list(range(20, 35)), SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    outs = _run_engine(eng, outs)
+    assert outs["a"].outputs[0].finish_reason == "abort" and "launch 3 hung" in outs["a"].error
+    assert outs["b"].outputs[0].finish_reason == "length" and outs["b"].error is None
+    assert eng.num_kv_blocks_in_use() == 0

@@ -173,3 +173,35 @@ def test_engine_survives_a_hung_step_while_pipelined():
     fresh = LLM(device="cuda", dtype="bfloat16", backend="megakernel", progress=False)
     assert after.finish_reason == "length" and after.token_ids == fresh.generate(["def fib(n):"], sp,
                                                                                    use_tqdm=False)[0].token_ids
+
+
+@needs_sm90
+def test_decode_launch_never_waits_for_the_gpu():
+    """Scheduling and launching a decode step (inputs, megakernel, sampling with every option that keeps state
+    across steps) makes no host/device synchronisation: torch's sync debug mode turns any into an error."""
+    from megakernel import LLM, SamplingParams
+
+    llm = LLM(device="cuda", dtype="bfloat16", backend="megakernel", progress=False)
+    eng = llm.engine
+    launch = eng._launch
+    checked = {"n": 0}
+
+    def strict_launch(chunks):
+        if not all(c.is_decode for c in chunks):
+            return launch(chunks)                 # prefill runs the PyTorch MoE, which does sync
+        checked["n"] += 1
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return launch(chunks)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    eng._launch = strict_launch
+    params = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=2),
+              SamplingParams(temperature=0.8, top_p=0.9, top_k=20, min_p=0.05, seed=1, max_tokens=24,
+                             presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.2, min_tokens=20,
+                             logit_bias={40: 2.0}, ignore_eos=True),
+              SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True)]
+    outs = llm.generate(["def add(a, b):", "class Stack:", "import os"], params, use_tqdm=False)
+    assert checked["n"] >= 20
+    assert [len(o.outputs[0].token_ids) for o in outs] == [24, 24, 24]

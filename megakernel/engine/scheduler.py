@@ -4,6 +4,10 @@ Every step carries the decode token of each running sequence plus prefill chunks
 partly-prefilled sequences) up to a token budget, so a long prompt never stalls running streams for more than
 one chunk. When the KV pool runs dry, the most recently admitted sequence is preempted: its blocks are freed and
 it is recomputed later from its tokens, transparently to the caller.
+
+Steps are pipelined (see LLMEngine.step): when schedule() runs, a sequence's last token may still be in flight
+(a placeholder the device fills in). Such a sequence decodes normally; one whose in-flight token is its last is
+not scheduled again, and a preempted one waits for its token before it is admitted again.
 """
 
 from __future__ import annotations

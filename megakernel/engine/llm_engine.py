@@ -106,6 +106,7 @@ class LLMEngine:
         self.generator = torch.Generator(device=self.device).manual_seed(args.seed)
         self.requests: dict[str, _Request] = {}
         self._in_flight: _InFlight | None = None
+        self._touched: dict[str, None] = {}      # requests that advanced since the last snapshot
         log.info("megakernel: %s on %s (%s), decode backend %s, KV blocks %s of %d tokens",
                  self.model_path or "in-memory model", self.device, weights.dtype, self.runner.backend_name,
                  num_blocks, args.block_size)
@@ -181,7 +182,7 @@ class LLMEngine:
 
     def drain(self) -> list[RequestOutput]:
         """Read back the step still in flight, if any (nothing new is launched)."""
-        touched: dict[str, None] = {}
+        touched = self._touched
         if self._in_flight is not None:
             step, self._in_flight = self._in_flight, None
             self._resolve(step, touched)
@@ -197,7 +198,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Launch one model step and return a snapshot of every request that advanced in the step before it
         (finished requests are dropped after their last snapshot)."""
-        touched: dict[str, None] = {}
+        touched = self._touched           # kept across calls: a step that raised still reports what it ended
         chunks = self.scheduler.schedule()
         for seq in self.scheduler.ended:          # outgrew the whole KV pool alone: ended as "length"
             log.warning("megakernel: request %s ended at %d tokens: the KV pool is full", seq.request_id, len(seq))
@@ -288,6 +289,7 @@ class LLMEngine:
             touched[seq.request_id] = None
 
     def _outputs(self, touched: dict[str, None]) -> list[RequestOutput]:
+        self._touched = {}
         outputs = []
         for rid in touched:
             req = self.requests.get(rid)

@@ -192,3 +192,65 @@ def test_a_one_token_prefill_chunk_is_not_failed_with_the_decodes(tiny):
     assert outs["a"].outputs[0].finish_reason == "abort" and "launch 3 hung" in outs["a"].error
     assert outs["b"].outputs[0].finish_reason == "length" and outs["b"].error is None
     assert eng.num_kv_blocks_in_use() == 0
+
+
+def test_a_device_stuck_hang_fails_the_whole_step_without_reading_it(tiny):
+    """When the kernel never ended (the host deadline, not the in-kernel watchdog), nothing queued behind it can
+    be read back: every sequence sampled in that step fails, prefills included, and the engine goes on."""
+    class StuckBackend(ScriptedBackend):
+        def decode_async(self, batch, cache, trace=None):
+            out, _ = super().decode_async(batch, cache, trace)
+
+            def check():
+                err = MegakernelError("decode megakernel did not finish within the host deadline")
+                err.device_stuck = True
+                raise err
+
+            return out, check
+
+    eng = _engine(tiny)
+    eng.add_request("a", [5, 6, 7], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    outs = {o.request_id: o for o in eng.step()}                 # a's prefill, read back in the next step
+    eng.runner.decode_backend = StuckBackend(eng)
+    eng.add_request("b", [8, 9], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    outs = _run_engine(eng, outs)          # a decodes on the stuck backend; b's prefill samples in that step
+    assert outs["a"].outputs[0].finish_reason == "abort" and "host deadline" in outs["a"].error
+    assert outs["b"].outputs[0].finish_reason == "abort" and outs["b"].outputs[0].token_ids == []
+    assert eng.num_kv_blocks_in_use() == 0
+    eng.runner.decode_backend = None
+    eng.add_request("c", [5, 6, 7], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    assert _run_engine(eng)["c"].outputs[0].finish_reason == "length"
+
+
+def test_an_unexpected_readback_error_ends_the_step_and_is_reported(tiny):
+    """A non-megakernel error while reading a step back (a CUDA or tokenizer error) reaches the caller; the
+    sequences of that step end with the error, the next step() reports them, and nothing is left waiting."""
+    class Broken(ScriptedBackend):
+        def decode_async(self, batch, cache, trace=None):
+            out, _ = super().decode_async(batch, cache, trace)
+            n = self.calls
+
+            def check():
+                if n == 2:
+                    raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+            return out, check
+
+    eng = _engine(tiny)
+    eng.runner.decode_backend = Broken(eng)
+    eng.add_request("a", [5, 6, 7], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    outs, raised = {}, False
+    for _ in range(20):
+        try:
+            for o in eng.step():
+                outs[o.request_id] = o
+        except RuntimeError as e:
+            raised = "illegal memory access" in str(e)
+        if not eng.has_unfinished_requests():
+            break
+    assert raised
+    assert outs["a"].finished and outs["a"].outputs[0].finish_reason == "abort"
+    assert "illegal memory access" in outs["a"].error
+    assert -1 not in outs["a"].outputs[0].token_ids
+    eng.drain()
+    assert eng.num_kv_blocks_in_use() == 0

@@ -15,22 +15,21 @@ from dataclasses import dataclass
 
 @dataclass
 class DetokState:
-    text: str = ""
     prefix_offset: int = 0     # window start: one emission back, so the tokenizer sees the left context
     read_offset: int = 0       # tokens already turned into text
 
 
-def detokenize_step(tokenizer, ids: list[int], st: DetokState, skip_special_tokens: bool) -> str:
-    """Bring `st.text` up to date with `ids` (all output tokens so far) and return it."""
-    if len(ids) <= st.read_offset:
-        return st.text
+def detokenize_step(tokenizer, ids: list[int], n: int, text: str, st: DetokState,
+                    skip_special_tokens: bool) -> str:
+    """The text of ids[:n], the output tokens known so far, given `text`: what this returned last time."""
+    if n <= st.read_offset:
+        return text
     prefix_text = tokenizer.decode(ids[st.prefix_offset:st.read_offset], skip_special_tokens=skip_special_tokens)
-    new_text = tokenizer.decode(ids[st.prefix_offset:], skip_special_tokens=skip_special_tokens)
+    new_text = tokenizer.decode(ids[st.prefix_offset:n], skip_special_tokens=skip_special_tokens)
     if not new_text.startswith(prefix_text):
-        st.text = tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
-        st.prefix_offset = st.read_offset = len(ids)
-        return st.text
+        st.prefix_offset = st.read_offset = n
+        return tokenizer.decode(ids[:n], skip_special_tokens=skip_special_tokens)
     if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
-        st.text += new_text[len(prefix_text):]
-        st.prefix_offset, st.read_offset = st.read_offset, len(ids)
-    return st.text
+        text += new_text[len(prefix_text):]
+        st.prefix_offset, st.read_offset = st.read_offset, n
+    return text

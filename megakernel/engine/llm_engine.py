@@ -240,8 +240,7 @@ class LLMEngine:
             seq.output_token_ids.append(PLACEHOLDER)
             seq.pending[idx] = (result.tokens, row)
             slots.append((seq, idx))
-            p = seq.params
-            if (p.max_tokens is not None and idx + 1 >= p.max_tokens) or len(seq) >= self.max_model_len:
+            if self._at_length_limit(seq, idx + 1):
                 seq.awaiting_last = True
         decoded = [(c.seq, c.start) for c in decoding] if checks else []
         return _InFlight(slots, result, checks, decoded), None
@@ -301,6 +300,12 @@ class LLMEngine:
                 del self.requests[rid]
         return outputs
 
+    def _at_length_limit(self, seq: Sequence, n_out: int) -> bool:
+        """Whether seq's output ends at n_out tokens whatever they are (max_tokens or max_model_len)."""
+        p = seq.params
+        return (p.max_tokens is not None and n_out >= p.max_tokens) or \
+            len(seq.prompt_token_ids) + n_out >= self.max_model_len
+
     def _commit(self, seq: Sequence, idx: int, tok: int, lp) -> None:
         """Output token `idx` of seq is `tok`: record it, then check stop conditions and max lengths."""
         p = seq.params
@@ -316,7 +321,7 @@ class LLMEngine:
         tok_text = self.tokenizer is not None
         if tok_text and reason is None:
             prev = len(seq.text)
-            seq.text = detokenize_step(self.tokenizer, seq.output_token_ids[:n_out], seq.detok,
+            seq.text = detokenize_step(self.tokenizer, seq.output_token_ids, n_out, seq.text, seq.detok,
                                        p.skip_special_tokens)
             if p.stop:
                 hit = _find_stop(seq.text, p.stop, prev)
@@ -327,9 +332,7 @@ class LLMEngine:
         elif tok_text:            # a stop token: the text is everything before it
             seq.text = self.tokenizer.decode(seq.output_token_ids[:n_out - 1],
                                              skip_special_tokens=p.skip_special_tokens)
-        if reason is None and p.max_tokens is not None and n_out >= p.max_tokens:
-            reason = "length"
-        if reason is None and len(seq.prompt_token_ids) + n_out >= self.max_model_len:
+        if reason is None and self._at_length_limit(seq, n_out):
             reason = "length"
         if reason is None and seq.kv_capped:
             log.warning("megakernel: request %s ended at %d tokens: the KV pool is full", seq.request_id, len(seq))

@@ -24,13 +24,9 @@ def build_batch(chunks: list[ScheduledChunk], device: torch.device) -> ForwardBa
     rows: list[int] = []
     in_flight: list[tuple[int, torch.Tensor, int]] = []      # (flat row, device tokens, their row)
     for c in chunks:
-        seq = c.seq
-        n_prompt = len(seq.prompt_token_ids)
-        for j in range(c.start, c.end):
-            src = seq.pending.get(j - n_prompt) if j >= n_prompt else None
-            if src is not None:
-                in_flight.append((len(ids), *src))
-            ids.append(seq.token_ids[j] if src is None else 0)
+        base = len(ids) - c.start
+        ids.extend(c.seq.token_ids[c.start:c.end])           # a placeholder is overwritten on the device below
+        in_flight += [(base + j, src, row) for j, src, row in c.seq.in_flight(c.start, c.end)]
         pos.extend(range(c.start, c.end))
         starts.append(len(ids))
         if c.samples:

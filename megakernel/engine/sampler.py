@@ -15,19 +15,16 @@ from dataclasses import dataclass
 
 import torch
 
-from megakernel.engine.sequence import PLACEHOLDER, Sequence, TokenLogprob
+from megakernel.engine.sequence import Sequence, TokenLogprob
 from megakernel.transfer import to_device
 
 
-def _ids_on_device(seq: Sequence, ids: list[int], offset: int, device: torch.device) -> torch.Tensor:
-    """`ids` (a slice of seq's tokens starting at token index `offset`) on the device, placeholders filled in
-    from the device tensors of the step that sampled them."""
-    t = to_device(ids, torch.long, device)
-    n_prompt = len(seq.prompt_token_ids)
-    for out_idx, (src, row) in seq.pending.items():
-        j = n_prompt + out_idx - offset
-        if 0 <= j < len(ids) and ids[j] == PLACEHOLDER:
-            t[j] = src[row]
+def _ids_on_device(seq: Sequence, start: int, end: int, device: torch.device) -> torch.Tensor:
+    """seq's tokens at positions [start, end) on the device, tokens still in flight copied from the device
+    tensors of the step that sampled them."""
+    t = to_device(seq.token_ids[start:end], torch.long, device)
+    for j, src, row in seq.in_flight(start, end):
+        t[j - start] = src[row]
     return t
 
 
@@ -38,12 +35,12 @@ def _penalise(logits: torch.Tensor, seqs: list[Sequence]) -> None:
         if p.needs_penalties:
             if p.repetition_penalty != 1.0:
                 seen = torch.zeros(V, dtype=torch.bool, device=dev)
-                seen.index_fill_(0, _ids_on_device(seq, seq.token_ids, 0, dev), True)    # no host sync
+                seen.index_fill_(0, _ids_on_device(seq, 0, len(seq), dev), True)    # no host sync
                 vals = logits[row]
                 logits[row] = torch.where(seen, torch.where(vals > 0, vals / p.repetition_penalty,
                                                             vals * p.repetition_penalty), vals)
             if seq.output_token_ids and (p.presence_penalty or p.frequency_penalty):
-                out = _ids_on_device(seq, seq.output_token_ids, len(seq.prompt_token_ids), dev)
+                out = _ids_on_device(seq, len(seq.prompt_token_ids), len(seq), dev)
                 counts = torch.zeros(V, dtype=logits.dtype, device=dev)
                 counts.scatter_add_(0, out, torch.ones(out.shape, dtype=logits.dtype, device=dev))
                 logits[row] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
@@ -89,8 +86,6 @@ class SampledTokens:
     def resolve(self) -> tuple[list[int], list[TokenLogprob | None]]:
         """Read the tokens (and logprobs) back to the host: the one wait for the GPU per step, and only up to
         this sampling call (not for later work on the stream)."""
-        if self._host is None:
-            self.start_readback()
         if self._ready is not None:
             self._ready.synchronize()
         tokens_t, chosen_t, ids_t, vals_t = self._host

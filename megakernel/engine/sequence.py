@@ -70,6 +70,11 @@ class Sequence:
         """Output tokens whose values the host knows."""
         return len(self.output_token_ids) - len(self.pending)
 
+    def in_flight(self, start: int, end: int) -> list[tuple[int, torch.Tensor, int]]:
+        """Token positions in [start, end) whose values are still on the device: (position, tokens, row)."""
+        n = len(self.prompt_token_ids)
+        return [(n + i, src, row) for i, (src, row) in self.pending.items() if start <= n + i < end]
+
     def drop_pending(self) -> None:
         """Forget tokens still in flight (the sequence ended before they were read back)."""
         if self.pending:

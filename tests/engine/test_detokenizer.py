@@ -24,9 +24,9 @@ def tokenizer():
 
 
 def _check(tokenizer, ids: list[int], skip: bool) -> None:
-    st = DetokState()
+    st, inc = DetokState(), ""
     for n in range(1, len(ids) + 1):
-        inc = detokenize_step(tokenizer, ids[:n], st, skip)
+        inc = detokenize_step(tokenizer, ids, n, inc, st, skip)
         full = tokenizer.decode(ids[:n], skip_special_tokens=skip)
         assert full.startswith(inc), (n, inc[-20:], full[-20:])
         if not full.endswith("\ufffd"):
@@ -51,9 +51,9 @@ def test_random_tokens(tokenizer, seed):
 def test_window_stays_short(tokenizer):
     """Work per token does not grow with the output: the decoded window stays a few tokens wide."""
     ids = tokenizer.encode(TEXT * 20, add_special_tokens=False)
-    st = DetokState()
+    st, text = DetokState(), ""
     widest = 0
     for n in range(1, len(ids) + 1):
-        detokenize_step(tokenizer, ids[:n], st, True)
+        text = detokenize_step(tokenizer, ids, n, text, st, True)
         widest = max(widest, n - st.prefix_offset)
     assert widest <= 8, widest

@@ -36,43 +36,9 @@ from megakernel.model.cohere2_moe import Cohere2MoeModel, ForwardBatch, ForwardT
 from megakernel.model.reference import fp32_forward, fp32_layers_on, fp32_logits, router_gap
 from megakernel.model.weights import random_weights
 
-from north_check import synthetic_state
+from north_check import LogitStats, expert_agreement, synthetic_state
 
 NEAR_TIE = 0.02     # fp32 router-logit gap between the k-th and (k+1)-th expert below which a swap is a near-tie
-
-
-class LogitStats:
-    """The issue's logits metrics, accumulated over steps."""
-
-    def __init__(self) -> None:
-        self.cos_min, self.n_conf, self.n_conf_agree, self.n_agree, self.n = 1.0, 0, 0, 0, 0
-
-    def add(self, out: torch.Tensor, ref: torch.Tensor) -> None:
-        out, ref = out.float(), ref.float()
-        self.cos_min = min(self.cos_min, float(F.cosine_similarity(out, ref, dim=-1).min()))
-        mae = (out - ref).abs().mean(dim=-1)
-        top2 = ref.topk(2, dim=-1).values
-        conf = (top2[:, 0] - top2[:, 1]) > 10 * mae
-        agree = out.argmax(-1) == ref.argmax(-1)
-        self.n_conf += int(conf.sum())
-        self.n_conf_agree += int((agree & conf).sum())
-        self.n_agree += int(agree.sum())
-        self.n += out.shape[0]
-
-    def result(self) -> dict:
-        return dict(cos_min=round(self.cos_min, 6), argmax_conf=round(self.n_conf_agree / max(1, self.n_conf), 4),
-                    n_conf=self.n_conf, argmax_all=round(self.n_agree / max(1, self.n), 4))
-
-
-def expert_agreement(a: list[torch.Tensor], b: list[torch.Tensor]) -> tuple[int, int, torch.Tensor]:
-    """Per MoE layer [T, k] expert ids: (agreeing entries, all entries, per-row count of mismatches [Lm, T])."""
-    same, total, miss = 0, 0, []
-    for x, y in zip(a, b):
-        hit = (x[:, :, None] == y[:, None, :]).any(-1)          # [T, k]: x's expert also chosen by y
-        same += int(hit.sum())
-        total += hit.numel()
-        miss.append((~hit).sum(-1))
-    return same, total, torch.stack(miss)
 
 
 def run_shape(cfg, w, model, B: int, ctx: int, steps: int, seed: int) -> dict:

@@ -17,6 +17,7 @@ import math
 import time
 
 import torch
+import torch.nn.functional as F
 
 from megakernel.config import north_mini_code_config
 from megakernel.kv.block_manager import FREED, BlockManager
@@ -54,6 +55,40 @@ def synthetic_state(cfg, layout, B, ctx, extra, seed):
     return blocks, seqs, cache, other
 
 
+class LogitStats:
+    """The issue's logits metrics, accumulated over steps."""
+
+    def __init__(self) -> None:
+        self.cos_min, self.n_conf, self.n_conf_agree, self.n_agree, self.n = 1.0, 0, 0, 0, 0
+
+    def add(self, out: torch.Tensor, ref: torch.Tensor) -> None:
+        out, ref = out.float(), ref.float()
+        self.cos_min = min(self.cos_min, float(F.cosine_similarity(out, ref, dim=-1).min()))
+        mae = (out - ref).abs().mean(dim=-1)
+        top2 = ref.topk(2, dim=-1).values
+        conf = (top2[:, 0] - top2[:, 1]) > 10 * mae
+        agree = out.argmax(-1) == ref.argmax(-1)
+        self.n_conf += int(conf.sum())
+        self.n_conf_agree += int((agree & conf).sum())
+        self.n_agree += int(agree.sum())
+        self.n += out.shape[0]
+
+    def result(self) -> dict:
+        return dict(cos_min=round(self.cos_min, 6), argmax_conf=round(self.n_conf_agree / max(1, self.n_conf), 4),
+                    n_conf=self.n_conf, argmax_all=round(self.n_agree / max(1, self.n), 4))
+
+
+def expert_agreement(a: list[torch.Tensor], b: list[torch.Tensor]) -> tuple[int, int, torch.Tensor]:
+    """Per MoE layer [T, k] expert ids: (agreeing entries, all entries, per-row count of mismatches [Lm, T])."""
+    same, total, miss = 0, 0, []
+    for x, y in zip(a, b):
+        hit = (x[:, :, None] == y[:, None, :]).any(-1)          # [T, k]: x's expert also chosen by y
+        same += int(hit.sum())
+        total += hit.numel()
+        miss.append((~hit).sum(-1))
+    return same, total, torch.stack(miss)
+
+
 def parity(cfg, w, B, ctx, steps, budget_s, seed=0):
     from megakernel.kernel.backend import MegakernelBackend
 
@@ -63,7 +98,7 @@ def parity(cfg, w, B, ctx, steps, budget_s, seed=0):
     be = MegakernelBackend(cfg, w, layout, max_batch=16)
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(3, cfg.vocab_size, (B,), generator=g).tolist()
-    cos_min, n_conf, n_conf_agree, n_agree, n_all = 1.0, 0, 0, 0, 0
+    stats = LogitStats()
     e_agree = e_total = 0
     near_ties = 0
     t0 = time.time()
@@ -77,31 +112,19 @@ def parity(cfg, w, B, ctx, steps, budget_s, seed=0):
         tr_ref, tr_mk = ForwardTrace(), ForwardTrace()
         ref = model.forward(batch, c_ref, tr_ref)
         out = be.decode(batch, c_mk, trace=tr_mk)
-        cos = torch.nn.functional.cosine_similarity(out, ref, dim=-1)
-        cos_min = min(cos_min, float(cos.min()))
-        mae = (out - ref).abs().mean(dim=-1)
-        top2 = ref.topk(2, dim=-1).values
-        conf = (top2[:, 0] - top2[:, 1]) > 10 * mae
-        agree = out.argmax(-1) == ref.argmax(-1)
-        n_conf += int(conf.sum())
-        n_conf_agree += int((agree & conf).sum())
-        n_agree += int(agree.sum())
-        n_all += B
+        stats.add(out, ref)
         rlog = be.buf["rlog"][:, :B].float()          # kernel's router logits (bf16 values) [Lm, B, E]
         kth = rlog.topk(cfg.num_experts_per_tok + 1, dim=-1).values
         near_ties += int(((kth[..., -2] - kth[..., -1]) < 1e-2).sum())
-        for a, b in zip(tr_mk.experts, tr_ref.experts):
-            for r in range(B):
-                sa, sb = set(a[r].tolist()), set(b[r].tolist())
-                e_agree += len(sa & sb)
-                e_total += len(sb)
+        same, total, _ = expert_agreement(tr_mk.experts, tr_ref.experts)
+        e_agree += same
+        e_total += total
         tokens = ref.argmax(-1).tolist()
         done += 1
         if time.time() - t0 > budget_s:
             break
     del be
-    return dict(B=B, ctx=ctx, steps=done, cos_min=cos_min, argmax_conf=n_conf_agree / max(1, n_conf),
-                n_conf=n_conf, argmax_all=n_agree / max(1, n_all), expert_agree=e_agree / max(1, e_total),
+    return dict(B=B, ctx=ctx, steps=done, **stats.result(), expert_agree=e_agree / max(1, e_total),
                 expert_entries=e_total, expert_mismatch=e_total - e_agree, near_ties=near_ties,
                 seconds=round(time.time() - t0, 1))
 

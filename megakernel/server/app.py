@@ -561,9 +561,13 @@ def _stream_response(gen: AsyncIterator[str]) -> StreamingResponse:
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-def _stream_error_chunk(e: BaseException) -> str:
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def _stream_error_end(e: BaseException) -> str:
+    """How a stream that failed after its headers were sent ends: an error event, then [DONE]."""
     err = _engine_error(e)
-    return _sse(error_body(err.status, err.message, err.param, err.code, err.type))
+    return _sse(error_body(err.status, err.message, err.param, err.code, err.type)) + SSE_DONE
 
 
 # ---- /v1/completions -------------------------------------------------------------------------------------------
@@ -693,8 +697,7 @@ async def _stream_completions(state, req, params, gens, items, echo_texts, base,
             if choices:
                 yield chunk(choices)
     except (RequestError, EngineDeadError, RequestFailed) as e:
-        yield _stream_error_chunk(e)
-        yield "data: [DONE]\n\n"
+        yield _stream_error_end(e)
         return
     if include_usage:
         pt = sum(len(o.prompt_token_ids) for o in last.values())
@@ -702,7 +705,7 @@ async def _stream_completions(state, req, params, gens, items, echo_texts, base,
         cached = sum(o.num_cached_tokens for o in last.values())
         yield _sse({"id": base, "object": "text_completion", "created": created, "model": req.model,
                     "choices": [], "usage": _usage(pt, ct, cached)})
-    yield "data: [DONE]\n\n"
+    yield SSE_DONE
 
 
 # ---- /v1/chat/completions --------------------------------------------------------------------------------------
@@ -853,11 +856,10 @@ async def _stream_chat(state, req, params, gen, rendered, new_parser, rid, creat
             if choices:
                 yield chunk(choices)
     except (RequestError, EngineDeadError, RequestFailed) as e:
-        yield _stream_error_chunk(e)
-        yield "data: [DONE]\n\n"
+        yield _stream_error_end(e)
         return
     if include_usage and last is not None:
         ct = sum(len(c.token_ids) for c in last.outputs)
         yield _sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": req.model,
                     "choices": [], "usage": _usage(len(last.prompt_token_ids), ct, last.num_cached_tokens)})
-    yield "data: [DONE]\n\n"
+    yield SSE_DONE

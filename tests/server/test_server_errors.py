@@ -155,6 +155,18 @@ def _abort_count(server) -> float:
     return sum(v for k, v in m.items() if k.startswith("megakernel_requests_total{") and 'finish_reason="abort"' in k)
 
 
+def _one_abort_then_idle(server, before: int):
+    """Wait until the server counted exactly one more aborted request and went idle with every KV block free;
+    returns the idle metrics."""
+    t0 = time.time()
+    while _abort_count(server) <= before and time.time() - t0 < 30:
+        time.sleep(0.1)
+    assert _abort_count(server) == before + 1
+    m = server.wait_idle()
+    assert server.metric_of(m, "megakernel_kv_blocks_in_use") == 0
+    return m
+
+
 def test_disconnect_mid_stream_aborts(server):
     before = _abort_count(server)
     body = {"model": MODEL_NAME, "prompt": "def main():", "max_tokens": 480, "ignore_eos": True,
@@ -167,12 +179,7 @@ def test_disconnect_mid_stream_aborts(server):
                 got += 1
                 if got >= 3:
                     break                                        # hang up mid-stream
-    t0 = time.time()
-    while _abort_count(server) <= before and time.time() - t0 < 30:
-        time.sleep(0.1)
-    assert _abort_count(server) == before + 1
-    m = server.wait_idle()
-    assert server.metric_of(m, "megakernel_kv_blocks_in_use") == 0
+    m = _one_abort_then_idle(server, before)
     assert server.metric_of(m, "megakernel_num_requests_running") == 0
     # still serving
     r = server.client().completions.create(model=MODEL_NAME, prompt="x", max_tokens=2)
@@ -184,12 +191,7 @@ def test_disconnect_non_stream_aborts(server):
     body = {"model": MODEL_NAME, "prompt": "def main():", "max_tokens": 480, "ignore_eos": True, "n": 4}
     with pytest.raises(httpx.TimeoutException):
         httpx.post(server.url + COMP, json=body, headers=server.headers, timeout=0.5)
-    t0 = time.time()
-    while _abort_count(server) <= before and time.time() - t0 < 30:
-        time.sleep(0.1)
-    assert _abort_count(server) == before + 1
-    m = server.wait_idle()
-    assert server.metric_of(m, "megakernel_kv_blocks_in_use") == 0
+    _one_abort_then_idle(server, before)
     assert httpx.get(server.url + "/health").status_code == 200
 
 

@@ -1,22 +1,36 @@
 """`megakernel bench`: decode throughput through the engine, with achieved bandwidth and % of the roofline.
 
 Bytes per step count what a decode step must read at least once: every attention/dense/router weight, the experts
-actually routed in that step (distinct per layer, recorded from the step itself), the LM head, and the live KV
-of every row (sliding layers read at most a window). The roofline is that over the peak read bandwidth measured
-in the same run.
+actually routed in that step (distinct per layer, recorded from the run), the LM head, and the live KV of every
+row (sliding layers read at most a window). The roofline is that over the peak read bandwidth measured in the same
+run. Timed steps run without recording anything; the routed experts come from a few extra recorded steps.
+
+The KV cache of each point is filled synthetically by default (random K/V written straight into the sequences'
+pages, as the published megakernel's own benchmark does): only the last prompt token runs through the model, so a
+128K-context point does not wait minutes for a prefill. `--kv-fill prefill` prefills for real.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
 import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
 
 import torch
 
 from megakernel.config import ModelConfig
 
+# The standard sweep: batch 1 over context, then batch over 8K context.
+SWEEP = [(1, 1024), (1, 8192), (1, 32768), (1, 131072), (1, 262144),
+         (2, 8192), (4, 8192), (8, 8192), (16, 8192)]
 
-def weight_bytes_per_step(cfg: ModelConfig, distinct_experts: list[int], elt: int) -> int:
+
+def weight_bytes_per_step(cfg: ModelConfig, distinct_experts: list[float], elt: int) -> int:
     """Bytes of weights one decode step reads; distinct_experts[j] = experts routed in the j-th MoE layer."""
     H, Q, KV = cfg.hidden_size, cfg.q_size, cfg.kv_size
     per_expert = 3 * H * cfg.moe_intermediate_size
@@ -30,7 +44,7 @@ def weight_bytes_per_step(cfg: ModelConfig, distinct_experts: list[int], elt: in
             moe_j += 1
         else:
             total += 3 * H * cfg.dense_intermediate_size
-    return total * elt
+    return int(total * elt)
 
 
 def kv_bytes_per_step(cfg: ModelConfig, context_lens: list[int], elt: int) -> int:
@@ -54,58 +68,224 @@ def measure_read_bandwidth(device: torch.device, gib: float = 4.0) -> float:
     return x.numel() * x.element_size() / best
 
 
-def run_bench(args: argparse.Namespace) -> int:
-    from megakernel import SamplingParams
-    from megakernel.config import north_mini_code_config
-    from megakernel.engine.llm_engine import EngineArgs, LLMEngine
-    from megakernel.model.cohere2_moe import ForwardTrace
-    from megakernel.model.weights import random_weights
+@dataclass
+class Point:
+    backend: str
+    batch_size: int
+    context: int
+    steps: int
+    ms_per_step: float
+    tokens_per_s: float
+    bytes_per_step: int
+    gb_per_s: float
+    roofline_pct: float | None
+    roofline_tokens_per_s: float | None
+    kv_fill: str
 
-    B, ctx, steps = args.batch_size, args.context, args.steps
-    common = dict(device=args.device, dtype=args.dtype, backend=args.backend, max_num_seqs=B,
-                  max_model_len=max(ctx + steps + 8, args.max_model_len or 0), max_num_batched_tokens=2048,
-                  async_scheduling=not args.sync_steps)
-    if args.random_north:
-        cfg = north_mini_code_config()
-        dev = torch.device(args.device or "cuda")
-        engine = LLMEngine(EngineArgs(**common), config=cfg,
-                           weights=random_weights(cfg, dev, torch.bfloat16, seed=0))
-    else:
-        engine = LLMEngine(EngineArgs(model=args.model, **common))
-        cfg = engine.config
-    g = torch.Generator().manual_seed(0)
+
+def fill_kv_synthetic(engine, seq, n_tokens: int, gen: torch.Generator) -> None:
+    """Back positions [0, n_tokens) of `seq` with blocks of random K/V, as if they had been prefilled (sliding groups
+    only keep the window the next query sees); the sequence stays queued with n_tokens computed."""
+    from megakernel.kv.block_manager import FREED
+
+    layout, bs = engine.cache.layout, engine.cache.layout.block_size
+    for g, group in enumerate(layout.groups):
+        if group.window is not None:
+            seq.blocks.tables[g].extend([FREED] * (engine.blocks.first_needed_position(g, n_tokens) // bs))
+    engine.blocks.prepare(seq.blocks, n_tokens, n_tokens)
+    for g, table in enumerate(seq.blocks.tables):
+        ids = [b for b in table if b != FREED]
+        kv = engine.cache.kv[g]
+        for i in range(0, len(ids), 256):
+            idx = torch.tensor(ids[i:i + 256], device=kv.device)
+            shape = (kv.shape[0], len(idx)) + tuple(kv.shape[2:])
+            kv[:, idx] = torch.randn(shape, generator=gen, device=kv.device, dtype=torch.float32).to(kv.dtype)
+    seq.num_computed = n_tokens
+
+
+def _print_kernel_profile(engine, label: str, steps: int = 5) -> None:
+    """GPU time per decode step by kernel (torch profiler over a few engine steps), largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine.step()
+        torch.cuda.synchronize()
+    rows = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            name = e.name if len(e.name) < 60 else e.name[:57] + "..."
+            t, n = rows.get(name, (0.0, 0))
+            rows[name] = (t + e.device_time, n + 1)
+    total = sum(t for t, _ in rows.values())
+    print(f"GPU time by kernel, {label}: {total / steps / 1e3:.3f} ms per step")
+    for name, (t, n) in sorted(rows.items(), key=lambda kv: -kv[1][0])[:25]:
+        print(f"  {t / steps / 1e3:8.3f} ms {n / steps:7.1f}x  {name}")
+
+
+def _run_point(engine, cfg: ModelConfig, B: int, ctx: int, steps: int, kv_fill: str, peak: float | None,
+               tag: str, kernels: bool = False) -> Point:
+    from megakernel import SamplingParams
+    from megakernel.model.cohere2_moe import ForwardTrace
+
+    g = torch.Generator().manual_seed(ctx * 131 + B)
+    dev_gen = torch.Generator(device=engine.device).manual_seed(ctx + B)
+    total = steps + 8
     for i in range(B):
-        engine.add_request(f"b{i}", torch.randint(0, cfg.vocab_size, (ctx,), generator=g).tolist(),
-                           SamplingParams(temperature=0, max_tokens=steps + 2, ignore_eos=True))
-    while any(len(s.output_token_ids) == 0 for s in engine.scheduler.running + list(engine.scheduler.waiting)):
-        engine.step()                                        # prefill (and the first token)
+        rid = f"{tag}-b{i}"
+        engine.add_request(rid, torch.randint(0, cfg.vocab_size, (ctx,), generator=g).tolist(),
+                           SamplingParams(temperature=0, max_tokens=total, ignore_eos=True))
+        if kv_fill == "synthetic":
+            fill_kv_synthetic(engine, engine.requests[rid].seqs[0], ctx - 1, dev_gen)
+    sched = engine.scheduler
+    while any(len(s.output_token_ids) == 0 for s in sched.running + list(sched.waiting)):
+        engine.step()                                        # prefill (or its last token) and the first token
     sync = torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
-    engine.step()                                            # warm-up decode step
-    engine.runner.trace = trace = ForwardTrace()
+    for _ in range(2):
+        engine.step()                                        # warm-up decode steps
     sync()
     t0 = time.perf_counter()
     for _ in range(steps):
         engine.step()
     sync()
-    elapsed = time.perf_counter() - t0
+    step_s = (time.perf_counter() - t0) / steps
+    if kernels:
+        _print_kernel_profile(engine, f"{engine.runner.backend_name} batch {B} context {ctx}")
+    engine.runner.trace = trace = ForwardTrace()             # a few more steps record the experts they route to
+    n_rec = 3
+    for _ in range(n_rec):
+        engine.step()
     engine.runner.trace = None
     n_moe = len(cfg.moe_layers)
-    distinct = [0] * n_moe
+    distinct = [0.0] * n_moe
     for j, ids in enumerate(trace.experts):
-        distinct[j % n_moe] += int(torch.unique(ids).numel())
-    distinct = [d / steps for d in distinct]
+        distinct[j % n_moe] += int(torch.unique(ids).numel()) / n_rec
+    for rid in list(engine.requests):
+        engine.abort_request(rid)
+    engine.drain()
     elt = engine.model.w.embed.element_size()
-    lens = [ctx + 1 + steps // 2] * B
-    step_bytes = weight_bytes_per_step(cfg, distinct, elt) + kv_bytes_per_step(cfg, lens, elt)
-    step_s = elapsed / steps
+    step_bytes = weight_bytes_per_step(cfg, distinct, elt) + kv_bytes_per_step(cfg, [ctx + steps // 2] * B, elt)
     gbps = step_bytes / step_s / 1e9
+    return Point(engine.runner.backend_name, B, ctx, steps, step_s * 1e3, B / step_s, step_bytes, gbps,
+                 100 * gbps / peak if peak else None, peak * 1e9 / step_bytes * B if peak else None, kv_fill)
+
+
+def _points(args: argparse.Namespace) -> list[tuple[int, int]]:
+    if args.sweep:
+        return [p for p in SWEEP if p[1] <= args.max_context]
+    return [(b, c) for b in args.batch_size for c in args.context]
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from megakernel.config import north_mini_code_config
+    from megakernel.engine.llm_engine import EngineArgs, LLMEngine
+    from megakernel.model.weights import random_weights
+
+    points = _points(args)
+    backends = args.backends.split(",") if args.backends else [args.backend]
+    if args.random_north and not torch.cuda.is_available():
+        from megakernel.errors import MegakernelError
+
+        raise MegakernelError("--random-north builds North Mini Code's 61 GB of weights on a GPU; this machine has "
+                              "none (use --model with a small checkpoint on CPU)")
+    max_b = max(b for b, _ in points)
+    max_len = max(c for _, c in points) + args.steps + 32
+    common = dict(device=args.device, dtype=args.dtype, max_num_seqs=max_b, max_model_len=max(max_len,
+                  args.max_model_len or 0), enable_prefix_caching=False, async_scheduling=not args.sync_steps,
+                  progress=False)
+    weights, cfg = None, None
+    if args.random_north:
+        cfg = north_mini_code_config()
+        t0 = time.perf_counter()
+        weights = random_weights(cfg, torch.device(args.device or "cuda"), torch.bfloat16, seed=0)
+        print(f"random North Mini Code weights built in {time.perf_counter() - t0:.0f} s", flush=True)
+    peak = None
+    results: list[Point] = []
     mode = "synchronous steps" if args.sync_steps else "pipelined steps"
-    print(f"backend {engine.runner.backend_name} ({mode}), batch {B}, context {ctx}: {step_s * 1e3:.2f} ms/step, "
-          f"{B / step_s:.1f} tok/s, {step_bytes / 1e9:.2f} GB/step read, {gbps:.0f} GB/s achieved")
-    if engine.device.type == "cuda":
-        peak = measure_read_bandwidth(engine.device) / 1e9
-        print(f"peak read bandwidth {peak:.0f} GB/s measured; {100 * gbps / peak:.1f}% of the roofline "
-              f"(roofline {peak * 1e9 / step_bytes * B:.0f} tok/s)")
-    while engine.has_unfinished_requests():
-        engine.step()
+    for backend in backends:
+        t0 = time.perf_counter()
+        if weights is not None:
+            engine = LLMEngine(EngineArgs(backend=backend, **common), config=cfg, weights=weights)
+        else:
+            engine = LLMEngine(EngineArgs(model=args.model, backend=backend, **common))
+            cfg = engine.config
+        print(f"backend {engine.runner.backend_name}: engine ready in {time.perf_counter() - t0:.0f} s", flush=True)
+        if peak is None and engine.device.type == "cuda":
+            peak = measure_read_bandwidth(engine.device) / 1e9
+            print(f"peak read bandwidth {peak:.0f} GB/s measured", flush=True)
+        for B, ctx in points:
+            steps = args.steps if backend != "torch" else min(args.steps, args.torch_steps)
+            p = _run_point(engine, cfg, B, ctx, steps, args.kv_fill, peak, f"{backend}-{B}-{ctx}",
+                           kernels=args.profile_kernels)
+            results.append(p)
+            roof = f", {p.roofline_pct:.1f}% of the roofline (roofline {p.roofline_tokens_per_s:.0f} tok/s)" \
+                if p.roofline_pct is not None else ""
+            print(f"backend {p.backend} ({mode}), batch {B}, context {ctx}: {p.ms_per_step:.2f} ms/step, "
+                  f"{p.tokens_per_s:.1f} tok/s, {p.bytes_per_step / 1e9:.2f} GB/step read, {p.gb_per_s:.0f} GB/s "
+                  f"achieved{roof}", flush=True)
+        del engine
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    _print_table(results)
+    if args.json:
+        doc = dict(commit=_git_commit(), date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                   gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+                   command="megakernel " + " ".join(sys.argv[1:]) if sys.argv and "bench" in sys.argv else "bench",
+                   peak_read_gb_per_s=peak, kv_fill=args.kv_fill, mode=mode, torch=torch.__version__,
+                   points=[asdict(p) for p in results])
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"wrote {args.json}")
+        if args.plot:
+            from megakernel.bench_plot import plot_decode
+
+            plot_decode(doc, args.plot)
+            print(f"wrote {args.plot}")
     return 0
+
+
+def _print_table(results: list[Point]) -> None:
+    if not results:
+        return
+    print(f"\n{'backend':<11}{'batch':>6}{'context':>9}{'ms/step':>10}{'tok/s':>9}{'GB/s':>7}{'roofline':>10}")
+    for p in results:
+        roof = f"{p.roofline_pct:.1f}%" if p.roofline_pct is not None else "-"
+        print(f"{p.backend:<11}{p.batch_size:>6}{p.context:>9}{p.ms_per_step:>10.2f}{p.tokens_per_s:>9.1f}"
+              f"{p.gb_per_s:>7.0f}{roof:>10}")
+    by = {(p.backend, p.batch_size, p.context): p for p in results}
+    if any(k[0] == "megakernel" for k in by) and any(k[0] == "graph" for k in by):
+        print("\nmegakernel / graph tok/s: " + ", ".join(
+            f"b{b} {c // 1024}K {by[('megakernel', b, c)].tokens_per_s / by[('graph', b, c)].tokens_per_s:.2f}x"
+            for (be, b, c) in by if be == "megakernel" and ("graph", b, c) in by))
+
+
+def add_bench_args(b: argparse.ArgumentParser) -> None:
+    b.add_argument("--random-north", action="store_true", help="North Mini Code dimensions, random weights (GPU)")
+    b.add_argument("--backends", default=None,
+                   help="comma-separated decode backends measured in this run, e.g. megakernel,graph,torch "
+                        "(default: --backend)")
+    b.add_argument("--batch-size", "--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1],
+                   help="batch size(s), comma-separated (default: 1)")
+    b.add_argument("--context", "--contexts", type=lambda s: [int(x) for x in s.split(",")], default=[1024],
+                   help="context length(s) in tokens, comma-separated (default: 1024)")
+    b.add_argument("--sweep", action="store_true",
+                   help="the standard sweep: batch 1 at 1K..256K, batch 1..16 at 8K (instead of the lists)")
+    b.add_argument("--max-context", type=int, default=262144, help="drop sweep points beyond this context")
+    b.add_argument("--steps", type=int, default=32, help="timed decode steps per point (default: 32)")
+    b.add_argument("--torch-steps", type=int, default=4, help="timed steps per point for the torch backend")
+    b.add_argument("--kv-fill", choices=["synthetic", "prefill"], default="synthetic",
+                   help="how each point's context gets into the KV cache (default: synthetic random K/V)")
+    b.add_argument("--sync-steps", action="store_true",
+                   help="read each step back before preparing the next (default: pipelined)")
+    b.add_argument("--profile-kernels", action="store_true",
+                   help="print each point's GPU time per step by kernel (torch profiler; GPU only)")
+    b.add_argument("--json", default=None, help="write every figure to this JSON file")
+    b.add_argument("--plot", default=None, help="with --json: also draw tok/s and %% of roofline to this PNG")

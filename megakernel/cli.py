@@ -13,7 +13,8 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="checkpoint folder (default: the embedded model)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
     p.add_argument("--dtype", default=None, help="bfloat16, float16 or float32 (default: bf16 on GPU, fp32 on CPU)")
-    p.add_argument("--backend", default="auto", choices=["auto", "torch", "megakernel"], help="decode backend")
+    p.add_argument("--backend", default="auto", choices=["auto", "torch", "megakernel", "graph"],
+                   help="decode backend: auto = megakernel on sm_90, CUDA graphs on other GPUs, torch on CPU")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--log-level", default="warning")
 
@@ -72,12 +73,9 @@ def main(argv: list[str] | None = None) -> int:
 
     b = sub.add_parser("bench", help="decode throughput on random weights of a model's dimensions")
     _engine_args(b)
-    b.add_argument("--random-north", action="store_true", help="North Mini Code dimensions, random weights (GPU)")
-    b.add_argument("--batch-size", type=int, default=1)
-    b.add_argument("--context", type=int, default=1024)
-    b.add_argument("--steps", type=int, default=32)
-    b.add_argument("--sync-steps", action="store_true",
-                   help="read each step back before preparing the next (default: pipelined)")
+    from megakernel.bench import add_bench_args
+
+    add_bench_args(b)
 
     if argv and argv[0] == "serve":
         return _run(lambda: _serve(argv[1:]), "warning")

@@ -22,6 +22,7 @@ from megakernel.errors import MegakernelError, RequestError
 from megakernel.kv.block_manager import BlockManager
 from megakernel.kv.cache import KVCache, KVLayout, plan_num_blocks
 from megakernel.model.cohere2_moe import Cohere2MoeModel
+from megakernel.model.decode_backend import DecodeBackend, TorchDecodeBackend
 from megakernel.model.weights import ModelWeights
 
 log = logging.getLogger("megakernel")
@@ -32,7 +33,7 @@ class EngineArgs:
     model: str | Path | None = None          # checkpoint folder; None = the embedded default model
     device: str | None = None                # "cuda", "cpu"; None = cuda if available
     dtype: str | torch.dtype | None = None   # None = bf16 on GPU, fp32 on CPU
-    backend: str = "auto"                    # "auto" | "torch" | "megakernel" (decode backend)
+    backend: str = "auto"                    # "auto" | "torch" | "megakernel" | "graph" (decode backend)
     max_num_seqs: int = 16
     max_model_len: int | None = None         # None = min(model's max positions, 32768)
     max_num_batched_tokens: int = 512        # prefill chunk budget per step
@@ -87,11 +88,17 @@ class LLMEngine:
         self.model = Cohere2MoeModel(config, weights)
         self.max_model_len = args.max_model_len or min(config.max_position_embeddings, 32768)
 
+        backend, why = choose_backend(args.backend, self.device)
+        log.info("megakernel: decode backend %s (%s)", backend, why)
         layout = KVLayout.for_model(config, args.block_size)
         if args.num_kv_blocks is not None:
             num_blocks = list(args.num_kv_blocks)
         else:
             budget = args.kv_cache_memory or self._default_kv_budget()
+            if backend == "graph":         # its static buffers and graph pools live beside the KV pool
+                from megakernel.graph.backend import reserved_bytes
+
+                budget -= reserved_bytes(config, args.max_num_seqs)
             num_blocks = plan_num_blocks(layout, budget, weights.dtype, args.max_num_seqs, self.max_model_len,
                                          args.max_num_batched_tokens)
         self.cache = KVCache(layout, num_blocks, self.device, weights.dtype)
@@ -102,7 +109,7 @@ class LLMEngine:
 
             prefix_cache = PrefixCache(layout)
         self.scheduler = Scheduler(self.blocks, args.max_num_seqs, args.max_num_batched_tokens, prefix_cache)
-        self.runner = ModelRunner(self.model, self.cache, self._make_decode_backend(args.backend))
+        self.runner = ModelRunner(self.model, self.cache, self._make_decode_backend(backend))
         self.generator = torch.Generator(device=self.device).manual_seed(args.seed)
         self.requests: dict[str, _Request] = {}
         self._in_flight: _InFlight | None = None
@@ -118,23 +125,17 @@ class LLMEngine:
             return int(free * 0.85)
         return 1 << 30
 
-    def _make_decode_backend(self, backend: str):
-        if backend not in ("auto", "torch", "megakernel"):
-            raise ValueError(f"unknown backend {backend!r}: choose auto, torch or megakernel")
-        if backend == "torch":
-            return None
-        try:
-            from megakernel.kernel.backend import MegakernelBackend, megakernel_available
-        except ImportError as e:  # the kernel package is optional at import time
-            ok, why = False, f"kernel package unavailable ({e})"
-        else:
-            ok, why = megakernel_available(self.device)
-        if not ok:
-            if backend == "megakernel":
-                raise RuntimeError(f"backend='megakernel' requested but unavailable: {why}")
-            _say_once(f"megakernel: decode megakernel unavailable ({why}); using the PyTorch path")
-            return None
-        return MegakernelBackend(self.config, self.model.w, self.cache.layout, max_batch=self.args.max_num_seqs)
+    def _make_decode_backend(self, name: str) -> DecodeBackend:
+        if name == "megakernel":
+            from megakernel.kernel.backend import MegakernelBackend
+
+            return MegakernelBackend(self.config, self.model.w, self.cache.layout, max_batch=self.args.max_num_seqs)
+        if name == "graph":
+            from megakernel.graph.backend import GraphBackend
+
+            return GraphBackend(self.config, self.model.w, self.cache, max_batch=self.args.max_num_seqs,
+                                max_model_len=self.max_model_len)
+        return TorchDecodeBackend(self.model)
 
     # ---- requests ----------------------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams | None = None,
@@ -371,6 +372,40 @@ class LLMEngine:
         }
 
 
+BACKENDS = ("auto", "torch", "megakernel", "graph")
+
+
+def choose_backend(requested: str, device: torch.device) -> tuple[str, str]:
+    """The decode backend to build, and why: `auto` takes the megakernel on sm_90, CUDA graphs on any other CUDA
+    GPU, the PyTorch path on the CPU. Asking for a backend the device cannot run is an error, not a fallback."""
+    if requested not in BACKENDS:
+        raise ValueError(f"unknown backend {requested!r}: choose one of {', '.join(BACKENDS)}")
+    if requested == "torch":
+        return "torch", "requested"
+    if device.type != "cuda":
+        if requested == "auto":
+            return "torch", f"{device} is not a CUDA device"
+        raise RuntimeError(f"backend={requested!r} needs a CUDA GPU; this engine runs on {device}")
+    from megakernel.graph import graph_available
+    from megakernel.kernel.backend import megakernel_available
+
+    mk_ok, mk_why = megakernel_available(device)
+    if requested == "megakernel":
+        if not mk_ok:
+            raise RuntimeError(f"backend='megakernel' requested but unavailable: {mk_why}")
+        return "megakernel", "requested"
+    g_ok, g_why = graph_available(device)
+    if requested == "graph":
+        if not g_ok:
+            raise RuntimeError(f"backend='graph' requested but unavailable: {g_why}")
+        return "graph", "requested"
+    if mk_ok:
+        return "megakernel", "auto: an sm_90 GPU runs the decode megakernel"
+    if g_ok:
+        return "graph", f"auto: the megakernel is unavailable ({mk_why}); CUDA graphs instead"
+    return "torch", f"auto: neither the megakernel ({mk_why}) nor CUDA graphs ({g_why}) are available"
+
+
 def _find_stop(text: str, stops: list[str], prev_len: int) -> tuple[int, str] | None:
     best = None
     for s in stops:
@@ -378,12 +413,3 @@ def _find_stop(text: str, stops: list[str], prev_len: int) -> tuple[int, str] | 
         if at != -1 and (best is None or at < best[0]):
             best = (at, s)
     return best
-
-
-_said: set[str] = set()
-
-
-def _say_once(msg: str) -> None:
-    if msg not in _said:
-        _said.add(msg)
-        log.warning(msg)

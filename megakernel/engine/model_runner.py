@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from typing import Callable
 
 import torch
 
@@ -11,6 +10,7 @@ from megakernel.engine.scheduler import ScheduledChunk
 from megakernel.transfer import to_device
 from megakernel.kv.cache import KVCache
 from megakernel.model.cohere2_moe import Cohere2MoeModel, ForwardBatch, ForwardTrace
+from megakernel.model.decode_backend import Check, DecodeBackend, TorchDecodeBackend
 
 log = logging.getLogger("megakernel")
 
@@ -45,37 +45,34 @@ def build_batch(chunks: list[ScheduledChunk], device: torch.device) -> ForwardBa
 
 
 class ModelRunner:
-    """Runs prefill chunks on the PyTorch path and decode steps on the decode backend (megakernel or PyTorch)."""
+    """Runs prefill chunks on the PyTorch path and decode rows on the decode backend (megakernel, CUDA graphs or
+    the PyTorch path itself)."""
 
-    def __init__(self, model: Cohere2MoeModel, cache: KVCache, decode_backend=None) -> None:
+    def __init__(self, model: Cohere2MoeModel, cache: KVCache, decode_backend: DecodeBackend | None = None) -> None:
         self.model = model
         self.cache = cache
-        self.decode_backend = decode_backend
+        self.decode_backend: DecodeBackend = decode_backend or TorchDecodeBackend(model)
         self.trace: ForwardTrace | None = None     # set to record the experts each step routes to (benchmarks)
 
     @property
     def backend_name(self) -> str:
-        return "megakernel" if self.decode_backend is not None else "torch"
+        return self.decode_backend.name
 
-    def run(self, chunks: list[ScheduledChunk]
-            ) -> tuple[list[ScheduledChunk], torch.Tensor, list[Callable[[], None]]]:
+    def run(self, chunks: list[ScheduledChunk]) -> tuple[list[ScheduledChunk], torch.Tensor, list[Check]]:
         """Launch one step. Returns the chunks that produce a token, their fp32 logits (in that order, possibly
         still being computed) and the checks to call before trusting them: each waits for the decode backend's
         launch to finish and raises MegakernelError if it failed or hung."""
         be = self.decode_backend
-        decodes = [c for c in chunks if c.is_decode] if be is not None else []
-        others = [c for c in chunks if not (be is not None and c.is_decode)]
-        checks: list[Callable[[], None]] = []
+        separate = not be.runs_with_prefill
+        decodes = [c for c in chunks if separate and c.is_decode]
+        others = [c for c in chunks if not (separate and c.is_decode)]
+        checks: list[Check] = []
         dec_logits = oth_logits = None
-        # Decodes first: the megakernel runs on the GPU while the host is still issuing the PyTorch prefill
+        # Decodes first: the decode backend runs on the GPU while the host is still issuing the PyTorch prefill
         # (which waits for device values inside its MoE dispatch).
         if decodes:
-            batch = build_batch(decodes, self.model.device)
-            if hasattr(be, "decode_async"):
-                dec_logits, check = be.decode_async(batch, self.cache, trace=self.trace)
-                checks.append(check)
-            else:
-                dec_logits = be.decode(batch, self.cache, trace=self.trace)
+            dec_logits, check = be.decode_async(build_batch(decodes, self.model.device), self.cache, trace=self.trace)
+            checks.append(check)
         if others:
             batch = build_batch(others, self.model.device)
             oth_logits = self.model.forward(batch, self.cache, self.trace)

@@ -26,6 +26,7 @@ from megakernel.kernel import opcodes as O
 from megakernel.kernel.schedule import ModelPlan, StepInputs, TaskList, build_tasks, step_inputs
 from megakernel.kv.cache import KVCache, KVLayout
 from megakernel.model.cohere2_moe import ForwardBatch, ForwardTrace
+from megakernel.model.decode_backend import DecodeBackend
 from megakernel.model.weights import ModelWeights
 from megakernel.transfer import to_device
 
@@ -63,7 +64,9 @@ def _align(n: int, a: int = 256) -> int:
     return (n + a - 1) // a * a
 
 
-class MegakernelBackend:
+class MegakernelBackend(DecodeBackend):
+    name = "megakernel"
+
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, layout: KVLayout, max_batch: int = 16, *,
                  split_tokens: int | None = None, n_workers: int | None = None, watchdog_s: float | None = None,
                  arch: str = "sm_90a") -> None:

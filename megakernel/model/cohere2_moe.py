@@ -57,10 +57,12 @@ class LayerContext:
 @dataclass
 class ForwardTrace:
     """Optional record of internals, for comparing backends: the chosen experts per MoE layer and, when `hidden`
-    is a list, the residual stream after the embedding and after every layer."""
+    is a list, the residual stream after the embedding and after every layer; when `router_logits` is a list, each
+    MoE layer's router logits (backends that can record them: the graph backend's uncaptured step)."""
 
     experts: list[torch.Tensor] = field(default_factory=list)
     hidden: list[torch.Tensor] | None = None
+    router_logits: list[torch.Tensor] | None = None
 
 
 class Cohere2MoeModel:

@@ -13,27 +13,13 @@ import torch
 
 from megakernel import LLM, SamplingParams
 from megakernel.errors import MegakernelError
+from megakernel.model.decode_backend import DecodeBackend, TorchDecodeBackend
+from sampling_cases import PROMPTS, stateful_params
 from tiny_models import write_checkpoint
-
-PROMPTS = ["def add(a, b):", "Write a function that reverses a list.", "import os\n", "class Stack:",
-           "# sort numbers\n", "def fib(n):"]
-
-
-def _params() -> list[SamplingParams]:
-    return [
-        SamplingParams(temperature=0, max_tokens=40, stop=["\n\n"]),
-        SamplingParams(temperature=0.9, top_p=0.9, top_k=20, seed=11, max_tokens=30, logprobs=3),
-        SamplingParams(temperature=0.8, seed=5, presence_penalty=0.7, frequency_penalty=0.4, repetition_penalty=1.3,
-                       max_tokens=30, n=2),
-        SamplingParams(temperature=0, max_tokens=1),
-        SamplingParams(temperature=1.0, min_p=0.1, seed=3, min_tokens=8, max_tokens=12, logprobs=0),
-        SamplingParams(temperature=0, max_tokens=25, stop_token_ids=[10], logit_bias={32: 3.0}),
-    ]
-
 
 def _run(async_scheduling: bool, **kw):
     llm = LLM(device="cpu", dtype="float32", progress=False, async_scheduling=async_scheduling, **kw)
-    outs = llm.generate(PROMPTS, _params(), use_tqdm=False)
+    outs = llm.generate(PROMPTS, stateful_params(), use_tqdm=False)
     llm.engine.drain()
     assert llm.engine.num_kv_blocks_in_use() == 0
     return llm, [[(c.token_ids, c.text, c.finish_reason, c.stop_reason,
@@ -66,7 +52,7 @@ def test_failure_seen_at_readback_fails_only_its_requests(tmp_path, async_schedu
     llm = LLM(str(folder), device="cpu", dtype="float32", progress=False, block_size=4,
               async_scheduling=async_scheduling)
 
-    class LateFailingBackend:
+    class LateFailingBackend(DecodeBackend):
         """Launches fine; the third launch's completion check reports a hang (as the megakernel's watchdog)."""
 
         def __init__(self, model, cache):
@@ -91,14 +77,14 @@ def test_failure_seen_at_readback_fails_only_its_requests(tmp_path, async_schedu
     assert [len(o.token_ids) for o in outs] == [3, 3]
     eng.drain()
     assert eng.num_kv_blocks_in_use() == 0
-    eng.runner.decode_backend = None
+    eng.runner.decode_backend = TorchDecodeBackend(eng.model)
     again = llm.generate([[5, 6, 7]], params, use_tqdm=False)[0]
     assert again.finish_reason == "length" and again.token_ids[:3] == outs[0].token_ids
 
 
 # ---- failures while pipelined: regressions found in review ------------------------------------------------------
 
-class ScriptedBackend:
+class ScriptedBackend(DecodeBackend):
     """A decode backend on the PyTorch path whose n-th launch is refused (`refuse`) or reports a hang at read-back
     (`hang`); a hung launch also overwrites the K/V it wrote with garbage, as a kernel stopped midway may."""
 
@@ -155,7 +141,7 @@ def test_kv_of_a_failed_step_is_not_kept_by_the_prefix_cache(tiny):
     eng.add_request("a", [5, 6, 7], greedy)
     failed = _run_engine(eng)["a"]
     assert failed.finish_reason == "abort" and len(failed.outputs[0].token_ids) == 5
-    eng.runner.decode_backend = None
+    eng.runner.decode_backend = TorchDecodeBackend(eng.model)
     follow_up = [5, 6, 7] + failed.outputs[0].token_ids + [1]         # e.g. the next turn of that chat
     eng.add_request("b", follow_up, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     again = _run_engine(eng)["b"]
@@ -217,7 +203,7 @@ def test_a_device_stuck_hang_fails_the_whole_step_without_reading_it(tiny):
     assert outs["a"].outputs[0].finish_reason == "abort" and "host deadline" in outs["a"].error
     assert outs["b"].outputs[0].finish_reason == "abort" and outs["b"].outputs[0].token_ids == []
     assert eng.num_kv_blocks_in_use() == 0
-    eng.runner.decode_backend = None
+    eng.runner.decode_backend = TorchDecodeBackend(eng.model)
     eng.add_request("c", [5, 6, 7], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
     assert _run_engine(eng)["c"].outputs[0].finish_reason == "length"
 

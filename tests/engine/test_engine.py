@@ -10,6 +10,7 @@ from megakernel.engine.sampler import sample
 from megakernel.engine.sequence import Sequence
 from megakernel.errors import RequestError
 from megakernel.kv.block_manager import SequenceBlocks
+from megakernel.model.decode_backend import DecodeBackend, TorchDecodeBackend
 from tiny_models import write_checkpoint
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -183,10 +184,10 @@ def test_sampler_frequencies_follow_the_distribution():
 def test_a_failed_decode_step_fails_its_requests_and_serving_goes_on(folder):
     from megakernel.errors import MegakernelError
 
-    class HangingBackend:
+    class HangingBackend(DecodeBackend):
         """Stands in for the megakernel backend whose watchdog fired."""
 
-        def decode(self, batch, cache, trace=None):
+        def decode_async(self, batch, cache, trace=None):
             raise MegakernelError("decode step hung: counter 17 stuck at 3 of 4")
 
     llm = make_llm(folder)
@@ -195,7 +196,7 @@ def test_a_failed_decode_step_fails_its_requests_and_serving_goes_on(folder):
     assert all(o.finish_reason == "abort" and "counter 17" in o.error for o in outs)
     assert all(len(o.token_ids) == 1 for o in outs)      # the prefill's token, then the decode step failed
     assert llm.engine.num_kv_blocks_in_use() == 0
-    llm.engine.runner.decode_backend = None
+    llm.engine.runner.decode_backend = TorchDecodeBackend(llm.engine.model)
     assert llm.generate(prompts(1), GREEDY, use_tqdm=False)[0].token_ids == \
         make_llm(folder).generate(prompts(1), GREEDY, use_tqdm=False)[0].token_ids
 

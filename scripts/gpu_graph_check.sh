@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One device call for the CUDA-graph backend: its gpu tests, then the engine at North dims (random weights) with the
+# graph backend and a per-kernel GPU-time profile. Logs in $OUT. Stages: tests, bench (default: both).
+set -o pipefail
+OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+stages=${*:-tests bench}
+{ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader;
+  python3 -c 'import torch, triton, sys; print(sys.version.split()[0], torch.__version__, triton.__version__)'; } \
+  | tee "$OUT/env.txt"
+for stage in $stages; do
+  case $stage in
+    tests)
+      timeout 420 python3 -m pytest -q -s -rA -m gpu tests/graph/test_graph_gpu.py 2>&1 | tee "$OUT/graph_tests.log" \
+        | grep -E "identical|preemptions|passed|failed|Error|assert|first difference" | tail -40 ;;
+    bench)
+      timeout 400 python3 -m megakernel bench --random-north --backends graph --batch-size 1,8 --context 8192 \
+        --steps 16 --profile-kernels --json "$OUT/bench_graph.json" --log-level info 2>&1 | tee "$OUT/bench_graph.log" \
+        | grep -vE "^$" | tail -80 ;;
+  esac
+done

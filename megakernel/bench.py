@@ -130,7 +130,7 @@ def _run_point(engine, cfg: ModelConfig, B: int, ctx: int, steps: int, kv_fill: 
 
     g = torch.Generator().manual_seed(ctx * 131 + B)
     dev_gen = torch.Generator(device=engine.device).manual_seed(ctx + B)
-    total = steps + 8
+    total = steps + 2 + 3 + (5 if kernels else 0) + 8      # warm-up, recorded, profiled steps and spare
     for i in range(B):
         rid = f"{tag}-b{i}"
         engine.add_request(rid, torch.randint(0, cfg.vocab_size, (ctx,), generator=g).tolist(),

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call for the CUDA-graph backend: its gpu tests, then the engine at North dims (random weights) with the
-# graph backend and a per-kernel GPU-time profile. Logs in $OUT. Stages: tests, bench (default: both).
+# graph backend and a per-kernel GPU-time profile, and the kernels' microbenchmark. Logs in $OUT.
+# Stages: tests, kernels, bench (default: tests bench).
 set -o pipefail
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -13,6 +14,9 @@ for stage in $stages; do
     tests)
       timeout 420 python3 -m pytest -q -s -rA -m gpu tests/graph/test_graph_gpu.py 2>&1 | tee "$OUT/graph_tests.log" \
         | grep -E "identical|preemptions|passed|failed|Error|assert|first difference" | tail -40 ;;
+    kernels)
+      timeout 400 python3 benchmarks/graph_kernels.py --batch 1,8 --json "$OUT/kernels.json" 2>&1 \
+        | tee "$OUT/kernels.log" | grep -E "BEST|Error" ;;
     bench)
       timeout 400 python3 -m megakernel bench --random-north --backends graph --batch-size 1,8 --context 8192 \
         --steps 16 --profile-kernels --json "$OUT/bench_graph.json" --log-level info 2>&1 | tee "$OUT/bench_graph.log" \

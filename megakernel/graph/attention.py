@@ -99,50 +99,49 @@ def attn_decode_kernel(qkv, qkv_stride, cos, sin, kv, stride_blk, stride_kv, tab
             l_i = l_i * alpha + pn
             acc = acc * alpha[:, None] + pn.to(tl.bfloat16).to(tl.float32)[:, None] * v_new.to(tl.float32)[None, :]
             m_i = m_new
-        out = ((r * NKV + kvh) * nsplit + sp).to(tl.int64)
+        # partials of query head kvh * G + h at [row, kvh * G + h, split]: the combine reads one head's splits at once
+        head = (r * NKV + kvh) * G + hg
+        out = head.to(tl.int64) * nsplit + sp
         has = l_i > 0
         o = acc / tl.where(has, l_i, 1.0)[:, None]
-        tl.store(part_o + out * (BLOCK_G * BLOCK_D) + hg[:, None] * BLOCK_D + dd[None, :], o)
-        tl.store(part_lse + out * BLOCK_G + hg, tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf")))
+        tl.store(part_o + out[:, None] * D + dd[None, :], o, mask=gm[:, None] & dm[None, :])
+        tl.store(part_lse + out, tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf")), mask=gm)
 
 
 @triton.jit
-def attn_combine_kernel(part_o, part_lse, out, out_stride, n_rows_ptr, nsplit,
-                        NKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-                        BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
+def attn_combine_kernel(part_o, part_lse, out, out_stride, n_rows_ptr, nsplit, NH: tl.constexpr, D: tl.constexpr,
+                        BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One program per (row, query head): all its splits in one load, weighted by their log-sum-exp."""
     r = tl.program_id(0)
-    kvh = tl.program_id(1)
+    h = tl.program_id(1)
     if r < tl.load(n_rows_ptr):
-        hg = tl.arange(0, BLOCK_G)
+        ss = tl.arange(0, BLOCK_S)
         dd = tl.arange(0, BLOCK_D)
-        first = ((r * NKV + kvh) * nsplit).to(tl.int64)
-        m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-        for s in range(nsplit):
-            m = tl.maximum(m, tl.load(part_lse + (first + s) * BLOCK_G + hg))
-        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-        den = tl.zeros([BLOCK_G], tl.float32)
-        for s in range(nsplit):
-            w = tl.exp(tl.load(part_lse + (first + s) * BLOCK_G + hg) - m)
-            o = tl.load(part_o + (first + s) * (BLOCK_G * BLOCK_D) + hg[:, None] * BLOCK_D + dd[None, :])
-            acc += w[:, None] * o
-            den += w
-        res = acc / den[:, None]
-        dst = out + r.to(tl.int64) * out_stride + (kvh * G + hg[:, None]) * D + dd[None, :]
-        tl.store(dst, res.to(tl.bfloat16), mask=(hg[:, None] < G) & (dd[None, :] < D))
+        sm = ss < nsplit
+        first = (r * NH + h).to(tl.int64) * nsplit
+        lse = tl.load(part_lse + first + ss, mask=sm, other=float("-inf"))
+        w = tl.exp(lse - tl.max(lse, axis=0))
+        o = tl.load(part_o + (first + ss)[:, None] * D + dd[None, :], mask=sm[:, None] & (dd < D)[None, :],
+                    other=0.0)
+        res = tl.sum(o * w[:, None], axis=0) / tl.sum(w, axis=0)
+        tl.store(out + r.to(tl.int64) * out_stride + h * D + dd, res.to(tl.bfloat16), mask=dd < D)
 
 
 class DecodeAttention:
     """Shapes and scratch of the decode attention for one batch bucket; `__call__` enqueues both kernels."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, rows: int,
-                 nsplit: int, device: torch.device) -> None:
-        self.nkv, self.g, self.d, self.bs = num_kv_heads, num_heads // num_kv_heads, head_dim, block_size
+                 nsplit: int, device: torch.device, *, block_t: int = 64, num_warps: int = 4,
+                 num_stages: int = 2) -> None:
+        self.nh, self.nkv, self.g, self.d, self.bs = num_heads, num_kv_heads, num_heads // num_kv_heads, head_dim, \
+            block_size
         self.block_g, self.block_d = pow2(self.g), pow2(head_dim)
-        self.block_t = max(16, min(64, triton.next_power_of_2(block_size)))
+        self.block_t = pow2(block_t)            # keys per tile; a tile may span several KV blocks
         self.rows, self.nsplit = rows, nsplit
-        n = rows * num_kv_heads * nsplit
-        self.part_o = torch.empty(n * self.block_g * self.block_d, dtype=torch.float32, device=device)
-        self.part_lse = torch.empty(n * self.block_g, dtype=torch.float32, device=device)
+        self.num_warps, self.num_stages = num_warps, num_stages
+        n = rows * num_heads * nsplit
+        self.part_o = torch.empty(n * head_dim, dtype=torch.float32, device=device)
+        self.part_lse = torch.empty(n, dtype=torch.float32, device=device)
         self.scale = head_dim ** -0.5
 
     def __call__(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer_kv: torch.Tensor,
@@ -150,12 +149,18 @@ class DecodeAttention:
                  window: int | None, rope: bool, out: torch.Tensor) -> None:
         """qkv: [rows, >= q + 2 kv] bf16; layer_kv: [blocks, 2, block_size, kv_heads, head_dim]; table: [rows, W]
         int32 block ids from block `table_base[row]` on; pos, n_rows: int32 on the device. Writes out [rows, q]."""
-        R = self.rows
-        attn_decode_kernel[(R, self.nkv, self.nsplit)](
+        self.splits(qkv, cos, sin, layer_kv, table, table_base, pos, n_rows, window, rope)
+        self.combine(n_rows, out)
+
+    def splits(self, qkv, cos, sin, layer_kv, table, table_base, pos, n_rows, window, rope) -> None:
+        attn_decode_kernel[(self.rows, self.nkv, self.nsplit)](
             qkv, qkv.stride(0), cos, sin, layer_kv, layer_kv.stride(0), layer_kv.stride(1), table, table.stride(0),
             table_base, pos, n_rows, self.part_o, self.part_lse, self.nsplit, window or 0, self.scale,
             NKV=self.nkv, G=self.g, D=self.d, BS=self.bs, BLOCK_G=self.block_g, BLOCK_D=self.block_d,
-            BLOCK_T=self.block_t, ROPE=rope, DOT_F32=INTERPRET, num_warps=4, num_stages=2)
-        attn_combine_kernel[(R, self.nkv)](
-            self.part_o, self.part_lse, out, out.stride(0), n_rows, self.nsplit, NKV=self.nkv, G=self.g, D=self.d,
-            BLOCK_G=self.block_g, BLOCK_D=self.block_d, num_warps=4)
+            BLOCK_T=self.block_t, ROPE=rope, DOT_F32=INTERPRET, num_warps=self.num_warps,
+            num_stages=self.num_stages)
+
+    def combine(self, n_rows: torch.Tensor, out: torch.Tensor) -> None:
+        attn_combine_kernel[(self.rows, self.nh)](
+            self.part_o, self.part_lse, out, out.stride(0), n_rows, self.nsplit, NH=self.nh, D=self.d,
+            BLOCK_S=pow2(self.nsplit, 1), BLOCK_D=self.block_d, num_warps=4)

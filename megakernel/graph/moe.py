@@ -137,7 +137,8 @@ class DecodeMoE:
     """Tile shapes and scratch of the routed experts for one batch bucket (`rows` padded rows at most)."""
 
     def __init__(self, cfg: ModelConfig, rows: int, device: torch.device, *, gu_block_n: int = 32,
-                 dn_block_n: int = 64, block_k: int = 128) -> None:
+                 dn_block_n: int = 64, gu_block_k: int = 128, dn_block_k: int = 128, num_warps: int = 4,
+                 num_stages: int = 3) -> None:
         self.cfg, self.rows = cfg, rows
         self.E, self.K, self.H, self.I = cfg.num_experts, cfg.num_experts_per_tok, cfg.hidden_size, \
             cfg.moe_intermediate_size
@@ -145,8 +146,9 @@ class DecodeMoE:
         self.n_prog = min(self.E, rows * self.K)          # distinct experts one step can route to, at most
         self.gu_bn = min(gu_block_n, pow2(self.I))
         self.dn_bn = min(dn_block_n, pow2(self.H))
-        self.gu_bk = min(block_k, pow2(self.H))
-        self.dn_bk = min(block_k, pow2(self.I))
+        self.gu_bk = min(gu_block_k, pow2(self.H))
+        self.dn_bk = min(dn_block_k, pow2(self.I))
+        self.num_warps, self.num_stages = num_warps, num_stages
         self.act = torch.empty(rows * self.K * self.I, dtype=torch.bfloat16, device=device)
         self.softmax = cfg.expert_selection_fn == "softmax"
         self.renorm = cfg.norm_topk_prob and not self.softmax
@@ -155,11 +157,19 @@ class DecodeMoE:
                  n_rows: torch.Tensor, y: torch.Tensor, topk_out: torch.Tensor) -> None:
         """router_logits: [rows, >= E] (a view into the QKV output); x: [rows, H]; writes y [rows, topk, H]
         (rows that did not choose an expert at some rank are not written) and topk_out [rows, topk]."""
-        common = dict(BLOCK_B=self.block_b, BLOCK_E=self.block_e, TOPK=self.K, SOFTMAX=self.softmax,
-                      RENORM=self.renorm, DOT_F32=INTERPRET)
+        self.gate_up(router_logits, x, w_gu, n_rows, topk_out)
+        self.down(router_logits, w_dn, n_rows, y)
+
+    def _common(self) -> dict:
+        return dict(BLOCK_B=self.block_b, BLOCK_E=self.block_e, TOPK=self.K, SOFTMAX=self.softmax,
+                    RENORM=self.renorm, DOT_F32=INTERPRET, num_warps=self.num_warps, num_stages=self.num_stages)
+
+    def gate_up(self, router_logits, x, w_gu, n_rows, topk_out) -> None:
         moe_gate_up_kernel[(self.n_prog, triton.cdiv(self.I, self.gu_bn))](
             router_logits, router_logits.stride(0), x, x.stride(0), w_gu, self.act, topk_out, n_rows,
-            self.E, self.H, self.I, BLOCK_N=self.gu_bn, BLOCK_K=self.gu_bk, num_warps=4, num_stages=3, **common)
+            self.E, self.H, self.I, BLOCK_N=self.gu_bn, BLOCK_K=self.gu_bk, **self._common())
+
+    def down(self, router_logits, w_dn, n_rows, y) -> None:
         moe_down_kernel[(self.n_prog, triton.cdiv(self.H, self.dn_bn))](
             router_logits, router_logits.stride(0), self.act, w_dn, y, n_rows, self.E, self.H, self.I,
-            BLOCK_N=self.dn_bn, BLOCK_K=self.dn_bk, num_warps=4, num_stages=3, **common)
+            BLOCK_N=self.dn_bn, BLOCK_K=self.dn_bk, **self._common())

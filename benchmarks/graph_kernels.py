@@ -62,7 +62,7 @@ def bench_moe(cfg, w, B: int, results: list) -> None:
     gu_bytes, dn_bytes = distinct * 2 * per_expert, distinct * per_expert
     for bn, bk, (nw, ns) in itertools.product((16, 32, 64), (128, 256), ((4, 3), (4, 4), (8, 4))):
         moe = DecodeMoE(cfg, B, dev, gu_block_n=bn, dn_block_n=bn, gu_block_k=bk, dn_block_k=bk, num_warps=nw,
-                        num_stages=ns)
+                        gu_stages=ns, dn_stages=ns)
         try:
             t_gu = time_graph(lambda: [moe.gate_up(q[:, n_qkv:], x, lw.moe.experts_gate_up, n_rows, topk)
                                        for q, lw in zip(qkv, layers)]) / len(layers)

@@ -15,7 +15,9 @@ by every kernel that writes state (the KV cache is never touched for them) and r
 from __future__ import annotations
 
 import logging
+import os
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -24,6 +26,8 @@ import torch.nn.functional as F
 from megakernel.config import ModelConfig
 from megakernel.graph import graph_available
 from megakernel.graph.attention import DecodeAttention
+from megakernel.graph.common import pdl_supported
+from megakernel.graph.gemv import gemv
 from megakernel.graph.moe import DecodeMoE
 from megakernel.graph.norm import MLP_DENSE, MLP_NONE, MLP_SHARED_AVG, MLP_SHARED_SUM, add_norm
 from megakernel.kv.cache import KVCache
@@ -42,9 +46,34 @@ def buckets_for(max_batch: int) -> list[int]:
     return [b for b in BUCKETS if b < max_batch] + [max_batch]
 
 
-def attention_splits(rows: int, num_kv_heads: int, num_sms: int) -> int:
-    """Key splits per (row, kv head): about two programs per SM in all, at most 64."""
-    return max(1, min(64, (2 * num_sms) // max(1, rows * num_kv_heads)))
+@dataclass(frozen=True)
+class GraphTuning:
+    """Tile shapes and launch choices of the decode step, per bucket size (benchmarks/graph_kernels.py measures
+    the alternatives at North Mini Code dimensions on an H200; SPEED_NOTES.md has the figures)."""
+
+    pdl: bool = True                # programmatic dependent launch between our kernels (sm_90+ only)
+    triton_gemv: bool = True        # QKV and output projections on our GEMV (else cuBLAS)
+
+    @classmethod
+    def from_env(cls) -> "GraphTuning":
+        """$MEGAKERNEL_GRAPH_TUNING, e.g. "pdl=0,triton_gemv=0", overrides the defaults (for measurements)."""
+        spec = os.environ.get("MEGAKERNEL_GRAPH_TUNING", "")
+        fields = {}
+        for item in filter(None, (x.strip() for x in spec.split(","))):
+            name, _, value = item.partition("=")
+            if name not in ("pdl", "triton_gemv"):
+                raise ValueError(f"MEGAKERNEL_GRAPH_TUNING: unknown setting {name!r} (pdl, triton_gemv)")
+            fields[name] = value.strip().lower() in ("1", "true", "on", "yes")
+        return cls(**fields)
+
+    def attention(self, rows: int) -> dict:
+        # keys per program: few rows want more splits to fill the GPU; 128-key tiles pay with few rows
+        nsplit = {1: 32, 2: 32, 4: 16, 8: 16}.get(rows, 8)
+        return dict(nsplit=nsplit, block_t=128 if rows <= 2 else 64, num_warps=4, num_stages=1 if rows <= 2 else 2)
+
+    def moe(self, rows: int) -> dict:
+        return dict(gu_block_n=64, dn_block_n=64, gu_block_k=128, dn_block_k=256 if rows <= 4 else 128,
+                    num_warps=4, gu_stages=4, dn_stages=3)
 
 
 def fuse_router_into_qkv(weights: ModelWeights) -> list[torch.Tensor]:
@@ -100,9 +129,11 @@ class GraphStep:
     too (the CPU tests run it under Triton's interpreter)."""
 
     def __init__(self, cfg: ModelConfig, w: ModelWeights, qkv_fused: list[torch.Tensor], cache: KVCache,
-                 buf: DecodeBuffers, rows: int, num_sms: int) -> None:
+                 buf: DecodeBuffers, rows: int, tuning: GraphTuning = GraphTuning()) -> None:
         self.cfg, self.w, self.qkv, self.cache, self.buf, self.rows = cfg, w, qkv_fused, cache, buf, rows
         dev = buf.h.device
+        self.pdl = tuning.pdl and pdl_supported(dev)
+        self.triton_gemv = tuning.triton_gemv
         self.n_qkv = cfg.q_size + 2 * cfg.kv_size
         self.qkv_bias = []
         for lw, fused in zip(w.layers, qkv_fused):
@@ -111,8 +142,8 @@ class GraphStep:
                 b = torch.cat([b, torch.zeros(fused.shape[0] - b.shape[0], dtype=b.dtype, device=b.device)])
             self.qkv_bias.append(b)
         self.attention = DecodeAttention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cache.layout.block_size,
-                                         rows, attention_splits(rows, cfg.num_kv_heads, num_sms), dev)
-        self.moe = DecodeMoE(cfg, rows, dev)
+                                         rows, device=dev, pdl=self.pdl, **tuning.attention(rows))
+        self.moe = DecodeMoE(cfg, rows, dev, pdl=self.pdl, **tuning.moe(rows))
         self.moe_index = {l: j for j, l in enumerate(cfg.moe_layers)}
 
     def run(self, trace: ForwardTrace | None = None) -> None:
@@ -122,16 +153,16 @@ class GraphStep:
         pos = b.pos[:R]
         cos, sin = L.rope_cos_sin(pos.long(), cfg, torch.bfloat16)
         h, x = b.h[:R], b.x[:R]
-        add_norm(cfg, h, x, w.layers[0].norm_weight, b.n_rows, embed=w.embed, ids=b.ids[:R])
+        add_norm(cfg, h, x, w.layers[0].norm_weight, b.n_rows, embed=w.embed, ids=b.ids[:R], pdl=self.pdl)
         hidden = trace.hidden if trace is not None else None
         if hidden is not None:
             hidden.append(h.clone())
         for i, lw in enumerate(w.layers):
-            qkv = F.linear(x, self.qkv[i], self.qkv_bias[i])
+            qkv = self._linear(x, self.qkv[i], self.qkv_bias[i])
             g, layer_kv = self.cache.layer(i)
             self.attention(qkv, cos, sin, layer_kv, b.tables[g][:R], b.bases[g][:R], pos, b.n_rows,
                            cfg.window_for(i), cfg.uses_rope(i), b.attn[:R])
-            ao = F.linear(b.attn[:R], lw.o, lw.o_bias)
+            ao = self._linear(b.attn[:R], lw.o, lw.o_bias)
             y, mlp, kind = None, None, MLP_NONE
             if lw.moe is not None:
                 y = b.y[:R]
@@ -145,10 +176,15 @@ class GraphStep:
             else:
                 mlp, kind = L.swiglu(x, lw.dense), MLP_DENSE
             nw = w.layers[i + 1].norm_weight if i + 1 < cfg.num_layers else w.final_norm
-            add_norm(cfg, h, x, nw, b.n_rows, attn_out=ao, y=y, mlp=mlp, mlp_kind=kind)
+            add_norm(cfg, h, x, nw, b.n_rows, attn_out=ao, y=y, mlp=mlp, mlp_kind=kind, pdl=self.pdl)
             if hidden is not None:
                 hidden.append(h.clone())
         b.logits[:R].copy_(F.linear(x, w.lm_head) * cfg.logit_scale)
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.triton_gemv:
+            return gemv(x, weight, bias, pdl=self.pdl)
+        return F.linear(x, weight, bias)
 
 
 def upload_step(buf: DecodeBuffers, cache: KVCache, batch: ForwardBatch, first: int, n: int,
@@ -196,7 +232,7 @@ class GraphBackend(DecodeBackend):
     name = "graph"
 
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, cache: KVCache, max_batch: int = 16,
-                 max_model_len: int = 32768) -> None:
+                 max_model_len: int = 32768, tuning: GraphTuning | None = None) -> None:
         ok, why = graph_available(weights.device)
         if not ok:
             raise RuntimeError(f"the graph decode backend needs a CUDA GPU: {why}")
@@ -204,19 +240,19 @@ class GraphBackend(DecodeBackend):
             raise ValueError(f"the graph backend runs bf16 weights, got {weights.dtype}")
         self.cfg, self.w, self.cache = cfg, weights, cache
         self.device = weights.device
+        tuning = tuning or GraphTuning.from_env()
         self.max_model_len = max_model_len
         self.buckets = buckets_for(max_batch)
         self._cache_ptrs = [t.data_ptr() for t in cache.kv]
         before = torch.cuda.memory_reserved(self.device)
         self.qkv = fuse_router_into_qkv(weights)
         self.buf = DecodeBuffers(cfg, cache, self.buckets[-1], max_model_len, self.device)
-        num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         self.pool = torch.cuda.graph_pool_handle()
         self.steps: dict[int, GraphStep] = {}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         for rows in sorted(self.buckets, reverse=True):      # largest first: the smaller ones reuse its pool
             t0 = time.perf_counter()
-            step = GraphStep(cfg, weights, self.qkv, cache, self.buf, rows, num_sms)
+            step = GraphStep(cfg, weights, self.qkv, cache, self.buf, rows, tuning)
             self.buf.n_rows.zero_()                         # warm-up and capture touch no KV
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
@@ -231,8 +267,8 @@ class GraphBackend(DecodeBackend):
                      time.perf_counter() - t0)
         torch.cuda.synchronize(self.device)
         self.memory_bytes = torch.cuda.memory_reserved(self.device) - before
-        log.info("megakernel: graph backend uses %.0f MiB beside the KV cache (buckets %s)",
-                 self.memory_bytes / 2**20, self.buckets)
+        log.info("megakernel: graph backend uses %.0f MiB beside the KV cache (buckets %s, PDL %s)",
+                 self.memory_bytes / 2**20, self.buckets, "on" if self.steps[self.buckets[0]].pdl else "off")
 
     def decode_async(self, batch: ForwardBatch, cache: KVCache, trace: ForwardTrace | None = None
                      ) -> tuple[torch.Tensor, Check]:

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from megakernel.config import ModelConfig
-from megakernel.graph.common import INTERPRET, dot, pow2, rbf
+from megakernel.graph.common import INTERPRET, dot, launch_opts, pdl_release, pdl_wait, pow2, rbf
 
 
 @triton.jit
@@ -70,7 +70,10 @@ def _expert_of_program(chosen, score, a, BLOCK_E: tl.constexpr):
 @triton.jit
 def moe_gate_up_kernel(logits, logit_stride, x, x_stride, w_gu, act, topk_out, n_rows_ptr, E, H, I,
                        BLOCK_B: tl.constexpr, BLOCK_E: tl.constexpr, TOPK: tl.constexpr, SOFTMAX: tl.constexpr,
-                       RENORM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr):
+                       RENORM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr,
+                       PDL: tl.constexpr):
+    pdl_release(PDL)
+    pdl_wait(PDL)
     a = tl.program_id(0)
     nb = tl.program_id(1)
     n_rows = tl.load(n_rows_ptr)
@@ -109,7 +112,10 @@ def moe_gate_up_kernel(logits, logit_stride, x, x_stride, w_gu, act, topk_out, n
 @triton.jit
 def moe_down_kernel(logits, logit_stride, act, w_dn, y, n_rows_ptr, E, H, I,
                     BLOCK_B: tl.constexpr, BLOCK_E: tl.constexpr, TOPK: tl.constexpr, SOFTMAX: tl.constexpr,
-                    RENORM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr):
+                    RENORM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr,
+                    PDL: tl.constexpr):
+    pdl_release(PDL)
+    pdl_wait(PDL)
     a = tl.program_id(0)
     nb = tl.program_id(1)
     n_rows = tl.load(n_rows_ptr)
@@ -136,9 +142,9 @@ def moe_down_kernel(logits, logit_stride, act, w_dn, y, n_rows_ptr, E, H, I,
 class DecodeMoE:
     """Tile shapes and scratch of the routed experts for one batch bucket (`rows` padded rows at most)."""
 
-    def __init__(self, cfg: ModelConfig, rows: int, device: torch.device, *, gu_block_n: int = 32,
+    def __init__(self, cfg: ModelConfig, rows: int, device: torch.device, *, gu_block_n: int = 64,
                  dn_block_n: int = 64, gu_block_k: int = 128, dn_block_k: int = 128, num_warps: int = 4,
-                 num_stages: int = 3) -> None:
+                 gu_stages: int = 4, dn_stages: int = 3, pdl: bool = False) -> None:
         self.cfg, self.rows = cfg, rows
         self.E, self.K, self.H, self.I = cfg.num_experts, cfg.num_experts_per_tok, cfg.hidden_size, \
             cfg.moe_intermediate_size
@@ -148,7 +154,7 @@ class DecodeMoE:
         self.dn_bn = min(dn_block_n, pow2(self.H))
         self.gu_bk = min(gu_block_k, pow2(self.H))
         self.dn_bk = min(dn_block_k, pow2(self.I))
-        self.num_warps, self.num_stages = num_warps, num_stages
+        self.num_warps, self.gu_stages, self.dn_stages, self.pdl = num_warps, gu_stages, dn_stages, pdl
         self.act = torch.empty(rows * self.K * self.I, dtype=torch.bfloat16, device=device)
         self.softmax = cfg.expert_selection_fn == "softmax"
         self.renorm = cfg.norm_topk_prob and not self.softmax
@@ -160,16 +166,17 @@ class DecodeMoE:
         self.gate_up(router_logits, x, w_gu, n_rows, topk_out)
         self.down(router_logits, w_dn, n_rows, y)
 
-    def _common(self) -> dict:
+    def _common(self, stages: int) -> dict:
         return dict(BLOCK_B=self.block_b, BLOCK_E=self.block_e, TOPK=self.K, SOFTMAX=self.softmax,
-                    RENORM=self.renorm, DOT_F32=INTERPRET, num_warps=self.num_warps, num_stages=self.num_stages)
+                    RENORM=self.renorm, DOT_F32=INTERPRET, PDL=self.pdl,
+                    **launch_opts(self.pdl, num_warps=self.num_warps, num_stages=stages))
 
     def gate_up(self, router_logits, x, w_gu, n_rows, topk_out) -> None:
         moe_gate_up_kernel[(self.n_prog, triton.cdiv(self.I, self.gu_bn))](
             router_logits, router_logits.stride(0), x, x.stride(0), w_gu, self.act, topk_out, n_rows,
-            self.E, self.H, self.I, BLOCK_N=self.gu_bn, BLOCK_K=self.gu_bk, **self._common())
+            self.E, self.H, self.I, BLOCK_N=self.gu_bn, BLOCK_K=self.gu_bk, **self._common(self.gu_stages))
 
     def down(self, router_logits, w_dn, n_rows, y) -> None:
         moe_down_kernel[(self.n_prog, triton.cdiv(self.H, self.dn_bn))](
             router_logits, router_logits.stride(0), self.act, w_dn, y, n_rows, self.E, self.H, self.I,
-            BLOCK_N=self.dn_bn, BLOCK_K=self.dn_bk, **self._common())
+            BLOCK_N=self.dn_bn, BLOCK_K=self.dn_bk, **self._common(self.dn_stages))

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from megakernel.config import ModelConfig
-from megakernel.graph.common import pow2, rbf
+from megakernel.graph.common import launch_opts, pdl_release, pdl_wait, pow2, rbf
 
 MLP_NONE, MLP_DENSE, MLP_SHARED_SUM, MLP_SHARED_AVG = 0, 1, 2, 3
 
@@ -20,7 +20,9 @@ MLP_NONE, MLP_DENSE, MLP_SHARED_SUM, MLP_SHARED_AVG = 0, 1, 2, 3
 @triton.jit
 def add_norm_kernel(h, ao, y, mlp, embed, ids, norm_w, x_out, n_rows_ptr, H, eps,
                     EMBED: tl.constexpr, HAS_Y: tl.constexpr, TOPK: tl.constexpr, MLP_KIND: tl.constexpr,
-                    RMS: tl.constexpr, BLOCK_H: tl.constexpr):
+                    RMS: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr):
+    pdl_release(PDL)
+    pdl_wait(PDL)
     row = tl.program_id(0)
     if row < tl.load(n_rows_ptr):
         offs = tl.arange(0, BLOCK_H)
@@ -59,7 +61,8 @@ def add_norm_kernel(h, ao, y, mlp, embed, ids, norm_w, x_out, n_rows_ptr, H, eps
 
 def add_norm(cfg: ModelConfig, h: torch.Tensor, x_out: torch.Tensor, norm_w: torch.Tensor, n_rows: torch.Tensor,
              *, attn_out: torch.Tensor | None = None, y: torch.Tensor | None = None, mlp: torch.Tensor | None = None,
-             mlp_kind: int = MLP_NONE, embed: torch.Tensor | None = None, ids: torch.Tensor | None = None) -> None:
+             mlp_kind: int = MLP_NONE, embed: torch.Tensor | None = None, ids: torch.Tensor | None = None,
+             pdl: bool = False) -> None:
     """In place on `h` [Bp, H]: h = embed[ids] (when `embed` is given) or h + attn_out + MLP; x_out = norm(h).
 
     y: [Bp, topk, H] expert outputs by rank (ascending expert id); mlp: [Bp, H] dense or shared-expert output.
@@ -71,4 +74,4 @@ def add_norm(cfg: ModelConfig, h: torch.Tensor, x_out: torch.Tensor, norm_w: tor
         mlp if mlp is not None else dummy, embed if embed is not None else dummy,
         ids if ids is not None else n_rows, norm_w, x_out, n_rows, H, cfg.norm_eps,
         EMBED=embed is not None, HAS_Y=y is not None, TOPK=cfg.num_experts_per_tok, MLP_KIND=mlp_kind,
-        RMS=cfg.norm_type == "rms", BLOCK_H=pow2(H), num_warps=4 if H <= 2048 else 8)
+        RMS=cfg.norm_type == "rms", BLOCK_H=pow2(H), PDL=pdl, **launch_opts(pdl, num_warps=4 if H <= 2048 else 8))

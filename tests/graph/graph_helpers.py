@@ -8,6 +8,17 @@ import torch.nn.functional as F
 from megakernel.model.cohere2_moe import ForwardTrace
 
 
+def small_tiles():
+    """A tuning with 16-key tiles and 3 splits, so the tiny tests' short contexts span several tiles and splits."""
+    from megakernel.graph.backend import GraphTuning
+
+    class SmallTiles(GraphTuning):
+        def attention(self, rows: int) -> dict:
+            return {**super().attention(rows), "nsplit": 3, "block_t": 16}
+
+    return SmallTiles()
+
+
 def cos_rows(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return F.cosine_similarity(a.float(), b.float(), dim=-1)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graph_helpers import check_step
+from graph_helpers import check_step, small_tiles
 from kernel_helpers import VARIANTS, clone_cache, decode_batch, make_cfg, prefill_state, tiny_weights
 from megakernel.model.cohere2_moe import Cohere2MoeModel, ForwardTrace
 
@@ -26,7 +26,7 @@ def _run(variant: str, B: int, steps: int = 6) -> int:
     model = Cohere2MoeModel(cfg, w)
     qkv = fuse_router_into_qkv(w)
     buf = DecodeBuffers(cfg, st.cache, B, 64, torch.device("cpu"))
-    step = GraphStep(cfg, w, qkv, st.cache, buf, B, num_sms=4)
+    step = GraphStep(cfg, w, qkv, st.cache, buf, B, small_tiles())
     nxt = torch.randint(3, cfg.vocab_size, (B,), generator=g).tolist()
     exempt = mismatched = 0
     for _ in range(steps):                   # crosses the window (8) for every sequence

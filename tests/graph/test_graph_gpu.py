@@ -5,19 +5,21 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graph_helpers import check_step
+from graph_helpers import check_step, small_tiles
 from kernel_helpers import VARIANTS, clone_cache, decode_batch, make_cfg, prefill_state, tiny_weights
 from megakernel.model.cohere2_moe import Cohere2MoeModel, ForwardTrace
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
+@pytest.mark.parametrize("tiles", ["default", "small"])
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 @pytest.mark.parametrize("B", [1, 3, 8, 16])
-def test_graph_matches_torch(variant, B):
+def test_graph_matches_torch(variant, B, tiles):
     """The captured step against the PyTorch path from the same cache state at every step (ragged lengths that
-    cross the window); the replay also equals the same step's uncaptured launches bit for bit."""
-    from megakernel.graph.backend import GraphBackend
+    cross the window); the replay also equals the same step's uncaptured launches bit for bit. With the default
+    tiles the tiny contexts fit one tile; the small ones spread them over several tiles and splits."""
+    from megakernel.graph.backend import GraphBackend, GraphTuning
 
     cfg = make_cfg(variant)
     w = tiny_weights(cfg, device="cuda", dtype=torch.bfloat16, seed=B, scale=1.0)
@@ -25,7 +27,8 @@ def test_graph_matches_torch(variant, B):
     lens = torch.randint(1, 30, (B,), generator=g).tolist()
     st = prefill_state(cfg, w, lens, device="cuda", seed=B)
     model = Cohere2MoeModel(cfg, w)
-    be = GraphBackend(cfg, w, st.cache, max_batch=16, max_model_len=128)
+    be = GraphBackend(cfg, w, st.cache, max_batch=16, max_model_len=128,
+                      tuning=small_tiles() if tiles == "small" else GraphTuning())
     nxt = torch.randint(3, cfg.vocab_size, (B,), generator=g).tolist()
     exempt = mismatched = 0
     for _ in range(6):                        # crosses the window (8) for every sequence

@@ -51,19 +51,20 @@ class GraphTuning:
     """Tile shapes and launch choices of the decode step, per bucket size (benchmarks/graph_kernels.py measures
     the alternatives at North Mini Code dimensions on an H200; SPEED_NOTES.md has the figures)."""
 
-    pdl: bool = True                # programmatic dependent launch between our kernels (sm_90+ only)
-    triton_gemv: bool = True        # QKV and output projections on our GEMV (else cuBLAS)
+    streams: int = 2                # 2: each layer's MLP branch on a second stream, beside attention
+    pdl: bool = False               # programmatic dependent launch between our kernels (sm_90+, one stream)
+    triton_gemv: bool = False       # QKV and output projections on our GEMV (else cuBLAS)
 
     @classmethod
     def from_env(cls) -> "GraphTuning":
-        """$MEGAKERNEL_GRAPH_TUNING, e.g. "pdl=0,triton_gemv=0", overrides the defaults (for measurements)."""
+        """$MEGAKERNEL_GRAPH_TUNING, e.g. "streams=1,pdl=1", overrides the defaults (for measurements)."""
         spec = os.environ.get("MEGAKERNEL_GRAPH_TUNING", "")
         fields = {}
         for item in filter(None, (x.strip() for x in spec.split(","))):
             name, _, value = item.partition("=")
-            if name not in ("pdl", "triton_gemv"):
-                raise ValueError(f"MEGAKERNEL_GRAPH_TUNING: unknown setting {name!r} (pdl, triton_gemv)")
-            fields[name] = value.strip().lower() in ("1", "true", "on", "yes")
+            if name not in ("streams", "pdl", "triton_gemv"):
+                raise ValueError(f"MEGAKERNEL_GRAPH_TUNING: unknown setting {name!r} (streams, pdl, triton_gemv)")
+            fields[name] = int(value) if name == "streams" else value.strip().lower() in ("1", "true", "on", "yes")
         return cls(**fields)
 
     def attention(self, rows: int) -> dict:
@@ -132,7 +133,8 @@ class GraphStep:
                  buf: DecodeBuffers, rows: int, tuning: GraphTuning = GraphTuning()) -> None:
         self.cfg, self.w, self.qkv, self.cache, self.buf, self.rows = cfg, w, qkv_fused, cache, buf, rows
         dev = buf.h.device
-        self.pdl = tuning.pdl and pdl_supported(dev)
+        self.side = torch.cuda.Stream(dev) if tuning.streams > 1 and dev.type == "cuda" else None
+        self.pdl = tuning.pdl and pdl_supported(dev) and self.side is None     # PDL edges stay within one stream
         self.triton_gemv = tuning.triton_gemv
         self.n_qkv = cfg.q_size + 2 * cfg.kv_size
         self.qkv_bias = []
@@ -157,29 +159,42 @@ class GraphStep:
         hidden = trace.hidden if trace is not None else None
         if hidden is not None:
             hidden.append(h.clone())
+        main = torch.cuda.current_stream(x.device) if self.side is not None else None
         for i, lw in enumerate(w.layers):
             qkv = self._linear(x, self.qkv[i], self.qkv_bias[i])
+            if self.side is not None:           # the MLP branch runs beside attention (parallel residual)
+                self.side.wait_stream(main)
+                with torch.cuda.stream(self.side):
+                    y, mlp, kind = self._mlp(i, lw, qkv, x, trace)
+            else:
+                y, mlp, kind = self._mlp(i, lw, qkv, x, trace)
             g, layer_kv = self.cache.layer(i)
             self.attention(qkv, cos, sin, layer_kv, b.tables[g][:R], b.bases[g][:R], pos, b.n_rows,
                            cfg.window_for(i), cfg.uses_rope(i), b.attn[:R])
             ao = self._linear(b.attn[:R], lw.o, lw.o_bias)
-            y, mlp, kind = None, None, MLP_NONE
-            if lw.moe is not None:
-                y = b.y[:R]
-                if trace is not None and trace.router_logits is not None:
-                    trace.router_logits.append(qkv[:, self.n_qkv:].float().clone())
-                self.moe(qkv[:, self.n_qkv:], x, lw.moe.experts_gate_up, lw.moe.experts_down, b.n_rows, y,
-                         b.topk[self.moe_index[i], :R])
-                if lw.moe.shared is not None:
-                    mlp = L.swiglu(x, lw.moe.shared)
-                    kind = MLP_SHARED_SUM if cfg.shared_expert_combination == "sum" else MLP_SHARED_AVG
-            else:
-                mlp, kind = L.swiglu(x, lw.dense), MLP_DENSE
+            if self.side is not None:
+                main.wait_stream(self.side)
             nw = w.layers[i + 1].norm_weight if i + 1 < cfg.num_layers else w.final_norm
             add_norm(cfg, h, x, nw, b.n_rows, attn_out=ao, y=y, mlp=mlp, mlp_kind=kind, pdl=self.pdl)
             if hidden is not None:
                 hidden.append(h.clone())
         b.logits[:R].copy_(F.linear(x, w.lm_head) * cfg.logit_scale)
+
+    def _mlp(self, i: int, lw, qkv: torch.Tensor, x: torch.Tensor, trace: ForwardTrace | None
+             ) -> tuple[torch.Tensor | None, torch.Tensor | None, int]:
+        """Layer i's MLP branch: (expert outputs by rank, dense or shared-expert output, how to combine them)."""
+        cfg, b, R = self.cfg, self.buf, self.rows
+        if lw.moe is None:
+            return None, L.swiglu(x, lw.dense), MLP_DENSE
+        y = b.y[:R]
+        if trace is not None and trace.router_logits is not None:
+            trace.router_logits.append(qkv[:, self.n_qkv:].float().clone())
+        self.moe(qkv[:, self.n_qkv:], x, lw.moe.experts_gate_up, lw.moe.experts_down, b.n_rows, y,
+                 b.topk[self.moe_index[i], :R])
+        if lw.moe.shared is None:
+            return y, None, MLP_NONE
+        kind = MLP_SHARED_SUM if cfg.shared_expert_combination == "sum" else MLP_SHARED_AVG
+        return y, L.swiglu(x, lw.moe.shared), kind
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.triton_gemv:
@@ -267,8 +282,10 @@ class GraphBackend(DecodeBackend):
                      time.perf_counter() - t0)
         torch.cuda.synchronize(self.device)
         self.memory_bytes = torch.cuda.memory_reserved(self.device) - before
-        log.info("megakernel: graph backend uses %.0f MiB beside the KV cache (buckets %s, PDL %s)",
-                 self.memory_bytes / 2**20, self.buckets, "on" if self.steps[self.buckets[0]].pdl else "off")
+        first = self.steps[self.buckets[0]]
+        log.info("megakernel: graph backend uses %.0f MiB beside the KV cache (buckets %s; %d stream(s), PDL %s, "
+                 "%s projections)", self.memory_bytes / 2**20, self.buckets, 2 if first.side is not None else 1,
+                 "on" if first.pdl else "off", "Triton" if first.triton_gemv else "cuBLAS")
 
     def decode_async(self, batch: ForwardBatch, cache: KVCache, trace: ForwardTrace | None = None
                      ) -> tuple[torch.Tensor, Check]:

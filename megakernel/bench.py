@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -177,6 +178,9 @@ def _points(args: argparse.Namespace) -> list[tuple[int, int]]:
 
 
 def _git_commit() -> str:
+    """The checkout's commit ($MEGAKERNEL_COMMIT where the tree runs without its .git, as on the device)."""
+    if os.environ.get("MEGAKERNEL_COMMIT"):
+        return os.environ["MEGAKERNEL_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               cwd=Path(__file__).parent, timeout=10).stdout.strip() or "unknown"

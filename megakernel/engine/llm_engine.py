@@ -11,6 +11,7 @@ import torch
 
 from megakernel.config import ModelConfig
 from megakernel.engine.detokenizer import detokenize_step
+from megakernel.engine.grammar import GrammarCompiler
 from megakernel.engine.loader import generation_eos_ids, load_model, load_tokenizer, resolve_device, resolve_dtype
 from megakernel.engine.model_runner import ModelRunner
 from megakernel.engine.outputs import CompletionOutput, RequestOutput
@@ -104,6 +105,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.blocks, args.max_num_seqs, args.max_num_batched_tokens, prefix_cache)
         self.runner = ModelRunner(self.model, self.cache, self._make_decode_backend(args.backend))
         self.generator = torch.Generator(device=self.device).manual_seed(args.seed)
+        self.grammar = GrammarCompiler(tokenizer, config.vocab_size)     # structured outputs (llguidance)
         self.requests: dict[str, _Request] = {}
         self._in_flight: _InFlight | None = None
         self._touched: dict[str, None] = {}      # requests that advanced since the last snapshot
@@ -159,10 +161,13 @@ class LLMEngine:
         bad_bias = [t for t in params.logit_bias if not 0 <= t < self.config.vocab_size]
         if bad_bias:
             raise RequestError(f"logit_bias token id {bad_bias[0]} is outside the vocabulary")
+        grammar = self.grammar.check(params.structured_outputs) if params.structured_outputs else None
         req = _Request(prompt, list(prompt_token_ids))
         for i in range(params.n):
             seq = Sequence(request_id, i, list(prompt_token_ids), params, self.blocks.new_sequence(),
                            eos_token_ids=self.eos_token_ids)
+            if grammar is not None:
+                seq.matcher = self.grammar.matcher(params.structured_outputs, grammar)
             if params.seed is not None:
                 seq.generator = torch.Generator(device=self.device).manual_seed(params.seed + i)
             req.seqs.append(seq)
@@ -332,17 +337,29 @@ class LLMEngine:
         elif tok_text:            # a stop token: the text is everything before it
             seq.text = self.tokenizer.decode(seq.output_token_ids[:n_out - 1],
                                              skip_special_tokens=p.skip_special_tokens)
+        grammar_end = reason is None and seq.matcher is not None and self._grammar_ends(seq, tok)
+        if grammar_end:
+            reason = "abort" if seq.error else "stop"
         if reason is None and self._at_length_limit(seq, n_out):
             reason = "length"
         if reason is None and seq.kv_capped:
             log.warning("megakernel: request %s ended at %d tokens: the KV pool is full", seq.request_id, len(seq))
             reason = "length"
-        if reason == "length" and tok_text:
+        if (reason == "length" or grammar_end) and tok_text:
             # the final text in full (a last incomplete character shows as U+FFFD, as a full decode gives it)
             seq.text = self.tokenizer.decode(seq.output_token_ids[:n_out], skip_special_tokens=p.skip_special_tokens)
         if reason is not None:
             seq.stop_reason = stop_reason
             self.scheduler.finish(seq, reason)
+
+    @staticmethod
+    def _grammar_ends(seq: Sequence, tok: int) -> bool:
+        """Feed tok to seq's grammar; whether the sequence ends here (the grammar is complete, or refused tok,
+        which the mask rules out: then seq.error says why)."""
+        if not seq.matcher.accept(tok):
+            seq.error = f"the grammar refused token {tok}: {seq.matcher.error}"
+            return True
+        return seq.matcher.done
 
     def _snapshot(self, rid: str, req: _Request) -> RequestOutput:
         outs = [CompletionOutput(s.index, s.output_token_ids[:s.num_resolved], s.text, s.finish_reason,

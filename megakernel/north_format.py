@@ -266,3 +266,21 @@ def strip_specials(text: str, specials: list[str]) -> str:
         if s in text:
             text = text.replace(s, "")
     return text
+
+
+def reasoning_ban(tokenizer) -> dict[int, float]:
+    """Logit bias that keeps a model told not to reason (the prompt does not open <|START_THINKING|>) from opening
+    a reasoning block anyway."""
+    if tokenizer is None:
+        return {}
+    ids = tokenizer.convert_tokens_to_ids([START_THINKING, END_THINKING])
+    return {i: -100.0 for i in ids if isinstance(i, int) and i != tokenizer.unk_token_id}
+
+
+def split_reply(text: str, in_reasoning: bool, specials: list[str]) -> ParsedDelta:
+    """A whole reply (decoded with its special tokens) as reasoning, answer and tool calls."""
+    parser = ChatParser(tools_enabled=True, in_reasoning=in_reasoning)
+    parser.feed(strip_specials(text, specials))
+    parser.finish()
+    return ParsedDelta(parser.reasoning, parser.content,
+                       [ToolCallDelta(i, c.id, c.name, c.arguments) for i, c in enumerate(parser.calls)])

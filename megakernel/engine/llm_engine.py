@@ -10,6 +10,7 @@ from typing import Callable
 import torch
 
 from megakernel.config import ModelConfig
+from megakernel.engine.arg_checks import check_engine_args, check_model_len
 from megakernel.engine.detokenizer import detokenize_step
 from megakernel.engine.grammar import GrammarCompiler
 from megakernel.engine.loader import generation_eos_ids, load_model, load_tokenizer, resolve_device, resolve_dtype
@@ -19,7 +20,7 @@ from megakernel.engine.sampler import SampledTokens, sample_async
 from megakernel.engine.sampling_params import SamplingParams
 from megakernel.engine.scheduler import ScheduledChunk, Scheduler
 from megakernel.engine.sequence import PLACEHOLDER, Sequence
-from megakernel.errors import MegakernelError, RequestError
+from megakernel.errors import ConfigError, MegakernelError, RequestError
 from megakernel.kv.block_manager import BlockManager
 from megakernel.kv.cache import KVCache, KVLayout, plan_num_blocks
 from megakernel.model.cohere2_moe import Cohere2MoeModel
@@ -44,6 +45,7 @@ class EngineArgs:
     seed: int = 0
     progress: bool = True
     async_scheduling: bool = True            # prepare step t+1 while the device runs step t
+    gpu_memory_utilization: float | None = None   # GPU: KV budget leaves the rest of this fraction of the GPU
 
 
 @dataclass
@@ -67,6 +69,7 @@ class LLMEngine:
     def __init__(self, args: EngineArgs | None = None, *, config: ModelConfig | None = None,
                  weights: ModelWeights | None = None, tokenizer=None, **kwargs) -> None:
         args = args or EngineArgs(**kwargs)
+        check_engine_args(args)
         self.args = args
         self.device = resolve_device(args.device)
         dtype = resolve_dtype(args.dtype, self.device)
@@ -82,6 +85,7 @@ class LLMEngine:
                 raise ValueError("pass weights together with config")
             weights = weights.to(self.device, dtype)
             self.model_path = None
+        check_model_len(args, config.max_position_embeddings)
         self.config = config
         self.tokenizer = tokenizer
         self.eos_token_ids = generation_eos_ids(self.model_path, config, tokenizer)
@@ -109,15 +113,21 @@ class LLMEngine:
         self.requests: dict[str, _Request] = {}
         self._in_flight: _InFlight | None = None
         self._touched: dict[str, None] = {}      # requests that advanced since the last snapshot
-        log.info("megakernel: %s on %s (%s), decode backend %s, KV blocks %s of %d tokens",
+        log.info("%s on %s (%s), decode backend %s, KV blocks %s of %d tokens",
                  self.model_path or "in-memory model", self.device, weights.dtype, self.runner.backend_name,
                  num_blocks, args.block_size)
 
     # ---- setup -------------------------------------------------------------------------------------------------
     def _default_kv_budget(self) -> int:
         if self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            return int(free * 0.85)
+            free, total = torch.cuda.mem_get_info(self.device)
+            if self.args.gpu_memory_utilization is None:
+                return int(free * 0.85)
+            budget = int(free - total * (1 - self.args.gpu_memory_utilization))
+            if budget <= 0:
+                raise ConfigError(f"gpu_memory_utilization {self.args.gpu_memory_utilization} leaves no memory "
+                                  f"for the KV cache ({free / 2**30:.1f} of {total / 2**30:.1f} GiB free)")
+            return budget
         return 1 << 30
 
     def _make_decode_backend(self, backend: str):
@@ -134,7 +144,7 @@ class LLMEngine:
         if not ok:
             if backend == "megakernel":
                 raise RuntimeError(f"backend='megakernel' requested but unavailable: {why}")
-            _say_once(f"megakernel: decode megakernel unavailable ({why}); using the PyTorch path")
+            _say_once(f"decode megakernel unavailable ({why}); using the PyTorch path")
             return None
         return MegakernelBackend(self.config, self.model.w, self.cache.layout, max_batch=self.args.max_num_seqs)
 
@@ -206,7 +216,7 @@ class LLMEngine:
         touched = self._touched           # kept across calls: a step that raised still reports what it ended
         chunks = self.scheduler.schedule()
         for seq in self.scheduler.ended:          # outgrew the whole KV pool alone: ended as "length"
-            log.warning("megakernel: request %s ended at %d tokens: the KV pool is full", seq.request_id, len(seq))
+            log.warning("request %s ended at %d tokens: the KV pool is full", seq.request_id, len(seq))
             touched[seq.request_id] = None
         self.scheduler.ended.clear()
         launched, refused = self._launch(chunks) if chunks else (None, None)
@@ -286,7 +296,7 @@ class LLMEngine:
             raise
 
     def _fail(self, seqs: list[Sequence], e: Exception, touched: dict[str, None]) -> None:
-        log.error("megakernel: step failed: %s", e)
+        log.error("step failed: %s", e)
         for seq in seqs:
             seq.error = str(e)
             self.scheduler.finish(seq, "abort")
@@ -343,7 +353,7 @@ class LLMEngine:
         if reason is None and self._at_length_limit(seq, n_out):
             reason = "length"
         if reason is None and seq.kv_capped:
-            log.warning("megakernel: request %s ended at %d tokens: the KV pool is full", seq.request_id, len(seq))
+            log.warning("request %s ended at %d tokens: the KV pool is full", seq.request_id, len(seq))
             reason = "length"
         if (reason == "length" or grammar_end) and tok_text:
             # the final text in full (a last incomplete character shows as U+FFFD, as a full decode gives it)

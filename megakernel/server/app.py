@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from megakernel.engine.outputs import CompletionOutput, RequestOutput
 from megakernel.engine.sampling_params import SamplingParams
 from megakernel.errors import RequestError
+from megakernel.north_format import reasoning_ban
 from megakernel.server import chat as chatmod
 from megakernel.server.async_engine import AsyncEngine, EngineDeadError, RequestFailed
 from megakernel.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
@@ -217,7 +218,7 @@ def create_app(engine: AsyncEngine, served_model_names: list[str], api_key: str 
 
     @app.exception_handler(Exception)
     async def _internal_error(_: Request, e: Exception):
-        log.exception("megakernel: internal error")
+        log.exception("internal error")
         return error_response(500, f"internal server error: {type(e).__name__}: {e}")
 
     router = APIRouter(dependencies=[Depends(_auth)])
@@ -768,14 +769,6 @@ def _check_strict_tools(req: ChatCompletionRequest) -> None:
                            f"tools.{i}.function.strict")
 
 
-def _reasoning_ban(state: _State, rendered: chatmod.RenderedChat) -> dict[int, float]:
-    """Logit bias that keeps a model told not to reason from opening a reasoning block anyway."""
-    if not rendered.reasoning_off or state.tokenizer is None:
-        return {}
-    ids = state.tokenizer.convert_tokens_to_ids([chatmod.START_THINKING, chatmod.END_THINKING])
-    return {i: -100.0 for i in ids if isinstance(i, int) and i != state.tokenizer.unk_token_id}
-
-
 async def _chat(state: _State, req: ChatCompletionRequest, raw: Request):
     _check_model(state, req)
     if req.top_logprobs is not None and not req.logprobs:
@@ -792,7 +785,8 @@ async def _chat(state: _State, req: ChatCompletionRequest, raw: Request):
     max_tokens = _resolve_max_tokens(state, len(ids), max_tokens, param)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = _sampling_params(state, req, max_tokens=max_tokens, logprobs=logprobs, skip_special_tokens=False)
-    params.logit_bias = {**_reasoning_ban(state, rendered), **params.logit_bias}
+    if rendered.reasoning_off:
+        params.logit_bias = {**reasoning_ban(state.tokenizer), **params.logit_bias}
     if rendered.constraint is not None:
         params.structured_outputs = rendered.constraint.spec
     rid = f"chatcmpl-{uuid.uuid4().hex}"

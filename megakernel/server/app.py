@@ -12,6 +12,7 @@ import asyncio
 import copy
 import json
 import logging
+import os
 import secrets
 import threading
 import time
@@ -130,8 +131,7 @@ class _State:
             self.tokenizer.model_max_length = 1 << 62     # we check lengths ourselves: no transformers warning
         clones = [_clone_tokenizer(self.tokenizer, path) for _ in range(PREP_THREADS)]
         self._local = threading.local()
-        self.prep = ThreadPoolExecutor(PREP_THREADS, "megakernel-prep",
-                                       initializer=lambda: setattr(self._local, "tok", clones.pop()))
+        self.prep = ThreadPoolExecutor(PREP_THREADS, "megakernel-prep", initializer=self._init_prep, initargs=(clones,))
         self.grammar = getattr(eng, "grammar", None)    # structured outputs; None: not supported by this engine
         self.vocab_size = int(eng.config.vocab_size)
         self.eos_ids = set(getattr(eng, "eos_token_ids", ()) or ())
@@ -141,6 +141,13 @@ class _State:
     @property
     def max_model_len(self) -> int:
         return self.engine.max_model_len
+
+    def _init_prep(self, clones: list) -> None:
+        self._local.tok = clones.pop()
+        try:    # a lower priority for prep threads: a CPU-bound tokenisation must not starve the event loop
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        except (AttributeError, OSError):
+            pass
 
     @property
     def worker_tokenizer(self):
@@ -405,13 +412,14 @@ def _sampling_params(state: _State, req, *, max_tokens: int | None, logprobs: in
 def _check_prompt_ids(state: _State, ids: list[int], param: str) -> None:
     if not ids:
         raise APIError(400, "The prompt is empty", param)
+    if len(ids) >= state.max_model_len:       # (text prompts are cut at max_model_len tokens)
+        raise APIError(400, f"This model's maximum context length is {state.max_model_len} tokens. However, your "
+                       f"prompt has {len(ids) if len(ids) > state.max_model_len else 'at least ' + str(len(ids))} "
+                       f"tokens (at least one token must be left for the completion). Please reduce the length of "
+                       f"the prompt.", param, "context_length_exceeded")
     bad = next((t for t in ids if not 0 <= t < state.vocab_size), None)
     if bad is not None:
         raise APIError(400, f"prompt token id {bad} is outside the vocabulary (size {state.vocab_size})", param)
-    if len(ids) >= state.max_model_len:
-        raise APIError(400, f"This model's maximum context length is {state.max_model_len} tokens. However, your "
-                       f"prompt has {len(ids)} tokens (at least one token must be left for the completion). "
-                       f"Please reduce the length of the prompt.", param, "context_length_exceeded")
 
 
 def _resolve_max_tokens(state: _State, n_prompt: int, max_tokens: int | None, param: str) -> int:
@@ -619,8 +627,6 @@ async def _completions(state: _State, req: CompletionRequest, raw: Request):
     if tok is None and any(isinstance(pr, str) for pr in prompts):
         raise APIError(400, "this model has no tokenizer: pass the prompt as token ids", "prompt")
     items: list[tuple[str | None, list[int]]] = await state.off_loop(_encode_prompts, state, prompts)
-    for i, (_, ids) in enumerate(items):
-        _check_prompt_ids(state, ids, "prompt" if len(prompts) == 1 else f"prompt.{i}")
     max_tokens = req.max_tokens
     for _, ids in items:
         _resolve_max_tokens(state, len(ids), max_tokens, "max_tokens")
@@ -659,11 +665,22 @@ async def _completions(state: _State, req: CompletionRequest, raw: Request):
             "usage": _usage(prompt_tokens, completion_tokens, cached)}
 
 
+def _encode(state: _State, text: str, add_special_tokens: bool) -> list[int]:
+    """Token ids of text (on a prep thread), cut at max_model_len: a longer prompt is refused anyway, and turning
+    millions of ids into a Python list holds the GIL long enough to stall the event loop."""
+    if not text:
+        return []
+    return state.worker_tokenizer.encode(text, add_special_tokens=add_special_tokens, truncation=True,
+                                         max_length=state.max_model_len)
+
+
 def _encode_prompts(state: _State, prompts: list) -> list[tuple[str | None, list[int]]]:
-    """(text, token ids) of each prompt (on a prep thread)."""
-    tok = state.worker_tokenizer
-    return [(pr, tok.encode(pr) if pr else []) if isinstance(pr, str) else (None, [int(t) for t in pr])
-            for pr in prompts]
+    """(text, token ids) of each prompt, checked (on a prep thread)."""
+    items = [(pr, _encode(state, pr, True)) if isinstance(pr, str) else (None, [int(t) for t in pr])
+             for pr in prompts]
+    for i, (_, ids) in enumerate(items):
+        _check_prompt_ids(state, ids, "prompt" if len(prompts) == 1 else f"prompt.{i}")
+    return items
 
 
 def _finish(reason: str | None) -> str | None:
@@ -756,8 +773,9 @@ def _prepare_chat(state: _State, req: ChatCompletionRequest) -> _PreparedChat:
             grammar = state.grammar.check(rendered.constraint.spec)
         except RequestError as e:
             raise APIError(400, f"{rendered.constraint.param}: {e}", rendered.constraint.param) from None
-    return _PreparedChat(rendered, state.worker_tokenizer.encode(rendered.prompt, add_special_tokens=False),
-                         grammar)
+    ids = _encode(state, rendered.prompt, False)
+    _check_prompt_ids(state, ids, "messages")
+    return _PreparedChat(rendered, ids, grammar)
 
 
 def _check_strict_tools(req: ChatCompletionRequest) -> None:
@@ -779,7 +797,6 @@ async def _chat(state: _State, req: ChatCompletionRequest, raw: Request):
                        "ids", "messages")
     prep = await state.off_loop(_prepare_chat, state, req)
     rendered, ids = prep.rendered, prep.ids
-    _check_prompt_ids(state, ids, "messages")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_tokens = _resolve_max_tokens(state, len(ids), max_tokens, param)
@@ -800,7 +817,7 @@ async def _chat(state: _State, req: ChatCompletionRequest, raw: Request):
         return chatmod.ChatParser(rendered.tools_enabled, rendered.in_reasoning, tool_names=rendered.tool_names)
 
     if req.stream:
-        return _stream_response(_stream_chat(state, req, params, gen, rendered, new_parser, rid, created, holdback,
+        return _stream_response(_stream_chat(state, req, params, gen, len(ids), new_parser, rid, created, holdback,
                                              logprobs, single_call, as_ids))
 
     finals = await _collect_finals(raw, [gen])
@@ -849,7 +866,7 @@ def _usage_modes(req) -> tuple[bool, bool]:
     return bool(so and so.include_usage), bool(so and so.continuous_usage_stats)
 
 
-async def _stream_chat(state, req, params, gen, rendered, new_parser, rid, created, holdback, logprobs,
+async def _stream_chat(state, req, params, gen, n_prompt, new_parser, rid, created, holdback, logprobs,
                        single_call, as_ids):
     n = params.n
     include_usage, continuous = _usage_modes(req)
@@ -861,8 +878,8 @@ async def _stream_chat(state, req, params, gen, rendered, new_parser, rid, creat
     def chunk(choices):
         body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": req.model,
                 "choices": choices}
-        if continuous and last is not None:
-            body["usage"] = _usage_of([last])
+        if continuous:
+            body["usage"] = _usage_of([last]) if last is not None else _usage(n_prompt, 0, 0)
         return _sse(body)
 
     def delta_json(d: chatmod.ParsedDelta) -> dict[str, Any]:

@@ -26,5 +26,4 @@ if ! {
     echo "setup failed: see $log" >&2
     exit 1
 fi
-rm -f .venv/.megakernel-installed-*
 touch "$stamp"

@@ -10,7 +10,7 @@ import json
 import jsonschema
 import pytest
 
-from server_harness import MODEL_NAME
+from server_harness import MODEL_NAME, first_streamed_call
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 16},
                                            "age": {"type": "integer", "minimum": 0, "maximum": 130}},
@@ -123,17 +123,9 @@ def test_named_tool_choice_has_its_required_arguments(client, tool):
 
 
 def test_forced_tool_call_streamed(client):
-    name, args = None, ""
-    finish = None
-    for chunk in client.chat.completions.create(model=MODEL_NAME, stream=True, temperature=0, max_tokens=160,
-                                                messages=[{"role": "user", "content": TOOL_PROMPTS[0]}],
-                                                tools=[WEATHER, TIME], tool_choice="required"):
-        for c in chunk.choices:
-            finish = c.finish_reason or finish
-            for t in c.delta.tool_calls or []:
-                if t.index == 0:
-                    name = name or t.function.name
-                    args += t.function.arguments or ""
+    name, args, _, finish = first_streamed_call(client.chat.completions.create(
+        model=MODEL_NAME, stream=True, temperature=0, max_tokens=160, tools=[WEATHER, TIME], tool_choice="required",
+        messages=[{"role": "user", "content": TOOL_PROMPTS[0]}]))
     assert finish == "tool_calls" and name in ("get_weather", "get_time")
     jsonschema.validate(json.loads(args), {"get_weather": WEATHER, "get_time": TIME}[name]["function"]["parameters"])
 

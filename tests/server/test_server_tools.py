@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from server_harness import MODEL_NAME
+from server_harness import MODEL_NAME, first_streamed_call
 from megakernel.server import chat as chatmod
 from megakernel.server.protocol import ChatCompletionRequest
 
@@ -279,15 +279,7 @@ def test_e2e_trained_model_tool_round_trip(server, model_path):
     assert isinstance(args, dict)
     stream = c.chat.completions.create(model=MODEL_NAME, messages=msgs, tools=tools, temperature=0, max_tokens=120,
                                        stream=True)
-    name, arguments, n_deltas, finish = None, "", 0, None
-    for chunk in stream:
-        for d in chunk.choices:
-            finish = d.finish_reason or finish
-            for t in d.delta.tool_calls or []:
-                if t.index == 0:
-                    name = name or t.function.name
-                    arguments += t.function.arguments or ""
-                    n_deltas += 1
+    name, arguments, n_deltas, finish = first_streamed_call(stream)
     assert finish == "tool_calls" and name == "get_weather"
     assert json.loads(arguments) == args and n_deltas > 2
     msgs.append(ch.message.model_dump(exclude_none=True))

@@ -64,7 +64,7 @@ def test_bad_flag_values_are_one_line_errors(flags):
     assert "Traceback" not in p.stderr and "KV cache is too small" not in p.stderr
     name = flags[0].lstrip("-").replace("-", "_")
     last = p.stderr.strip().splitlines()[-1]
-    assert last.startswith(("error:", "megakernel serve: error:")), last
+    assert last.startswith(("error:", "megakernel serve: error:")) and "unrecognized" not in last, last
     assert name in last.replace("-", "_"), last
 
 

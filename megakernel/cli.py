@@ -25,15 +25,19 @@ def _generate(args: argparse.Namespace) -> int:
     llm = LLM(args.model, device=args.device, dtype=args.dtype, backend=args.backend,
               max_model_len=args.max_model_len)
     prompt: str | list[int] = args.prompt
-    if args.chat:
-        prompt = llm.render_chat([{"role": "user", "content": args.prompt}])
-    elif llm.tokenizer is None:
+    if not args.chat and llm.tokenizer is None:
         try:
             prompt = [int(t) for t in args.prompt.replace(",", " ").split()]
         except ValueError:
             raise MegakernelError("this model has no tokenizer: give --prompt as token ids, e.g. '1 17 42'") from None
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
                             max_tokens=args.max_tokens, stop=args.stop or [])
+    if args.chat:       # the answer on stdout, the reasoning apart on stderr
+        out = llm.chat([{"role": "user", "content": args.prompt}], params, use_tqdm=False)[0]
+        if out.outputs[0].reasoning:
+            print(f"[reasoning] {out.outputs[0].reasoning}\n", file=sys.stderr, flush=True)
+        print(out.text)
+        return 0
     out = llm.generate(prompt, params, use_tqdm=False)[0]
     print(out.text if llm.tokenizer is not None else " ".join(map(str, out.token_ids)))
     return 0
@@ -48,6 +52,10 @@ def _serve(argv: list[str]) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    import torch
+
+    if args.random_north and not torch.cuda.is_available():
+        raise MegakernelError("bench --random-north needs a CUDA GPU (North dimensions do not fit a CPU run)")
     from megakernel.bench import run_bench
 
     return run_bench(args)
@@ -85,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(fn, log_level: str) -> int:
-    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING), format="%(message)s")
+    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING), format="%(name)s: %(message)s")
     try:
         return fn()
     except MegakernelError as e:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from typing import Sequence as Seq
 
 from megakernel.engine.llm_engine import EngineArgs, LLMEngine
 from megakernel.engine.outputs import RequestOutput
 from megakernel.engine.sampling_params import SamplingParams
 from megakernel.errors import RequestError
+from megakernel.north_format import START_THINKING, reasoning_ban, special_strings_to_strip, split_reply
 
 Prompt = str | list[int]
 
@@ -48,10 +50,25 @@ class LLM:
 
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None,
              tools: list[dict] | None = None, use_tqdm: bool = True, **template_kwargs) -> list[RequestOutput]:
-        """Generate replies to one conversation or a list of them (OpenAI-style message dicts)."""
+        """Generate replies to one conversation or a list of them (OpenAI-style message dicts).
+
+        Each output's `text` is the answer and `reasoning` the model's reasoning (North format). With
+        `reasoning=False` (a template option) the model is kept from reasoning at all."""
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        return self.generate([self.render_chat(c, tools, **template_kwargs) for c in convs], sampling_params,
-                             use_tqdm=use_tqdm)
+        prompts = [self.render_chat(c, tools, **template_kwargs) for c in convs]
+        think = self.tokenizer.convert_tokens_to_ids(START_THINKING)
+        base = sampling_params or SamplingParams()
+        params = []
+        for ids in prompts:
+            bias = {} if ids and ids[-1] == think else reasoning_ban(self.tokenizer)
+            params.append(replace(base, skip_special_tokens=False, logit_bias={**bias, **base.logit_bias}))
+        outs = self.generate(prompts, params, use_tqdm=use_tqdm)
+        specials = special_strings_to_strip(self.tokenizer)
+        for ids, out in zip(prompts, outs):
+            for o in out.outputs:
+                reply = split_reply(o.text, bool(ids) and ids[-1] == think, specials)
+                o.text, o.reasoning = reply.content, reply.reasoning or None
+        return outs
 
     def generate(self, prompts: Prompt | Seq[Prompt], sampling_params: SamplingParams | Seq[SamplingParams] | None
                  = None, use_tqdm: bool = True) -> list[RequestOutput]:

@@ -3,4 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh server
+echo "megakernel is installed in $PWD/.venv: run 'source .venv/bin/activate' for the 'megakernel' command" \
+     "(or call .venv/bin/megakernel)" >&2
 exec .venv/bin/megakernel serve "$@"

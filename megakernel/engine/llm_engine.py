@@ -10,7 +10,10 @@ from typing import Callable
 import torch
 
 from megakernel.config import ModelConfig
+from megakernel.engine.arg_checks import check_engine_args, check_model_len
+from megakernel.engine.backends import choose_backend
 from megakernel.engine.detokenizer import detokenize_step
+from megakernel.engine.grammar import GrammarCompiler
 from megakernel.engine.loader import generation_eos_ids, load_model, load_tokenizer, resolve_device, resolve_dtype
 from megakernel.engine.model_runner import ModelRunner
 from megakernel.engine.outputs import CompletionOutput, RequestOutput
@@ -18,7 +21,7 @@ from megakernel.engine.sampler import SampledTokens, sample_async
 from megakernel.engine.sampling_params import SamplingParams
 from megakernel.engine.scheduler import ScheduledChunk, Scheduler
 from megakernel.engine.sequence import PLACEHOLDER, Sequence
-from megakernel.errors import MegakernelError, RequestError
+from megakernel.errors import ConfigError, MegakernelError, RequestError
 from megakernel.kv.block_manager import BlockManager
 from megakernel.kv.cache import KVCache, KVLayout, plan_num_blocks
 from megakernel.model.cohere2_moe import Cohere2MoeModel
@@ -44,6 +47,7 @@ class EngineArgs:
     seed: int = 0
     progress: bool = True
     async_scheduling: bool = True            # prepare step t+1 while the device runs step t
+    gpu_memory_utilization: float | None = None   # GPU: KV budget leaves the rest of this fraction of the GPU
 
 
 @dataclass
@@ -67,6 +71,7 @@ class LLMEngine:
     def __init__(self, args: EngineArgs | None = None, *, config: ModelConfig | None = None,
                  weights: ModelWeights | None = None, tokenizer=None, **kwargs) -> None:
         args = args or EngineArgs(**kwargs)
+        check_engine_args(args)
         self.args = args
         self.device = resolve_device(args.device)
         dtype = resolve_dtype(args.dtype, self.device)
@@ -82,6 +87,7 @@ class LLMEngine:
                 raise ValueError("pass weights together with config")
             weights = weights.to(self.device, dtype)
             self.model_path = None
+        check_model_len(args, config.max_position_embeddings)
         self.config = config
         self.tokenizer = tokenizer
         self.eos_token_ids = generation_eos_ids(self.model_path, config, tokenizer)
@@ -89,7 +95,12 @@ class LLMEngine:
         self.max_model_len = args.max_model_len or min(config.max_position_embeddings, 32768)
 
         backend, why = choose_backend(args.backend, self.device)
-        log.info("megakernel: decode backend %s (%s)", backend, why)
+        log.info("decode backend %s (%s)", backend, why)
+        if backend == "graph":
+            from megakernel.graph.backend import fuse_router_into_qkv
+
+            fuse_router_into_qkv(weights)      # its layout, before the KV pool takes the free memory
+            torch.cuda.empty_cache()
         layout = KVLayout.for_model(config, args.block_size)
         if args.num_kv_blocks is not None:
             num_blocks = list(args.num_kv_blocks)
@@ -111,18 +122,25 @@ class LLMEngine:
         self.scheduler = Scheduler(self.blocks, args.max_num_seqs, args.max_num_batched_tokens, prefix_cache)
         self.runner = ModelRunner(self.model, self.cache, self._make_decode_backend(backend))
         self.generator = torch.Generator(device=self.device).manual_seed(args.seed)
+        self.grammar = GrammarCompiler(tokenizer, config.vocab_size)     # structured outputs (llguidance)
         self.requests: dict[str, _Request] = {}
         self._in_flight: _InFlight | None = None
         self._touched: dict[str, None] = {}      # requests that advanced since the last snapshot
-        log.info("megakernel: %s on %s (%s), decode backend %s, KV blocks %s of %d tokens",
+        log.info("%s on %s (%s), decode backend %s, KV blocks %s of %d tokens",
                  self.model_path or "in-memory model", self.device, weights.dtype, self.runner.backend_name,
                  num_blocks, args.block_size)
 
     # ---- setup -------------------------------------------------------------------------------------------------
     def _default_kv_budget(self) -> int:
         if self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            return int(free * 0.85)
+            free, total = torch.cuda.mem_get_info(self.device)
+            if self.args.gpu_memory_utilization is None:
+                return int(free * 0.85)
+            budget = int(free - total * (1 - self.args.gpu_memory_utilization))
+            if budget <= 0:
+                raise ConfigError(f"gpu_memory_utilization {self.args.gpu_memory_utilization} leaves no memory "
+                                  f"for the KV cache ({free / 2**30:.1f} of {total / 2**30:.1f} GiB free)")
+            return budget
         return 1 << 30
 
     def _make_decode_backend(self, name: str) -> DecodeBackend:
@@ -160,10 +178,13 @@ class LLMEngine:
         bad_bias = [t for t in params.logit_bias if not 0 <= t < self.config.vocab_size]
         if bad_bias:
             raise RequestError(f"logit_bias token id {bad_bias[0]} is outside the vocabulary")
+        grammar = self.grammar.check(params.structured_outputs) if params.structured_outputs else None
         req = _Request(prompt, list(prompt_token_ids))
         for i in range(params.n):
             seq = Sequence(request_id, i, list(prompt_token_ids), params, self.blocks.new_sequence(),
                            eos_token_ids=self.eos_token_ids)
+            if grammar is not None:
+                seq.matcher = self.grammar.matcher(params.structured_outputs, grammar)
             if params.seed is not None:
                 seq.generator = torch.Generator(device=self.device).manual_seed(params.seed + i)
             req.seqs.append(seq)
@@ -202,7 +223,7 @@ class LLMEngine:
         touched = self._touched           # kept across calls: a step that raised still reports what it ended
         chunks = self.scheduler.schedule()
         for seq in self.scheduler.ended:          # outgrew the whole KV pool alone: ended as "length"
-            log.warning("megakernel: request %s ended at %d tokens: the KV pool is full", seq.request_id, len(seq))
+            log.warning("request %s ended at %d tokens: the KV pool is full", seq.request_id, len(seq))
             touched[seq.request_id] = None
         self.scheduler.ended.clear()
         launched, refused = self._launch(chunks) if chunks else (None, None)
@@ -282,7 +303,7 @@ class LLMEngine:
             raise
 
     def _fail(self, seqs: list[Sequence], e: Exception, touched: dict[str, None]) -> None:
-        log.error("megakernel: step failed: %s", e)
+        log.error("step failed: %s", e)
         for seq in seqs:
             seq.error = str(e)
             self.scheduler.finish(seq, "abort")
@@ -333,17 +354,29 @@ class LLMEngine:
         elif tok_text:            # a stop token: the text is everything before it
             seq.text = self.tokenizer.decode(seq.output_token_ids[:n_out - 1],
                                              skip_special_tokens=p.skip_special_tokens)
+        grammar_end = reason is None and seq.matcher is not None and self._grammar_ends(seq, tok)
+        if grammar_end:
+            reason = "abort" if seq.error else "stop"
         if reason is None and self._at_length_limit(seq, n_out):
             reason = "length"
         if reason is None and seq.kv_capped:
-            log.warning("megakernel: request %s ended at %d tokens: the KV pool is full", seq.request_id, len(seq))
+            log.warning("request %s ended at %d tokens: the KV pool is full", seq.request_id, len(seq))
             reason = "length"
-        if reason == "length" and tok_text:
+        if (reason == "length" or grammar_end) and tok_text:
             # the final text in full (a last incomplete character shows as U+FFFD, as a full decode gives it)
             seq.text = self.tokenizer.decode(seq.output_token_ids[:n_out], skip_special_tokens=p.skip_special_tokens)
         if reason is not None:
             seq.stop_reason = stop_reason
             self.scheduler.finish(seq, reason)
+
+    @staticmethod
+    def _grammar_ends(seq: Sequence, tok: int) -> bool:
+        """Feed tok to seq's grammar; whether the sequence ends here (the grammar is complete, or refused tok,
+        which the mask rules out: then seq.error says why)."""
+        if not seq.matcher.accept(tok):
+            seq.error = f"the grammar refused token {tok}: {seq.matcher.error}"
+            return True
+        return seq.matcher.done
 
     def _snapshot(self, rid: str, req: _Request) -> RequestOutput:
         outs = [CompletionOutput(s.index, s.output_token_ids[:s.num_resolved], s.text, s.finish_reason,
@@ -370,40 +403,6 @@ class LLMEngine:
             "num_preemptions": self.scheduler.num_preemptions,
             "prefix_cache_hit_rate": pc.hit_rate() if pc is not None else 0.0,
         }
-
-
-BACKENDS = ("auto", "torch", "megakernel", "graph")
-
-
-def choose_backend(requested: str, device: torch.device) -> tuple[str, str]:
-    """The decode backend to build, and why: `auto` takes the megakernel on sm_90, CUDA graphs on any other CUDA
-    GPU, the PyTorch path on the CPU. Asking for a backend the device cannot run is an error, not a fallback."""
-    if requested not in BACKENDS:
-        raise ValueError(f"unknown backend {requested!r}: choose one of {', '.join(BACKENDS)}")
-    if requested == "torch":
-        return "torch", "requested"
-    if device.type != "cuda":
-        if requested == "auto":
-            return "torch", f"{device} is not a CUDA device"
-        raise RuntimeError(f"backend={requested!r} needs a CUDA GPU; this engine runs on {device}")
-    from megakernel.graph import graph_available
-    from megakernel.kernel.backend import megakernel_available
-
-    mk_ok, mk_why = megakernel_available(device)
-    if requested == "megakernel":
-        if not mk_ok:
-            raise RuntimeError(f"backend='megakernel' requested but unavailable: {mk_why}")
-        return "megakernel", "requested"
-    g_ok, g_why = graph_available(device)
-    if requested == "graph":
-        if not g_ok:
-            raise RuntimeError(f"backend='graph' requested but unavailable: {g_why}")
-        return "graph", "requested"
-    if mk_ok:
-        return "megakernel", "auto: an sm_90 GPU runs the decode megakernel"
-    if g_ok:
-        return "graph", f"auto: the megakernel is unavailable ({mk_why}); CUDA graphs instead"
-    return "torch", f"auto: neither the megakernel ({mk_why}) nor CUDA graphs ({g_why}) are available"
 
 
 def _find_stop(text: str, stops: list[str], prev_len: int) -> tuple[int, str] | None:

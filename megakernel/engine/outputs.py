@@ -15,6 +15,7 @@ class CompletionOutput:
     finish_reason: str | None            # "stop", "length", "abort", or None while running
     logprobs: list[TokenLogprob] | None = None
     stop_reason: int | str | None = None  # the stop string or token id that ended it, if any
+    reasoning: str | None = None          # LLM.chat(): the reasoning, apart from the answer in `text`
 
     @property
     def cumulative_logprob(self) -> float | None:

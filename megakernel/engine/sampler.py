@@ -7,12 +7,17 @@ tokens whether the request runs alone or in a busy batch.
 `resolve()` one step later, after it has launched the next step. Every decision about *which* ops to run is
 taken from the requests' parameters on the host, never from device values, so nothing here waits for the GPU.
 A row's history may end in a token still in flight (`Sequence.pending`): penalties read it on the device.
+
+Rows of constrained sequences (`Sequence.matcher`, see engine/grammar.py) get their grammar's token mask, built on
+the host from the matcher (which has consumed every token of the sequence: the scheduler never runs a constrained
+sequence with a token in flight) and uploaded without a sync. Batches without such rows skip this entirely.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from megakernel.engine.sequence import Sequence, TokenLogprob
@@ -51,6 +56,20 @@ def _penalise(logits: torch.Tensor, seqs: list[Sequence]) -> None:
             ban = set(p.stop_token_ids) | (set() if p.ignore_eos else set(seq.eos_token_ids))
             if ban:
                 logits[row].index_fill_(0, to_device(sorted(ban), torch.long, dev), float("-inf"))
+
+
+def _mask_grammar(logits: torch.Tensor, seqs: list[Sequence]) -> None:
+    """Set the logits of tokens the grammar forbids to -inf, in the rows of constrained sequences only."""
+    rows = [row for row, seq in enumerate(seqs) if seq.matcher is not None]
+    dev, V = logits.device, logits.shape[1]
+    words = torch.from_numpy(np.stack([seqs[row].matcher.bitmask() for row in rows]))     # [k, W] int32
+    words = to_device(words, torch.int32, dev)
+    bits = (words[:, :, None] >> torch.arange(32, dtype=torch.int32, device=dev)) & 1
+    allowed = bits.reshape(len(rows), -1).bool()
+    if allowed.shape[1] < V:
+        allowed = torch.nn.functional.pad(allowed, (0, V - allowed.shape[1]), value=False)
+    idx = to_device(rows, torch.long, dev)
+    logits[idx] = logits[idx].masked_fill(~allowed[:, :V], float("-inf"))
 
 
 @dataclass
@@ -114,9 +133,12 @@ def sample_async(logits: torch.Tensor, seqs: list[Sequence], default_generator: 
     want = [p.logprobs for p in params]
     raw_logprobs = torch.log_softmax(logits, dim=-1) if any(n is not None for n in want) else None
 
-    if any(p.needs_penalties or p.logit_bias or p.min_tokens for p in params):
+    constrained = any(seq.matcher is not None for seq in seqs)
+    if constrained or any(p.needs_penalties or p.logit_bias or p.min_tokens for p in params):
         logits = logits.clone()
         _penalise(logits, seqs)
+        if constrained:
+            _mask_grammar(logits, seqs)
 
     chosen = logits.argmax(dim=-1)
     if not all(p.greedy for p in params):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from megakernel.engine.grammar import StructuredOutputsParams
 from megakernel.errors import RequestError
 
 
@@ -27,6 +28,7 @@ class SamplingParams:
     logprobs: int | None = None          # number of top logprobs per generated token (0: the chosen one only)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured_outputs: StructuredOutputsParams | None = None    # constrain the output (engine/grammar.py)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -7,7 +7,8 @@ it is recomputed later from its tokens, transparently to the caller.
 
 Steps are pipelined (see LLMEngine.step): when schedule() runs, a sequence's last token may still be in flight
 (a placeholder the device fills in). Such a sequence decodes normally; one whose in-flight token is its last is
-not scheduled again, and a preempted one waits for its token before it is admitted again.
+not scheduled again, and a preempted one waits for its token before it is admitted again. A constrained sequence
+(structured outputs) is not scheduled while it has a token in flight: its next mask depends on that token.
 """
 
 from __future__ import annotations
@@ -65,7 +66,9 @@ class Scheduler:
         while i < len(self.running):
             seq = self.running[i]
             n = min(seq.num_pending, budget) if seq.num_pending > 1 else 1
-            if n <= 0 or seq.awaiting_last:       # its last token is in flight: no further step
+            if n <= 0 or seq.awaiting_last or (seq.matcher is not None and seq.pending):
+                # its last token is in flight (no further step), or it is constrained and its grammar mask
+                # needs the token still in flight (it runs again once that token is read back)
                 i += 1
                 continue
             if not self._try_prepare(seq, n, chunks):

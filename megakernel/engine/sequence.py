@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import itertools
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -57,6 +58,7 @@ class Sequence:
     pending: dict[int, tuple[torch.Tensor, int]] = field(default_factory=dict)
     awaiting_last: bool = False                 # its pending token is its last (max_tokens / max_model_len)
     kv_capped: bool = False                     # the KV pool cannot hold one more token of it, even alone
+    matcher: Any = None                         # engine.grammar.GrammarMatcher of a constrained sequence
 
     @property
     def token_ids(self) -> list[int]:

@@ -278,12 +278,12 @@ class GraphBackend(DecodeBackend):
             with torch.cuda.graph(graph, pool=self.pool):
                 step.run()
             self.steps[rows], self.graphs[rows] = step, graph
-            log.info("megakernel: graph backend captured the %d-row decode step in %.1f s", rows,
+            log.info("graph backend captured the %d-row decode step in %.1f s", rows,
                      time.perf_counter() - t0)
         torch.cuda.synchronize(self.device)
         self.memory_bytes = torch.cuda.memory_reserved(self.device) - before
         first = self.steps[self.buckets[0]]
-        log.info("megakernel: graph backend uses %.0f MiB beside the KV cache (buckets %s; %d stream(s), PDL %s, "
+        log.info("graph backend uses %.0f MiB beside the KV cache (buckets %s; %d stream(s), PDL %s, "
                  "%s projections)", self.memory_bytes / 2**20, self.buckets, 2 if first.side is not None else 1,
                  "on" if first.pdl else "off", "Triton" if first.triton_gemv else "cuBLAS")
 

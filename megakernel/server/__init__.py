@@ -1,7 +1,8 @@
 """OpenAI-compatible HTTP server for megakernel (`megakernel serve`).
 
-Needs the `server` extra (fastapi, uvicorn, pydantic, prometheus-client; cohere-melody for North tool-call
-parsing). Nothing here is imported by `megakernel` itself, so the engine runs without these packages.
+Needs the `server` extra (fastapi, uvicorn, pydantic, prometheus-client, llguidance for structured outputs;
+cohere-melody for North tool-call parsing). Nothing here is imported by `megakernel` itself, so the engine runs
+without these packages.
 """
 
 __all__ = ["create_app", "AsyncEngine", "build_server"]

@@ -12,8 +12,11 @@ import asyncio
 import copy
 import json
 import logging
+import os
 import secrets
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -21,16 +24,19 @@ from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from megakernel.engine.outputs import CompletionOutput, RequestOutput
 from megakernel.engine.sampling_params import SamplingParams
 from megakernel.errors import RequestError
+from megakernel.north_format import reasoning_ban
 from megakernel.server import chat as chatmod
 from megakernel.server.async_engine import AsyncEngine, EngineDeadError, RequestFailed
 from megakernel.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
-from megakernel.server.protocol import ChatCompletionRequest, CompletionRequest, MAX_N
+from megakernel.server.middleware import MAX_BODY_BYTES, RequestContext
+from megakernel.server.protocol import ChatCompletionRequest, CompletionRequest, MAX_N, malformed_text
 
 log = logging.getLogger("megakernel.server")
 
@@ -77,6 +83,8 @@ def _validation_message(errors: list[dict]) -> tuple[str, str | None]:
                                   x in ("str", "int", "float", "bool", "dict", "list", "none", "NamedToolChoice"))]
     if len(loc) >= 3 and loc[0] == "messages" and loc[2] in ("system", "developer", "user", "assistant", "tool"):
         del loc[2]         # the discriminated union's tag
+    if len(loc) >= 2 and loc[0] == "response_format" and loc[1] in ("text", "json_object", "json_schema"):
+        del loc[1]
     param = ".".join(loc) or None
     typ = e.get("type", "")
     if typ == "json_invalid":
@@ -100,16 +108,31 @@ class ServerConfig:
     created: int = 0
 
 
+PREP_THREADS = 2
+
+
 class _State:
-    def __init__(self, engine: AsyncEngine, cfg: ServerConfig, metrics: ServerMetrics) -> None:
+    def __init__(self, engine: AsyncEngine, cfg: ServerConfig, metrics: ServerMetrics,
+                 chat_template: str | None = None) -> None:
         self.engine = engine
         self.cfg = cfg
         self.metrics = metrics
         eng = engine.engine
         tok = engine.tokenizer
-        # The engine thread decodes with its tokenizer; the event loop tokenises with its own copy
-        # (a Rust tokenizer shared across threads can fail with "Already borrowed").
-        self.tokenizer = _clone_tokenizer(tok, getattr(eng, "model_path", None))
+        path = getattr(eng, "model_path", None)
+        # Each thread that touches a tokenizer has its own copy (a Rust tokenizer shared across threads can fail
+        # with "Already borrowed"): the engine thread decodes with the engine's, the event loop decodes logprob
+        # tokens with `tokenizer`, and the prep threads render and tokenise requests off the event loop, so a
+        # huge prompt never stalls other requests (or /health).
+        self.tokenizer = _clone_tokenizer(tok, path)
+        if self.tokenizer is not None:
+            if chat_template is not None:
+                self.tokenizer.chat_template = chat_template
+            self.tokenizer.model_max_length = 1 << 62     # we check lengths ourselves: no transformers warning
+        clones = [_clone_tokenizer(self.tokenizer, path) for _ in range(PREP_THREADS)]
+        self._local = threading.local()
+        self.prep = ThreadPoolExecutor(PREP_THREADS, "megakernel-prep", initializer=self._init_prep, initargs=(clones,))
+        self.grammar = getattr(eng, "grammar", None)    # structured outputs; None: not supported by this engine
         self.vocab_size = int(eng.config.vocab_size)
         self.eos_ids = set(getattr(eng, "eos_token_ids", ()) or ())
         self.specials = chatmod.special_strings_to_strip(self.tokenizer)
@@ -118,6 +141,22 @@ class _State:
     @property
     def max_model_len(self) -> int:
         return self.engine.max_model_len
+
+    def _init_prep(self, clones: list) -> None:
+        self._local.tok = clones.pop()
+        try:    # a lower priority for prep threads: a CPU-bound tokenisation must not starve the event loop
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        except (AttributeError, OSError):
+            pass
+
+    @property
+    def worker_tokenizer(self):
+        """The calling prep thread's tokenizer."""
+        return self._local.tok
+
+    async def off_loop(self, fn, *args):
+        """Run fn(*args) on a prep thread (rendering, tokenising, grammar compiling) and await its result."""
+        return await asyncio.get_running_loop().run_in_executor(self.prep, fn, *args)
 
     def token_str(self, tid: int, as_id: bool = False) -> str:
         if as_id:
@@ -146,10 +185,12 @@ def _clone_tokenizer(tok, path):
 
 # ---- app -------------------------------------------------------------------------------------------------------
 def create_app(engine: AsyncEngine, served_model_names: list[str], api_key: str | None = None,
-               metrics: ServerMetrics | None = None) -> FastAPI:
+               metrics: ServerMetrics | None = None, *, chat_template: str | None = None,
+               allowed_origins: list[str] | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
     metrics = metrics or engine.metrics or ServerMetrics(served_model_names[0])
     engine.metrics = metrics
-    state = _State(engine, ServerConfig(list(served_model_names), api_key, int(time.time())), metrics)
+    state = _State(engine, ServerConfig(list(served_model_names), api_key, int(time.time())), metrics,
+                   chat_template)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -159,6 +200,7 @@ def create_app(engine: AsyncEngine, served_model_names: list[str], api_key: str 
             yield
         finally:
             engine.shutdown()
+            state.prep.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="megakernel", version=_version(), lifespan=lifespan,
                   description="OpenAI-compatible server for cohere2_moe models")
@@ -183,12 +225,12 @@ def create_app(engine: AsyncEngine, served_model_names: list[str], api_key: str 
 
     @app.exception_handler(Exception)
     async def _internal_error(_: Request, e: Exception):
-        log.exception("megakernel: internal error")
+        log.exception("internal error")
         return error_response(500, f"internal server error: {type(e).__name__}: {e}")
 
     router = APIRouter(dependencies=[Depends(_auth)])
 
-    @router.get("/v1/models")
+    @router.api_route("/v1/models", methods=["GET", "HEAD"])
     async def list_models(raw: Request):
         return {"object": "list", "data": [_model_card(state, n) for n in state.cfg.served_model_names]}
 
@@ -208,13 +250,13 @@ def create_app(engine: AsyncEngine, served_model_names: list[str], api_key: str 
 
     app.include_router(router)
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         if not engine.alive:
             return error_response(503, "the engine is not running", type="server_error")
         return {"status": "ok"}
 
-    @app.get("/metrics")
+    @app.api_route("/metrics", methods=["GET", "HEAD"])
     async def prometheus():
         return Response(metrics.render(engine.snapshot), media_type=CONTENT_TYPE_LATEST)
 
@@ -222,40 +264,11 @@ def create_app(engine: AsyncEngine, served_model_names: list[str], api_key: str 
     async def version():
         return {"version": _version()}
 
+    if allowed_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=allowed_origins, allow_methods=["*"],
+                           allow_headers=["*"], expose_headers=["x-request-id"])
     _patch_openapi(app, state)
-    return _CountRequests(app, metrics)
-
-
-class _CountRequests:
-    """Pure ASGI wrapper counting HTTP responses by endpoint and status (no BaseHTTPMiddleware: it breaks
-    disconnect detection of streaming responses)."""
-
-    KNOWN = {"/v1/models", "/v1/completions", "/v1/chat/completions", "/health", "/metrics"}
-
-    def __init__(self, app: FastAPI, metrics: ServerMetrics) -> None:
-        self.app = app
-        self.metrics = metrics
-        self.state = app.state
-
-    def __getattr__(self, name):   # behave like the FastAPI app for tests and tooling (openapi(), routes, ...)
-        return getattr(self.app, name)
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        status = {"code": 0}
-
-        async def send_(msg):
-            if msg["type"] == "http.response.start":
-                status["code"] = msg["status"]
-            await send(msg)
-
-        try:
-            await self.app(scope, receive, send_)
-        finally:
-            path = scope.get("path", "")
-            ep = path if path in self.KNOWN else "/v1/models/{model}" if path.startswith("/v1/models/") else "other"
-            self.metrics.http_requests.labels(ep, str(status["code"] or 499)).inc()
+    return RequestContext(app, metrics, max_body_bytes)
 
 
 def _version() -> str:
@@ -334,6 +347,9 @@ def _model_card(state: _State, name: str) -> dict[str, Any]:
 
 
 def _check_model(state: _State, req) -> None:
+    bad = malformed_text(req)
+    if bad is not None:
+        raise APIError(400, f"Invalid text in '{bad}': it is not valid Unicode (a lone UTF-16 surrogate?)", bad)
     if req.stream_options is not None and not req.stream:
         raise APIError(400, "stream_options is only allowed when stream is true", "stream_options")
     model = req.model
@@ -396,13 +412,14 @@ def _sampling_params(state: _State, req, *, max_tokens: int | None, logprobs: in
 def _check_prompt_ids(state: _State, ids: list[int], param: str) -> None:
     if not ids:
         raise APIError(400, "The prompt is empty", param)
+    if len(ids) >= state.max_model_len:       # (text prompts are cut at max_model_len tokens)
+        raise APIError(400, f"This model's maximum context length is {state.max_model_len} tokens. However, your "
+                       f"prompt has {len(ids) if len(ids) > state.max_model_len else 'at least ' + str(len(ids))} "
+                       f"tokens (at least one token must be left for the completion). Please reduce the length of "
+                       f"the prompt.", param, "context_length_exceeded")
     bad = next((t for t in ids if not 0 <= t < state.vocab_size), None)
     if bad is not None:
         raise APIError(400, f"prompt token id {bad} is outside the vocabulary (size {state.vocab_size})", param)
-    if len(ids) >= state.max_model_len:
-        raise APIError(400, f"This model's maximum context length is {state.max_model_len} tokens. However, your "
-                       f"prompt has {len(ids)} tokens (at least one token must be left for the completion). "
-                       f"Please reduce the length of the prompt.", param, "context_length_exceeded")
 
 
 def _resolve_max_tokens(state: _State, n_prompt: int, max_tokens: int | None, param: str) -> int:
@@ -607,17 +624,9 @@ async def _completions(state: _State, req: CompletionRequest, raw: Request):
         raise APIError(400, f"{len(prompts)} prompts x n={n} is more than {MAX_SEQS_PER_REQUEST} sequences in one "
                        "request; split the request", "prompt")
     tok = state.tokenizer
-    items: list[tuple[str | None, list[int]]] = []
-    for i, pr in enumerate(prompts):
-        param = "prompt" if len(prompts) == 1 else f"prompt.{i}"
-        if isinstance(pr, str):
-            if tok is None:
-                raise APIError(400, "this model has no tokenizer: pass the prompt as token ids", param)
-            ids = tok.encode(pr) if pr else []
-            items.append((pr, ids))
-        else:
-            items.append((None, [int(t) for t in pr]))
-        _check_prompt_ids(state, items[-1][1], param)
+    if tok is None and any(isinstance(pr, str) for pr in prompts):
+        raise APIError(400, "this model has no tokenizer: pass the prompt as token ids", "prompt")
+    items: list[tuple[str | None, list[int]]] = await state.off_loop(_encode_prompts, state, prompts)
     max_tokens = req.max_tokens
     for _, ids in items:
         _resolve_max_tokens(state, len(ids), max_tokens, "max_tokens")
@@ -631,9 +640,8 @@ async def _completions(state: _State, req: CompletionRequest, raw: Request):
     holdback = max((len(s) for s in params.stop), default=1) - 1 if not params.include_stop_str_in_output else 0
 
     if req.stream:
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return _stream_response(_stream_completions(state, req, params, gens, items, echo_texts, base, created,
-                                                    holdback, include_usage))
+                                                    holdback))
 
     finals = await _collect_finals(raw, gens)
     if finals is None:
@@ -657,19 +665,40 @@ async def _completions(state: _State, req: CompletionRequest, raw: Request):
             "usage": _usage(prompt_tokens, completion_tokens, cached)}
 
 
+def _encode(state: _State, text: str, add_special_tokens: bool) -> list[int]:
+    """Token ids of text (on a prep thread), cut at max_model_len: a longer prompt is refused anyway, and turning
+    millions of ids into a Python list holds the GIL long enough to stall the event loop."""
+    if not text:
+        return []
+    return state.worker_tokenizer.encode(text, add_special_tokens=add_special_tokens, truncation=True,
+                                         max_length=state.max_model_len)
+
+
+def _encode_prompts(state: _State, prompts: list) -> list[tuple[str | None, list[int]]]:
+    """(text, token ids) of each prompt, checked (on a prep thread)."""
+    items = [(pr, _encode(state, pr, True)) if isinstance(pr, str) else (None, [int(t) for t in pr])
+             for pr in prompts]
+    for i, (_, ids) in enumerate(items):
+        _check_prompt_ids(state, ids, "prompt" if len(prompts) == 1 else f"prompt.{i}")
+    return items
+
+
 def _finish(reason: str | None) -> str | None:
     return "stop" if reason == "abort" else reason
 
 
-async def _stream_completions(state, req, params, gens, items, echo_texts, base, created, holdback, include_usage):
+async def _stream_completions(state, req, params, gens, items, echo_texts, base, created, holdback):
     n = params.n
+    include_usage, continuous = _usage_modes(req)
     trackers = {(i, j): _Tracker(holdback, None) for i in range(len(items)) for j in range(n)}
     echoed: set[tuple[int, int]] = set()
     last: dict[int, RequestOutput] = {}
 
     def chunk(choices):
-        return _sse({"id": base, "object": "text_completion", "created": created, "model": req.model,
-                     "choices": choices})
+        body = {"id": base, "object": "text_completion", "created": created, "model": req.model, "choices": choices}
+        if continuous:
+            body["usage"] = _usage_of(last.values())
+        return _sse(body)
 
     try:
         async for i, out in _merge(gens):
@@ -700,11 +729,8 @@ async def _stream_completions(state, req, params, gens, items, echo_texts, base,
         yield _stream_error_end(e)
         return
     if include_usage:
-        pt = sum(len(o.prompt_token_ids) for o in last.values())
-        ct = sum(len(c.token_ids) for o in last.values() for c in o.outputs)
-        cached = sum(o.num_cached_tokens for o in last.values())
         yield _sse({"id": base, "object": "text_completion", "created": created, "model": req.model,
-                    "choices": [], "usage": _usage(pt, ct, cached)})
+                    "choices": [], "usage": _usage_of(last.values())})
     yield SSE_DONE
 
 
@@ -726,21 +752,60 @@ def _tool_call_json(d: chatmod.ToolCallDelta) -> dict[str, Any]:
     return {"index": d.index, "function": {"arguments": d.arguments}}
 
 
+@dataclass
+class _PreparedChat:
+    rendered: chatmod.RenderedChat
+    ids: list[int]
+    grammar: str | None          # the compiled constraint, checked up front
+
+
+def _prepare_chat(state: _State, req: ChatCompletionRequest) -> _PreparedChat:
+    """Render, tokenise and compile the constraint of a chat request (on a prep thread)."""
+    try:
+        rendered = chatmod.render_chat(state.worker_tokenizer, req)
+    except chatmod.ChatRequestError as e:
+        raise APIError(400, str(e), e.param) from None
+    grammar = None
+    if rendered.constraint is not None:
+        if state.grammar is None:
+            raise APIError(400, "this engine cannot constrain outputs", rendered.constraint.param)
+        try:
+            grammar = state.grammar.check(rendered.constraint.spec)
+        except RequestError as e:
+            raise APIError(400, f"{rendered.constraint.param}: {e}", rendered.constraint.param) from None
+    ids = _encode(state, rendered.prompt, False)
+    _check_prompt_ids(state, ids, "messages")
+    return _PreparedChat(rendered, ids, grammar)
+
+
+def _check_strict_tools(req: ChatCompletionRequest) -> None:
+    forced = req.tool_choice == "required" or isinstance(req.tool_choice, chatmod.NamedToolChoice)
+    for i, t in enumerate(req.tools or []):
+        if t.function.strict and not forced:
+            raise APIError(400, "strict tools need tool_choice 'required' or a named function (the calls are then "
+                           "decoded under the schemas); with 'auto' adherence is not guaranteed",
+                           f"tools.{i}.function.strict")
+
+
 async def _chat(state: _State, req: ChatCompletionRequest, raw: Request):
     _check_model(state, req)
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
-    try:
-        rendered = chatmod.render_chat(state.tokenizer, req)
-    except chatmod.ChatRequestError as e:
-        raise APIError(400, str(e), e.param) from None
-    ids = state.tokenizer.encode(rendered.prompt, add_special_tokens=False)
-    _check_prompt_ids(state, ids, "messages")
+    _check_strict_tools(req)
+    if state.tokenizer is None:
+        raise APIError(400, "this model has no tokenizer, so it cannot serve chat; use /v1/completions with token "
+                       "ids", "messages")
+    prep = await state.off_loop(_prepare_chat, state, req)
+    rendered, ids = prep.rendered, prep.ids
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_tokens = _resolve_max_tokens(state, len(ids), max_tokens, param)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = _sampling_params(state, req, max_tokens=max_tokens, logprobs=logprobs, skip_special_tokens=False)
+    if rendered.reasoning_off:
+        params.logit_bias = {**reasoning_ban(state.tokenizer), **params.logit_bias}
+    if rendered.constraint is not None:
+        params.structured_outputs = rendered.constraint.spec
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     gen = state.engine.generate(rid, ids, params)
@@ -749,13 +814,11 @@ async def _chat(state: _State, req: ChatCompletionRequest, raw: Request):
     as_ids = bool(req.return_tokens_as_token_ids)
 
     def new_parser():
-        p = chatmod.ChatParser(rendered.tools_enabled, rendered.in_reasoning)
-        return p
+        return chatmod.ChatParser(rendered.tools_enabled, rendered.in_reasoning, tool_names=rendered.tool_names)
 
     if req.stream:
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return _stream_response(_stream_chat(state, req, params, gen, rendered, new_parser, rid, created, holdback,
-                                             include_usage, logprobs, single_call, as_ids))
+        return _stream_response(_stream_chat(state, req, params, gen, len(ids), new_parser, rid, created, holdback,
+                                             logprobs, single_call, as_ids))
 
     finals = await _collect_finals(raw, [gen])
     if finals is None:
@@ -766,7 +829,6 @@ async def _chat(state: _State, req: ChatCompletionRequest, raw: Request):
     for o in sorted(final.outputs, key=lambda o: o.index):
         completion_tokens += len(o.token_ids)
         parser = new_parser()
-        parser.feed(rendered.forced)
         parser.feed(chatmod.strip_specials(o.text, state.specials))
         parser.finish()
         calls = parser.calls[:1] if single_call else parser.calls
@@ -780,27 +842,45 @@ async def _chat(state: _State, req: ChatCompletionRequest, raw: Request):
         vis = _visible_tokens(state, o, params)
         lp = _chat_logprobs(state, o.token_ids[:vis], o.logprobs[:vis], logprobs, as_ids) \
             if logprobs is not None and o.logprobs is not None else None
-        reason = _finish(o.finish_reason)
-        if calls and reason == "stop":
-            reason = "tool_calls"
-        choices.append({"index": o.index, "message": msg, "logprobs": lp, "finish_reason": reason,
-                        "stop_reason": o.stop_reason})
+        choices.append({"index": o.index, "message": msg, "logprobs": lp,
+                        "finish_reason": _chat_finish(o, bool(calls)), "stop_reason": o.stop_reason})
     return {"id": rid, "object": "chat.completion", "created": created, "model": req.model, "choices": choices,
             "usage": _usage(len(final.prompt_token_ids), completion_tokens, final.num_cached_tokens)}
 
 
-async def _stream_chat(state, req, params, gen, rendered, new_parser, rid, created, holdback, include_usage,
-                       logprobs, single_call, as_ids):
+def _chat_finish(o: CompletionOutput, called: bool) -> str | None:
+    reason = _finish(o.finish_reason)
+    return "tool_calls" if called and reason == "stop" else reason
+
+
+def _usage_of(outs) -> dict[str, Any]:
+    """Usage so far of a stream's requests (their newest snapshots)."""
+    outs = list(outs)
+    return _usage(sum(len(o.prompt_token_ids) for o in outs), sum(len(c.token_ids) for o in outs for c in o.outputs),
+                  sum(o.num_cached_tokens for o in outs))
+
+
+def _usage_modes(req) -> tuple[bool, bool]:
+    """(a usage chunk at the end, usage in every chunk) as stream_options asks."""
+    so = req.stream_options
+    return bool(so and so.include_usage), bool(so and so.continuous_usage_stats)
+
+
+async def _stream_chat(state, req, params, gen, n_prompt, new_parser, rid, created, holdback, logprobs,
+                       single_call, as_ids):
     n = params.n
+    include_usage, continuous = _usage_modes(req)
     trackers = [_Tracker(holdback, state.specials) for _ in range(n)]
     parsers = [new_parser() for _ in range(n)]
-    pending_forced = [True] * n
     done = [False] * n
     last: RequestOutput | None = None
 
     def chunk(choices):
-        return _sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": req.model,
-                     "choices": choices})
+        body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": req.model,
+                "choices": choices}
+        if continuous:
+            body["usage"] = _usage_of([last]) if last is not None else _usage(n_prompt, 0, 0)
+        return _sse(body)
 
     def delta_json(d: chatmod.ParsedDelta) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -826,40 +906,27 @@ async def _stream_chat(state, req, params, gen, rendered, new_parser, rid, creat
                     continue
                 final = o.finish_reason is not None
                 p = parsers[j]
-                d = chatmod.ParsedDelta()
-                if pending_forced[j]:
-                    pending_forced[j] = False
-                    d = p.feed(rendered.forced)
-                text = trackers[j].text_delta(o, final)
-                d2 = p.feed(text)
-                d.reasoning += d2.reasoning
-                d.content += d2.content
-                d.tool_calls += d2.tool_calls
+                d = p.feed(trackers[j].text_delta(o, final))
                 if final:
-                    d3 = p.finish()
-                    d.reasoning += d3.reasoning
-                    d.content += d3.content
-                    d.tool_calls += d3.tool_calls
+                    d.merge(p.finish())
                 ids, lps = trackers[j].token_delta(o, _visible_tokens(state, o, params) if final
                                                    else len(o.token_ids))
                 lp = _chat_logprobs(state, ids, lps, logprobs, as_ids) if logprobs is not None and lps else None
                 dj = delta_json(d)
-                if dj or lp:
-                    choices.append({"index": j, "delta": dj, "logprobs": lp, "finish_reason": None})
+                if not (dj or lp or final):
+                    continue
+                # one entry per choice per chunk: the last delta carries the finish reason itself
+                entry = {"index": j, "delta": dj, "logprobs": lp, "finish_reason": None}
                 if final:
                     done[j] = True
-                    reason = _finish(o.finish_reason)
-                    if p.calls and reason == "stop":
-                        reason = "tool_calls"
-                    choices.append({"index": j, "delta": {}, "logprobs": None, "finish_reason": reason,
-                                    "stop_reason": o.stop_reason})
+                    entry.update(finish_reason=_chat_finish(o, bool(p.calls)), stop_reason=o.stop_reason)
+                choices.append(entry)
             if choices:
                 yield chunk(choices)
     except (RequestError, EngineDeadError, RequestFailed) as e:
         yield _stream_error_end(e)
         return
     if include_usage and last is not None:
-        ct = sum(len(c.token_ids) for c in last.outputs)
         yield _sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": req.model,
-                    "choices": [], "usage": _usage(len(last.prompt_token_ids), ct, last.num_cached_tokens)})
+                    "choices": [], "usage": _usage_of([last])})
     yield SSE_DONE

@@ -64,10 +64,12 @@ class EngineSnapshot:
 
 
 class AsyncEngine:
-    def __init__(self, engine, metrics=None, stats_interval: float = 0.25) -> None:
+    def __init__(self, engine, metrics=None, stats_interval: float = 0.25, log_interval: float = 10.0) -> None:
         self.engine = engine
         self.metrics = metrics
         self.stats_interval = stats_interval
+        self.log_interval = log_interval         # seconds between throughput/queue log lines (0: none)
+        self._log_window = _LogWindow(time.monotonic())
         self._cv = threading.Condition()
         self._adds: deque = deque()
         self._aborts: deque[str] = deque()
@@ -84,10 +86,12 @@ class AsyncEngine:
         self._thread.start()
 
     def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop after the current step: every open request ends with EngineDeadError("the server is shutting
+        down"), so open streams get an error event and [DONE] instead of being cut."""
         with self._cv:
             self._stop = True
             self._cv.notify()
-        if self._thread.is_alive():
+        if self._thread.is_alive() and timeout > 0:
             self._thread.join(timeout)
 
     @property
@@ -160,13 +164,16 @@ class AsyncEngine:
                         self._deliver(sink, e if isinstance(e, RequestError) else RequestFailed(str(e)))
                         continue
                     self._sinks[rid] = sink
+                    self._log_window.prompt_tokens += len(ids)
                 if eng.has_unfinished_requests():
                     self._step()
                 now = time.monotonic()
                 if now - self._last_stats >= self.stats_interval:
                     self._refresh_stats()
+                if self.log_interval and now - self._log_window.start >= self.log_interval:
+                    self._log_throughput(now)
         except BaseException as e:  # noqa: BLE001 - report and fail every open request
-            log.exception("megakernel: the engine thread died")
+            log.exception("the engine thread died")
             self._error = e
         finally:
             err = EngineDeadError(f"the engine stopped ({self._error!r})" if self._error else "the server is "
@@ -191,7 +198,7 @@ class AsyncEngine:
         try:
             outputs = eng.step()
         except Exception as e:  # noqa: BLE001 - fail the batch, keep serving (a broken engine fails again)
-            log.exception("megakernel: engine step failed; failing the %d requests in flight", len(self._sinks))
+            log.exception("engine step failed; failing the %d requests in flight", len(self._sinks))
             self._fail_all(RequestFailed(f"the engine failed: {type(e).__name__}: {e}", status=500))
             return
         now = time.monotonic()
@@ -210,6 +217,7 @@ class AsyncEngine:
                     self.metrics.inter_token(now - sink.last_token_time, new)
             if new > 0:
                 sink.last_token_time = now
+                self._log_window.generation_tokens += new
             sink.num_tokens = n
             sink.last = out
             error = getattr(out, "error", None)       # the engine failed the request (e.g. a hung decode step)
@@ -237,6 +245,16 @@ class AsyncEngine:
         except RuntimeError:   # the consumer's loop is closed
             pass
 
+    def _log_throughput(self, now: float) -> None:
+        """One line of throughput and queue figures per log_interval, while there is anything to report."""
+        w, s = self._log_window, self.snapshot
+        dt = max(1e-9, now - w.start)
+        if w.prompt_tokens or w.generation_tokens or s.num_running or s.num_waiting:
+            log.info("prompt %.1f tok/s, generation %.1f tok/s, running %d, waiting %d, KV cache %.1f%%, prefix "
+                     "cache hits %.1f%%", w.prompt_tokens / dt, w.generation_tokens / dt, s.num_running,
+                     s.num_waiting, 100 * s.kv_usage, 100 * s.prefix_cache_hit_rate)
+        self._log_window = _LogWindow(now)
+
     def _refresh_stats(self) -> None:
         eng = self.engine
         self._last_stats = time.monotonic()
@@ -253,6 +271,13 @@ class AsyncEngine:
             s.num_requests_in_engine = len(getattr(eng, "requests", {}))
         except Exception:  # stats must never break serving
             log.debug("stats refresh failed", exc_info=True)
+
+
+@dataclass
+class _LogWindow:
+    start: float
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
 
 
 def _finish_label(out: RequestOutput) -> str:

@@ -2,7 +2,8 @@
 
 Every model forbids unknown fields, so a field this server does not implement is refused with a 400 that names
 it instead of being silently ignored. Fields that OpenAI defines but whose semantics we cannot honour are either
-absent (hence refused) or constrained to the values we can honour (e.g. response_format.type == "text").
+absent (hence refused) or constrained to the values we can honour. OpenAI fields that change nothing for this
+server (store, metadata, user, ...) are accepted and ignored.
 Responses are plain dicts built in app.py (the official client parses them).
 """
 
@@ -23,10 +24,31 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False      # vLLM's: usage in every chunk (guidellm, aiperf send it)
 
 
-class ResponseFormat(_Strict):
+class TextFormat(_Strict):
     type: Literal["text"]
+
+
+class JsonObjectFormat(_Strict):
+    type: Literal["json_object"]
+
+
+class JsonSchema(_Strict):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, populate_by_name=True)
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_\-]+$")
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=lambda: {"type": "object"}, alias="schema")
+    strict: bool | None = None               # honoured either way: the answer is decoded under the schema
+
+
+class JsonSchemaFormat(_Strict):
+    type: Literal["json_schema"]
+    json_schema: JsonSchema
+
+
+ResponseFormat = Annotated[Union[TextFormat, JsonObjectFormat, JsonSchemaFormat], Field(discriminator="type")]
 
 
 # ---- tools -----------------------------------------------------------------------------------------------------
@@ -34,7 +56,7 @@ class FunctionDefinition(_Strict):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_.\-]+$")
     description: str | None = None
     parameters: dict[str, Any] | None = None
-    strict: Literal[False] | None = None      # strict schema adherence needs constrained decoding: not supported
+    strict: bool | None = None                # True: only with a forced tool_choice, whose calls are constrained
 
 
 class Tool(_Strict):
@@ -115,7 +137,13 @@ class _Sampling(_Strict):
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
+    # OpenAI fields that change nothing here: accepted and ignored
     user: str | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None            # prefix caching is automatic
     # extensions known from vLLM / SGLang
     top_k: int | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0, le=1)
@@ -147,4 +175,28 @@ class ChatCompletionRequest(_Sampling):
     tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None   # "none": no reasoning
     chat_template_kwargs: dict[str, Any] | None = None
+
+
+def malformed_text(req: BaseModel) -> str | None:
+    """The dotted path of the first string in `req` that is not valid Unicode (JSON's "\\ud800" escapes decode
+    to lone surrogates, which no tokenizer or encoder accepts), or None."""
+
+    def walk(node: Any, path: str) -> str | None:
+        if isinstance(node, str):
+            try:
+                node.encode("utf-8")
+            except UnicodeEncodeError:
+                return path or None
+            return None
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for k, v in items:
+            if isinstance(k, str) and walk(k, path) is not None:
+                return f"{path}.{k}".lstrip(".")
+            bad = walk(v, f"{path}.{k}".lstrip("."))
+            if bad is not None:
+                return bad
+        return None
+
+    return walk(req.model_dump(by_alias=True, exclude_none=True), "")

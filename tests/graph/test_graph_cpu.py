@@ -76,5 +76,7 @@ def test_graph_backend_refuses_cpu():
 def test_engine_refuses_graph_on_cpu():
     from megakernel import LLM
 
-    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+    from megakernel.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="backend 'graph' needs a CUDA GPU"):
         LLM(device="cpu", backend="graph", progress=False)

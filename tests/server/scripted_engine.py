@@ -11,6 +11,7 @@ import time
 from types import SimpleNamespace
 from typing import Callable
 
+from megakernel.engine.grammar import GrammarCompiler
 from megakernel.engine.outputs import CompletionOutput, RequestOutput
 
 
@@ -27,11 +28,15 @@ class ScriptedEngine:
         self.prompts: list[str] = []
         self.step_delay = step_delay
         self.lock = threading.Lock()
+        self.grammar = GrammarCompiler(tokenizer, len(tokenizer))   # checks grammars as the real engine does
 
     def add_request(self, request_id, prompt_token_ids, params, prompt=None) -> None:
         text = self.tokenizer.decode(prompt_token_ids, skip_special_tokens=False)
         self.prompts.append(text)
         reply = self.tokenizer.encode(self.script(text), add_special_tokens=False) + [self.eos_token_ids[0]]
+        if params.structured_outputs is not None:       # a scripted reply must be one the grammar allows
+            m = self.grammar.matcher(params.structured_outputs)
+            assert all(m.accept(t) for t in reply[:-1]), f"the script broke the grammar: {m.error}"
         self.requests[request_id] = dict(params=params, prompt_ids=list(prompt_token_ids), reply=reply,
                                          seqs=[dict(ids=[], reason=None) for _ in range(params.n)])
 

@@ -116,6 +116,20 @@ class LiveServer:
         self._log.close()
 
 
+def first_streamed_call(stream) -> tuple[str | None, str, int, str | None]:
+    """(name, arguments, number of deltas, finish reason) of the first tool call of choice 0 in a chat stream."""
+    name, arguments, n_deltas, finish = None, "", 0, None
+    for chunk in stream:
+        for d in chunk.choices:
+            finish = d.finish_reason or finish
+            for t in d.delta.tool_calls or []:
+                if t.index == 0 and d.index == 0:
+                    name = name or t.function.name
+                    arguments += t.function.arguments or ""
+                    n_deltas += 1
+    return name, arguments, n_deltas, finish
+
+
 # A KV budget so small that 16 running sequences cannot all fit: the scheduler preempts and recomputes.
 TIGHT_ARGS = ["--block-size", "16", "--max-model-len", "192", "--max-batch-size", "16",
               "--max-num-batched-tokens", "64", "--num-kv-blocks", "24,40"]

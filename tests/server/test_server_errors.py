@@ -85,8 +85,13 @@ BAD_REQUESTS = [
     ("stop_token_outside_vocab", COMP, {"prompt": "x", "stop_token_ids": [10**9]}, 400, "stop_token_ids"),
     ("unknown_field", CHAT, {"messages": USER, "frobnicate": True}, 400, "frobnicate"),
     ("unsupported_functions", CHAT, {"messages": USER, "functions": [{"name": "f"}]}, 400, "functions"),
-    ("unsupported_response_format", CHAT, {"messages": USER, "response_format": {"type": "json_object"}}, 400,
-     "response_format.type"),
+    ("unsupported_response_format", CHAT, {"messages": USER, "response_format": {"type": "xml"}}, 400,
+     "response_format"),
+    ("json_schema_without_schema_name", CHAT, {"messages": USER, "response_format": {
+        "type": "json_schema", "json_schema": {"schema": {"type": "object"}}}}, 400, "response_format.json_schema.name"),
+    ("json_schema_invalid_schema", CHAT, {"messages": USER, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "minProperties": "two"}}}},
+     400, "response_format"),
     ("unsupported_suffix", COMP, {"prompt": "x", "suffix": "y"}, 400, "suffix"),
     ("unsupported_best_of", COMP, {"prompt": "x", "best_of": 3}, 400, "best_of"),
     ("unsupported_echo_logprobs", COMP, {"prompt": "x", "echo": True, "logprobs": 1}, 400, "echo"),

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from server_harness import MODEL_NAME
+from server_harness import MODEL_NAME, first_streamed_call
 from megakernel.server import chat as chatmod
 from megakernel.server.protocol import ChatCompletionRequest
 
@@ -104,17 +104,22 @@ def test_render_tools_and_choice(model_path):
     tok = _tok(model_path)
     plain = chatmod.render_chat(tok, _req())
     assert plain.prompt.endswith("<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|><|START_THINKING|>")
-    assert plain.in_reasoning and not plain.tools_enabled and plain.forced == ""
+    assert plain.in_reasoning and not plain.tools_enabled and plain.constraint is None
     auto = chatmod.render_chat(tok, _req(tools=[WEATHER, TIME]))
     assert "# Available Tools" in auto.prompt and '"name": "get_weather"' in auto.prompt and auto.tools_enabled
     none = chatmod.render_chat(tok, _req(tools=[WEATHER], tool_choice="none"))
     assert "get_weather" not in none.prompt and not none.tools_enabled
+    assert auto.constraint is None and auto.tool_names == {"get_weather", "get_time"}
+    # forced choices: free reasoning, then the call decoded under a grammar naming the allowed tools
     req = chatmod.render_chat(tok, _req(tools=[WEATHER, TIME], tool_choice="required"))
-    assert req.prompt.endswith('<|END_THINKING|><|START_ACTION|>[{"tool_call_id": "0", "tool_name": "')
+    assert req.prompt == auto.prompt
+    grammar = req.constraint.spec.grammar
+    assert grammar.startswith("start: THINK <|END_THINKING|> calls")
+    assert '"\\"get_weather\\", \\"parameters\\": "' in grammar and "get_time" in grammar
     named = chatmod.render_chat(tok, _req(tools=[WEATHER, TIME],
                                           tool_choice={"type": "function", "function": {"name": "get_time"}}))
-    assert named.forced.endswith('"tool_name": "get_time", "parameters": ')
-    assert named.prompt == auto.prompt + named.forced
+    assert named.prompt == auto.prompt
+    assert "get_time" in named.constraint.spec.grammar and "get_weather" not in named.constraint.spec.grammar
 
 
 def test_render_tool_results(model_path):
@@ -154,10 +159,9 @@ def test_invalid_tool_schema_is_400(server, bad):
 def _script(prompt: str) -> str:
     if "<|START_TOOL_RESULT|>" in prompt:
         return "I have the data.<|END_THINKING|><|START_TEXT|>It is 21 degrees in Paris.<|END_TEXT|>"
-    if prompt.endswith('"parameters": '):                       # named tool_choice: the server forced the name
-        return '{"city": "Rome"}}]<|END_ACTION|>'
-    if prompt.endswith('"tool_name": "'):                       # tool_choice="required"
-        return 'get_time", "parameters": {}}]<|END_ACTION|>'
+    if "Force a call" in prompt and "# Available Tools" in prompt:      # the forced tool_choice test
+        return 'Calling.<|END_THINKING|><|START_ACTION|>[{"tool_call_id": "0", "tool_name": "get_weather", ' \
+               '"parameters": {"city": "Rome"}}]<|END_ACTION|>'
     if "# Available Tools" in prompt:
         return CALLS_TEXT
     return ANSWER_TEXT
@@ -227,13 +231,13 @@ def test_e2e_tool_calls_stream(scripted):
 
 def test_e2e_tool_choice_forcing(scripted):
     c = scripted.client()
-    msgs = [{"role": "user", "content": "anything"}]
+    msgs = [{"role": "user", "content": "Force a call"}]
     named = c.chat.completions.create(model="scripted", messages=msgs, tools=[WEATHER, TIME],
                                       tool_choice={"type": "function", "function": {"name": "get_weather"}})
     t = named.choices[0].message.tool_calls
     assert [(x.function.name, json.loads(x.function.arguments)) for x in t] == [("get_weather", {"city": "Rome"})]
     req = c.chat.completions.create(model="scripted", messages=msgs, tools=[WEATHER, TIME], tool_choice="required")
-    assert [x.function.name for x in req.choices[0].message.tool_calls] == ["get_time"]
+    assert [x.function.name for x in req.choices[0].message.tool_calls] == ["get_weather"]
     assert req.choices[0].finish_reason == "tool_calls"
     none = c.chat.completions.create(model="scripted", messages=msgs, tools=[WEATHER, TIME], tool_choice="none")
     assert none.choices[0].message.tool_calls is None
@@ -245,7 +249,7 @@ def test_e2e_tool_choice_forcing(scripted):
 def test_e2e_tool_choice_real_model(server):
     """The real model through the live server: a named tool_choice streams a tool call with that name."""
     c = server.client()
-    stream = c.chat.completions.create(model=MODEL_NAME, stream=True, max_tokens=8, temperature=0,
+    stream = c.chat.completions.create(model=MODEL_NAME, stream=True, max_tokens=80, temperature=0,
                                        messages=[{"role": "user", "content": "Weather in Paris?"}], tools=[WEATHER],
                                        tool_choice={"type": "function", "function": {"name": "get_weather"}})
     first = None
@@ -275,15 +279,7 @@ def test_e2e_trained_model_tool_round_trip(server, model_path):
     assert isinstance(args, dict)
     stream = c.chat.completions.create(model=MODEL_NAME, messages=msgs, tools=tools, temperature=0, max_tokens=120,
                                        stream=True)
-    name, arguments, n_deltas, finish = None, "", 0, None
-    for chunk in stream:
-        for d in chunk.choices:
-            finish = d.finish_reason or finish
-            for t in d.delta.tool_calls or []:
-                if t.index == 0:
-                    name = name or t.function.name
-                    arguments += t.function.arguments or ""
-                    n_deltas += 1
+    name, arguments, n_deltas, finish = first_streamed_call(stream)
     assert finish == "tool_calls" and name == "get_weather"
     assert json.loads(arguments) == args and n_deltas > 2
     msgs.append(ch.message.model_dump(exclude_none=True))

@@ -124,14 +124,52 @@ def _print_kernel_profile(engine, label: str, steps: int = 5) -> None:
         print(f"  {t / steps / 1e3:8.3f} ms {n / steps:7.1f}x  {name}")
 
 
+def _trace_step(engine, path: str, normal_step_s: float, meta: dict, n_profiled: int = 8) -> None:
+    """Profile decode steps on the megakernel's profiling build: time `n_profiled` of them against the normal
+    build's figure, then write one step's Chrome trace to `path`, its PNG and summary JSON beside it, and print the
+    summary."""
+    from megakernel.kernel import timeline as T
+    from megakernel.kernel.backend import MegakernelBackend
+
+    be = engine.runner.decode_backend
+    if not isinstance(be, MegakernelBackend):
+        print(f"--trace: the {be.name} backend has no SM timeline (the megakernel has)")
+        return
+    sync = torch.cuda.synchronize
+    engine.step()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(n_profiled):
+        be.profile_next_step()
+        engine.step()
+    sync()
+    prof_s = (time.perf_counter() - t0) / n_profiled
+    engine.step()                             # reads back the last profiled launch (its records arrive then)
+    raw = be.last_profile
+    raw.meta.update(meta)
+    tl = T.to_timeline(raw)
+    bad = T.check_invariants(raw, tl)
+    s = T.summarize(tl)
+    s.update(normal_ms_per_step=normal_step_s * 1e3, profiled_ms_per_step=prof_s * 1e3, invariant_violations=bad)
+    stem = path[:-8] if path.endswith(".json.gz") else path.rsplit(".", 1)[0]
+    T.write_trace(tl, path)
+    T.plot_timeline(tl, stem + ".png", title=f"megakernel decode step, batch {meta['batch']}, context "
+                    f"{meta['context']}: {tl.step_ns / 1e3:.0f} us (profiling build)")
+    Path(stem + ".summary.json").write_text(json.dumps(s, indent=1) + "\n")
+    print(T.format_summary(s))
+    print(f"normal build {normal_step_s * 1e3:.2f} ms/step, profiling build {prof_s * 1e3:.2f} ms/step (same run); "
+          f"invariants: {'ok' if not bad else bad}")
+    print(f"wrote {path}, {stem}.png, {stem}.summary.json")
+
+
 def _run_point(engine, cfg: ModelConfig, B: int, ctx: int, steps: int, kv_fill: str, peak: float | None,
-               tag: str, kernels: bool = False) -> Point:
+               tag: str, kernels: bool = False, trace_path: str | None = None) -> Point:
     from megakernel import SamplingParams
     from megakernel.model.cohere2_moe import ForwardTrace
 
     g = torch.Generator().manual_seed(ctx * 131 + B)
     dev_gen = torch.Generator(device=engine.device).manual_seed(ctx + B)
-    total = steps + 2 + 3 + (5 if kernels else 0) + 8      # warm-up, recorded, profiled steps and spare
+    total = steps + 2 + 3 + (5 if kernels else 0) + (10 if trace_path else 0) + 8   # warm-up, recorded, profiled
     for i in range(B):
         rid = f"{tag}-b{i}"
         engine.add_request(rid, torch.randint(0, cfg.vocab_size, (ctx,), generator=g).tolist(),
@@ -152,6 +190,8 @@ def _run_point(engine, cfg: ModelConfig, B: int, ctx: int, steps: int, kv_fill: 
     step_s = (time.perf_counter() - t0) / steps
     if kernels:
         _print_kernel_profile(engine, f"{engine.runner.backend_name} batch {B} context {ctx}")
+    if trace_path:
+        _trace_step(engine, trace_path, step_s, dict(batch=B, context=ctx))
     engine.runner.trace = trace = ForwardTrace()             # a few more steps record the experts they route to
     n_rec = 3
     for _ in range(n_rec):
@@ -227,8 +267,11 @@ def run_bench(args: argparse.Namespace) -> int:
             print(f"peak read bandwidth {peak:.0f} GB/s measured", flush=True)
         for B, ctx in points:
             steps = args.steps if backend != "torch" else min(args.steps, args.torch_steps)
+            trace = None
+            if args.trace:
+                trace = args.trace if len(points) == 1 else args.trace.replace(".json", f"_b{B}_c{ctx}.json")
             p = _run_point(engine, cfg, B, ctx, steps, args.kv_fill, peak, f"{backend}-{B}-{ctx}",
-                           kernels=args.profile_kernels)
+                           kernels=args.profile_kernels, trace_path=trace)
             results.append(p)
             roof = f", {p.roofline_pct:.1f}% of the roofline (roofline {p.roofline_tokens_per_s:.0f} tok/s)" \
                 if p.roofline_pct is not None else ""
@@ -291,5 +334,8 @@ def add_bench_args(b: argparse.ArgumentParser) -> None:
                    help="read each step back before preparing the next (default: pipelined)")
     b.add_argument("--profile-kernels", action="store_true",
                    help="print each point's GPU time per step by kernel (torch profiler; GPU only)")
+    b.add_argument("--trace", default=None,
+                   help="megakernel: write one profiled step's Chrome/Perfetto trace here (.json or .json.gz), with "
+                        "a PNG and a summary beside it, and time the profiling build against the normal one")
     b.add_argument("--json", default=None, help="write every figure to this JSON file")
     b.add_argument("--plot", default=None, help="with --json: also draw tok/s and %% of roofline to this PNG")

@@ -80,7 +80,11 @@ class MegakernelBackend(DecodeBackend):
         self.cfg, self.w, self.layout = cfg, weights, layout
         self.device = weights.device
         self.dev_index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        self.arch = arch
         self.lib = build.load(arch)
+        self._lib_prof = None                # the profiling build, loaded on first use
+        self._profile_next = False
+        self.last_profile = None             # timeline.RawProfile of the last profiled launch
         info = (ctypes.c_int * 4)()
         rc = self.lib.mk_device_info(self.dev_index, info)
         if rc:
@@ -163,6 +167,15 @@ class MegakernelBackend(DecodeBackend):
             self._tasks[key] = hit
         return hit
 
+    def profile_next_step(self) -> None:
+        """Run the next launch on the profiling build (every task stamped); its records land in `last_profile`
+        once that launch's completion check has run. The launches after it use the normal build again."""
+        if self._lib_prof is None:
+            from megakernel.kernel import build
+
+            self._lib_prof = build.load(self.arch, profile=True)
+        self._profile_next = True
+
     # ---- one step ----------------------------------------------------------------------------------------------
     def decode(self, batch: ForwardBatch, cache: KVCache, trace: ForwardTrace | None = None,
                _inject_hang: bool = False) -> torch.Tensor:
@@ -243,9 +256,12 @@ class MegakernelBackend(DecodeBackend):
         for t in cache.kv:
             if t.dtype != torch.bfloat16 or t.device != dev or not t.is_contiguous():
                 raise ValueError("the KV cache must be contiguous bf16 on the backend's device")
-        params = self._params(si, tl, tasks, kv, cache, logits, n_step)
+        prof = self._profile_buffers(tl) if self._profile_next else None
+        self._profile_next = False
+        params = self._params(si, tl, tasks, kv, cache, logits, n_step, prof)
         stream = torch.cuda.current_stream(dev)
-        rc = self.lib.mk_launch(self.dev_index, params.ctypes.data_as(
+        lib = self.lib if prof is None else self._lib_prof
+        rc = lib.mk_launch(self.dev_index, params.ctypes.data_as(
             ctypes.POINTER(ctypes.c_longlong)), self.grid, self.smem,
             self.sync.data_ptr(), p.sync_ints * 4, stream.cuda_stream)
         if rc:
@@ -261,9 +277,35 @@ class MegakernelBackend(DecodeBackend):
             for m in range(p.Lm):
                 ids = self.buf["route"][m, p.r_topk_ids:p.r_topk_ids + p.n_pairs].view(p.max_batch, p.topk)[:B]
                 trace.experts.append(ids.long().clone())
-        return logits, tokens, lambda: self._wait(ev, tl, sync_host)
+        if prof is None:
+            return logits, tokens, lambda: self._wait(ev, tl, sync_host)
 
-    def _params(self, si, tl, tasks, kv, cache, logits, n_step) -> np.ndarray:
+        def check_and_keep_profile() -> None:
+            self._wait(ev, tl, sync_host)
+            self.last_profile = self._read_profile(prof, tl, si)
+
+        return logits, tokens, check_and_keep_profile
+
+    def _profile_buffers(self, tl: TaskList) -> dict[str, torch.Tensor]:
+        p = self.plan
+        per_layer = p.n_slots * (p.gu_tiles + p.dn_tiles)
+        return dict(tasks=torch.full((len(tl.records), O.PROF_INTS), -1, dtype=torch.int64, device=self.device),
+                    items=torch.full((max(1, p.Lm), per_layer, O.PROF_INTS), -1, dtype=torch.int64,
+                                     device=self.device),
+                    blocks=torch.zeros(self.grid, O.PROF_BLOCK_INTS, dtype=torch.int64, device=self.device),
+                    per_layer=torch.tensor(per_layer))
+
+    def _read_profile(self, prof: dict[str, torch.Tensor], tl: TaskList, si: StepInputs):
+        from megakernel.kernel.timeline import RawProfile, task_bytes
+
+        items = prof["items"].reshape(-1, O.PROF_INTS).cpu().numpy()
+        nbytes, item_bytes = task_bytes(self.plan, si, tl.records)
+        return RawProfile(prof["tasks"].cpu().numpy(), items[items[:, O.PROF_FIELDS.index("op")] >= 0], prof["blocks"].cpu().numpy(),
+                          tl.records, nbytes, item_bytes, dict(tl.names),
+                          meta=dict(batch=si.B, positions=si.step[self.plan.max_batch:self.plan.max_batch + si.B]
+                                    .tolist(), grid=self.grid))
+
+    def _params(self, si, tl, tasks, kv, cache, logits, n_step, prof=None) -> np.ndarray:
         p, cfg = self.plan, self.cfg
         v = np.zeros(O.NUM_PARAMS, dtype=np.int64)
         P = O.P
@@ -291,6 +333,9 @@ class MegakernelBackend(DecodeBackend):
             norm_topk=int(cfg.norm_topk_prob),
             shared_comb=O.COMB_SUM if cfg.shared_expert_combination == "sum" else O.COMB_AVERAGE,
             watchdog_ns=self.watchdog_ns,
+            prof=prof["tasks"].data_ptr() if prof else 0, prof_items=prof["items"].data_ptr() if prof else 0,
+            prof_items_per_layer=int(prof["per_layer"]) if prof else 0,
+            prof_blocks=prof["blocks"].data_ptr() if prof else 0,
         )
         for name, t in self.buf.items():
             vals[name] = t.data_ptr()

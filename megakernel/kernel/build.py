@@ -106,12 +106,17 @@ def build(arch: str = "sm_90a", extra_flags: tuple[str, ...] = (), verbose: bool
     return lib
 
 
-def load(arch: str = "sm_90a") -> ctypes.CDLL:
-    """Build if needed and load the library (once per process)."""
+PROFILE_FLAGS = ("-DMK_PROFILE=1",)     # the profiling build: every task stamped (kernel/timeline.py)
+
+
+def load(arch: str = "sm_90a", profile: bool = False) -> ctypes.CDLL:
+    """Build if needed and load the library (once per process per build). `profile`: the profiling build, a
+    separate library (its flags are part of the build hash)."""
+    key = f"{arch}{'-profile' if profile else ''}"
     with _lock:
-        if arch in _loaded:
-            return _loaded[arch]
-        lib = ctypes.CDLL(str(build(arch)))
+        if key in _loaded:
+            return _loaded[key]
+        lib = ctypes.CDLL(str(build(arch, PROFILE_FLAGS if profile else ())))
         lib.mk_launch.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_longlong), ctypes.c_int, ctypes.c_int,
                                   ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p]
         lib.mk_launch.restype = ctypes.c_int
@@ -122,14 +127,14 @@ def load(arch: str = "sm_90a") -> ctypes.CDLL:
         lib.mk_device_info.restype = ctypes.c_int
         if lib.mk_num_params() != opcodes.NUM_PARAMS:
             raise BuildError("the loaded library disagrees with opcodes.py on the parameter count")
-        _loaded[arch] = lib
+        _loaded[key] = lib
         return lib
 
 
-if __name__ == "__main__":  # python -m megakernel.kernel.build [arch]: compile and print the resource report
+if __name__ == "__main__":  # python -m megakernel.kernel.build [arch] [--profile]: compile, print the report
     import sys
 
-    arch = sys.argv[1] if len(sys.argv) > 1 else "sm_90a"
-    path = build(arch)
+    arch = next((a for a in sys.argv[1:] if not a.startswith("--")), "sm_90a")
+    path = build(arch, PROFILE_FLAGS if "--profile" in sys.argv else ())
     print(path)
     print((path.parent / "build.log").read_text())

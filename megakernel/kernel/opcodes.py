@@ -99,9 +99,25 @@ PARAM_FIELDS = (
     "norm_type", "norm_eps", "logit_scale", "attn_scale", "sel_fn", "norm_topk", "shared_comb",
     # watchdog
     "watchdog_ns",
+    # profiling build only (0 otherwise): task records [n_tasks][PROF_INTS], MoE item records
+    # [Lm][prof_items_per_layer][PROF_INTS], per-block clock calibration [grid][PROF_BLOCK_INTS] (all int64)
+    "prof", "prof_items", "prof_items_per_layer", "prof_blocks",
 )
 NUM_PARAMS = len(PARAM_FIELDS)
 P = {name: i for i, name in enumerate(PARAM_FIELDS)}
+
+# ---- profiling build (compiled with -DMK_PROFILE=1; see kernel/timeline.py) --------------------------------------
+# One record per executed task (at its ticket) and per MoE work item. Stamps are the executing SM's clock64();
+# the per-block calibration pairs them with %globaltimer at the block's start and end, so the host maps every stamp
+# to nanoseconds on one time base. claim: the block starts the task; issued: its weight (or K/V) loads are issued;
+# waited: its dependency wait is over; landed: its weights and inputs are in shared memory; end: its work is done,
+# taken just before it signals its counter (so a consumer's `waited` can never precede a producer's `end`).
+PROF_FIELDS = ("block", "sm", "op", "layer", "arg", "claim", "issued", "waited", "landed", "end")
+PROF_INTS = len(PROF_FIELDS)
+PROF_STAMPS = ("claim", "issued", "waited", "landed", "end")
+PROF_BLOCK_FIELDS = ("g_start", "c_start", "g_end", "c_end", "timer_step_ns", "sm")
+PROF_BLOCK_INTS = len(PROF_BLOCK_FIELDS)
+PROF_ITEM_GU, PROF_ITEM_DN = 100, 101      # pseudo-opcodes of MoE work items (gate/up tile, down tile)
 
 # ---- per-layer info (int32) and weight pointers (int64) ------------------------------------------------------------
 LAYER_INFO_FIELDS = ("uses_rope", "group", "lig", "window", "moe_idx", "mlp_kind", "mlp_width", "pad")
@@ -135,7 +151,8 @@ def generate_header() -> str:
                   ERR_WATCHDOG=ERR_WATCHDOG, ERR_BAD_OPCODE=ERR_BAD_OPCODE, ERR_BAD_INPUT=ERR_BAD_INPUT,
                   MLP_NONE=MLP_NONE, MLP_DENSE=MLP_DENSE, MLP_SHARED=MLP_SHARED,
                   NORM_RMS=NORM_RMS, NORM_LAYER=NORM_LAYER, SEL_SIGMOID=SEL_SIGMOID, SEL_SOFTMAX=SEL_SOFTMAX,
-                  COMB_SUM=COMB_SUM, COMB_AVERAGE=COMB_AVERAGE)
+                  COMB_SUM=COMB_SUM, COMB_AVERAGE=COMB_AVERAGE, PROF_INTS=PROF_INTS,
+                  PROF_BLOCK_INTS=PROF_BLOCK_INTS, PROF_ITEM_GU=PROF_ITEM_GU, PROF_ITEM_DN=PROF_ITEM_DN)
     lines += [f"#define MK_{k} {v}" for k, v in consts.items()]
     lines.append("")
     lines += [f"#define OP_{op.name} {int(op)}" for op in Op]
@@ -149,5 +166,11 @@ def generate_header() -> str:
     lines += _defines("LI_", LAYER_INFO_FIELDS)
     lines.append("")
     lines += _defines("WP_", WPTR_FIELDS)
+    lines.append("")
+    lines += _defines("PF_", PROF_FIELDS)
+    lines.append("")
+    lines += _defines("PS_", PROF_STAMPS)
+    lines.append("")
+    lines += _defines("PB_", PROF_BLOCK_FIELDS)
     lines.append("")
     return "\n".join(lines) + "\n"

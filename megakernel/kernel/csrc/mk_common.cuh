@@ -7,6 +7,11 @@
 
 typedef __nv_bfloat16 bf16;
 
+// The profiling build (-DMK_PROFILE=1) stamps every task; the normal build compiles every stamp away.
+#ifndef MK_PROFILE
+#define MK_PROFILE 0
+#endif
+
 struct Params {
     long long v[MK_NUM_PARAMS];
 };
@@ -60,6 +65,20 @@ __device__ __forceinline__ unsigned long long globaltimer() {
     return t;
 }
 
+__device__ __forceinline__ unsigned smid() {
+    unsigned id;
+    asm volatile("mov.u32 %0, %%smid;\n" : "=r"(id));
+    return id;
+}
+
+// Stamps of the task this block is running (PS_* slots, clock64 of this SM), written by thread 0 only.
+__shared__ long long s_prof[5];
+__device__ __forceinline__ void prof_mark(int slot) {
+#if MK_PROFILE
+    if (threadIdx.x == 0) s_prof[slot] = clock64();
+#endif
+}
+
 // Thread 0 only. Spins until counters[c] >= target. Returns false when the step is aborted (another block's
 // watchdog fired) or when this wait exceeds the watchdog: then it records which counter is stuck and aborts.
 __device__ __noinline__ bool wait_counter(const Params& P, int c, int target, int task) {
@@ -97,9 +116,11 @@ __device__ __forceinline__ bool block_wait(const Params& P, int c, int target, i
     return __syncthreads_and(ok) != 0;
 }
 
-// All threads: everything this block wrote is published, then counters[c] += 1 (release, gpu scope).
+// All threads: everything this block wrote is published, then counters[c] += 1 (release, gpu scope). The task's
+// end stamp is taken before the release, so no consumer can see the counter before it.
 __device__ __forceinline__ void block_signal(const Params& P, int c) {
     __syncthreads();
+    prof_mark(PS_END);
     if (c >= 0 && threadIdx.x == 0) {
         __threadfence();
         red_release(PP(int*, counters) + c, 1);

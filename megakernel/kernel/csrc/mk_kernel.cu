@@ -34,6 +34,7 @@ __device__ __forceinline__ void issue_weights(const Tile& T) {
         cp_async16(sW + (size_t)u * 8, src);
     }
     cp_async_commit();
+    prof_mark(PS_ISSUED);
 }
 
 __shared__ const bf16* s_xrow[MB];
@@ -49,6 +50,7 @@ __device__ __forceinline__ void load_x_and_wait(int nb, int K) {
     cp_async_commit();
     cp_async_wait_all();
     __syncthreads();
+    prof_mark(PS_LANDED);
 }
 
 // sOut[r * MB + b] = dot(W[r, :], X[b, :]) in fp32 for r < R, b < nb. Each warp takes (row, K-slice) items.
@@ -124,6 +126,7 @@ __device__ __forceinline__ bool wait_rec(const Params& P, const int* rec, int ti
             if (c >= 0) ok = wait_counter(P, c, rec[RF_W0T + 2 * k], ticket) ? 1 : 0;
         }
     }
+    prof_mark(PS_WAITED);
     return __syncthreads_and(ok) != 0;
 }
 
@@ -400,8 +403,10 @@ __device__ bool task_attn(const Params& P, const int* rec, int ticket) {
     // Keys before this step's position were written by earlier launches: load them before waiting.
     const bool pre = t0 + n0 <= p;
     if (pre) load_chunk(t0, n0, 0);
+    if (pre) prof_mark(PS_ISSUED);
     if (!wait_rec(P, rec, ticket)) { cp_async_wait_all(); return false; }
     if (!pre) load_chunk(t0, n0, 0);
+    if (!pre) prof_mark(PS_ISSUED);
     const bf16* qg = PP(const bf16*, q) + ((size_t)l * Bm + s) * Q + (size_t)kvh * gq * d;
     for (int i = threadIdx.x; i < gq * d; i += NT) sQ[i] = ldcg_bf(qg + i);
     if (threadIdx.x < gq) { sM[threadIdx.x] = -INFINITY; sL[threadIdx.x] = 0.f; }
@@ -410,6 +415,7 @@ __device__ bool task_attn(const Params& P, const int* rec, int ticket) {
     for (int k = 0; k < MK_ATTN_OUT_PER_THREAD; k++) acc[k] = 0.f;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int stage = 0;
+    bool first = true;
     while (t0 < k1) {
         const int n = chunk_len(t0), t1 = t0 + n;
         if (t1 < k1) {
@@ -419,6 +425,8 @@ __device__ bool task_attn(const Params& P, const int* rec, int ticket) {
             cp_async_wait_group<0>();
         }
         __syncthreads();
+        if (first) prof_mark(PS_LANDED);         // the first chunk of K/V is in shared memory
+        first = false;
         for (int i = threadIdx.x; i < gq * n; i += NT) {
             const int h = i / n, t = i - h * n;
             const uint4* kr = reinterpret_cast<const uint4*>(sK + (size_t)(stage * CH + t) * rowp);
@@ -631,9 +639,33 @@ __device__ bool task_topk(const Params& P, const int* rec, int ticket) {
     return true;
 }
 
+// ---- profiling records (thread 0) -----------------------------------------------------------------------------
+__device__ __forceinline__ void prof_record(long long* r, int op, int layer, long long arg) {
+#if MK_PROFILE
+    if (threadIdx.x != 0) return;
+    if (s_prof[PS_LANDED] < s_prof[PS_WAITED]) s_prof[PS_LANDED] = s_prof[PS_WAITED];   // tasks that stage nothing
+    if (s_prof[PS_LANDED] < s_prof[PS_ISSUED]) s_prof[PS_LANDED] = s_prof[PS_ISSUED];
+    r[PF_BLOCK] = blockIdx.x; r[PF_SM] = smid(); r[PF_OP] = op; r[PF_LAYER] = layer; r[PF_ARG] = arg;
+    r[PF_CLAIM] = s_prof[PS_CLAIM]; r[PF_ISSUED] = s_prof[PS_ISSUED]; r[PF_WAITED] = s_prof[PS_WAITED];
+    r[PF_LANDED] = s_prof[PS_LANDED]; r[PF_END] = s_prof[PS_END];
+#endif
+}
+
+__device__ __forceinline__ void prof_reset() {
+#if MK_PROFILE
+    if (threadIdx.x == 0) {
+        const long long t = clock64();
+        for (int k = 0; k < 5; k++) s_prof[k] = t;
+    }
+#endif
+}
+
 // ---- MOE_WORKER: claims expert work items of one layer until the queue is empty --------------------------------
 __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
     if (!wait_rec(P, rec, ticket)) return false;
+#if MK_PROFILE
+    const long long task_claim = s_prof[PS_CLAIM], task_waited = s_prof[PS_WAITED];   // thread 0's copies
+#endif
     const int l = rec[RF_LAYER], m = rec[RF_A0];
     const int H = PI(H), I = PI(I), Bm = PI(Bm), topk = PI(topk), np = PI(n_pairs);
     const int gu_rows = PI(gu_rows), gu_tiles = PI(gu_tiles), dn_rows = PI(dn_rows);
@@ -653,6 +685,7 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
         __syncthreads();
         const int item = s_w[2];
         if (item >= n_items) break;
+        prof_reset();
         const bool down = item >= n_gu;
         int slot, t;
         if (!down) { slot = item / gu_tiles; t = item - slot * gu_tiles; }
@@ -674,6 +707,7 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
         issue_weights(T);
         const int gu_ctr = l * PI(cpl) + PI(c_gu) + slot;
         if (down && !block_wait(P, gu_ctr, gu_tiles, ticket)) { cp_async_wait_all(); return false; }
+        prof_mark(PS_WAITED);
         if (threadIdx.x < cnt) {
             const int i = threadIdx.x;
             s_xrow[i] = down ? PP(const bf16*, eact) + ((size_t)m * np + st + i) * I
@@ -691,6 +725,8 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
                 out[(size_t)b * I + r0 + r] = f2bf(rbf(g / (1.f + expf(-g))) * u);
             }
             block_signal(P, gu_ctr);
+            prof_record(PP(long long*, prof_items) + ((size_t)m * PI(prof_items_per_layer) + item) * MK_PROF_INTS,
+                        MK_PROF_ITEM_GU, l, ((long long)e << 16) | item);
         } else {
             bf16* y = PP(bf16*, y) + (size_t)m * Bm * topk * H;
             for (int i = threadIdx.x; i < nr * cnt; i += NT) {
@@ -700,8 +736,20 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
                 const int row = ldcg_i(route + PI(r_pair_row) + pi), rank = ldcg_i(route + PI(r_pair_rank) + pi);
                 y[((size_t)row * topk + rank) * H + r0 + r] = f2bf(rbf(sOut[r * MB + b]) * w);
             }
+#if MK_PROFILE
+            __syncthreads();
+            prof_mark(PS_END);
+            prof_record(PP(long long*, prof_items) + ((size_t)m * PI(prof_items_per_layer) + item) * MK_PROF_INTS,
+                        MK_PROF_ITEM_DN, l, ((long long)e << 16) | item);
+#endif
         }
     }
+#if MK_PROFILE
+    if (threadIdx.x == 0) {
+        s_prof[PS_CLAIM] = task_claim;
+        s_prof[PS_ISSUED] = s_prof[PS_WAITED] = s_prof[PS_LANDED] = task_waited;
+    }
+#endif
     block_signal(P, rec[RF_SIG]);
     return true;
 }
@@ -734,6 +782,20 @@ extern "C" __global__ void __launch_bounds__(NT, 1) mk_decode(const __grid_const
     int* ctrl = PP(int*, ctrl);
     const int* tasks = PP(const int*, tasks);
     const int n_tasks = PI(n_tasks);
+#if MK_PROFILE
+    long long* pblock = PP(long long*, prof_blocks) + (size_t)blockIdx.x * MK_PROF_BLOCK_INTS;
+    if (threadIdx.x == 0) {
+        // the global timer's step: read it until it moved twice
+        unsigned long long a = globaltimer(), b;
+        while ((b = globaltimer()) == a) {}
+        unsigned long long c2;
+        while ((c2 = globaltimer()) == b) {}
+        pblock[PB_TIMER_STEP_NS] = (long long)(c2 - b);
+        pblock[PB_C_START] = clock64();
+        pblock[PB_G_START] = (long long)globaltimer();
+        pblock[PB_SM] = smid();
+    }
+#endif
     if (threadIdx.x == 0) s_next = atomicAdd(ctrl + CTRL_TICKET, 1);
     __syncthreads();
     while (true) {
@@ -747,6 +809,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) mk_decode(const __grid_const
         if (threadIdx.x < MK_REC_INTS) s_rec[threadIdx.x] = __ldg(tasks + (size_t)ticket * MK_REC_INTS + threadIdx.x);
         __syncthreads();
         if (s_abort) break;
+        prof_reset();
         bool ok;
         switch (s_rec[RF_OP]) {
             case OP_NORM: ok = task_norm(P, s_rec, ticket); break;
@@ -766,8 +829,15 @@ extern "C" __global__ void __launch_bounds__(NT, 1) mk_decode(const __grid_const
                 ok = false;
         }
         if (!ok) break;
+        prof_record(PP(long long*, prof) + (size_t)ticket * MK_PROF_INTS, s_rec[RF_OP], s_rec[RF_LAYER], ticket);
     }
     __syncthreads();
+#if MK_PROFILE
+    if (threadIdx.x == 0) {
+        pblock[PB_G_END] = (long long)globaltimer();
+        pblock[PB_C_END] = clock64();
+    }
+#endif
     if (threadIdx.x == 0) atomicAdd(ctrl + CTRL_DONE_BLOCKS, 1);
 }
 

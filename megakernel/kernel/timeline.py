@@ -1,0 +1,440 @@
+"""The megakernel's SM timeline: what every block did during one decode step, from the profiling build's stamps.
+
+The profiling build (`build.load(profile=True)`, `MegakernelBackend.profile_next_step()`) writes one record per
+task and per MoE work item (layout in opcodes.PROF_FIELDS) and a clock calibration per block. This module turns
+them into a `Timeline` on one nanosecond time base, checks its invariants, summarises where the step's time went
+(per opcode: busy, dependency wait, weight landing, bytes and GB/s; the critical path through the dependency graph;
+the start-up ramp and the idle tail), and renders a Chrome/Perfetto trace and a PNG.
+
+`emulate()` builds the same records from a simple model of the kernel (blocks claim tickets in list order, each
+task lasts a fixed cost plus its bytes at a per-SM rate): the CPU tests check the summary and the pictures on it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from megakernel.kernel import opcodes as O
+
+F = {n: i for i, n in enumerate(O.PROF_FIELDS)}
+PB = {n: i for i, n in enumerate(O.PROF_BLOCK_FIELDS)}
+STAMPS = O.PROF_STAMPS
+
+
+def op_name(op: int) -> str:
+    if op == O.PROF_ITEM_GU:
+        return "MOE_GATE_UP"
+    if op == O.PROF_ITEM_DN:
+        return "MOE_DOWN"
+    try:
+        return O.Op(op).name
+    except ValueError:
+        return f"op{op}"
+
+
+@dataclass
+class RawProfile:
+    """What the profiling build wrote for one launch, and what the host knew when it launched it."""
+
+    tasks: np.ndarray              # [n_tasks, PROF_INTS] int64, clock64 stamps; row i = ticket i
+    items: np.ndarray              # [n, PROF_INTS] int64, the MoE work items that ran
+    blocks: np.ndarray             # [grid, PROF_BLOCK_INTS] int64
+    records: np.ndarray            # the task list [n_tasks, REC_INTS] int32
+    task_bytes: np.ndarray         # bytes each task reads from HBM (weights, K/V)
+    item_bytes: dict[int, int]     # pseudo-op -> bytes of one MoE work item
+    counter_names: dict[int, str] = field(default_factory=dict)
+    meta: dict = field(default_factory=dict)
+
+
+@dataclass
+class Timeline:
+    """Stamps in ns from the step's launch (the first block's start). Columns: see `Events`."""
+
+    tasks: "Events"
+    items: "Events"
+    n_blocks: int
+    timer_step_ns: float           # resolution of the GPU's global timer: cross-SM comparisons hold to about it
+    block_start: np.ndarray        # [grid] ns
+    records: np.ndarray
+    counter_names: dict[int, str]
+    meta: dict
+
+    @property
+    def step_ns(self) -> float:
+        return float(max(self.tasks.end.max(initial=0), self.items.end.max(initial=0)))
+
+
+@dataclass
+class Events:
+    block: np.ndarray
+    sm: np.ndarray
+    op: np.ndarray
+    layer: np.ndarray
+    arg: np.ndarray
+    claim: np.ndarray
+    issued: np.ndarray
+    waited: np.ndarray
+    landed: np.ndarray
+    end: np.ndarray
+    nbytes: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.op)
+
+
+def to_timeline(raw: RawProfile) -> Timeline:
+    """Map every block's clock64 stamps to ns through its (globaltimer, clock64) pairs at start and end."""
+    b = raw.blocks.astype(np.float64)
+    g0, c0, g1, c1 = (b[:, PB[k]] for k in ("g_start", "c_start", "g_end", "c_end"))
+    rate = (g1 - g0) / np.maximum(c1 - c0, 1.0)              # ns per clock, per block
+    origin = g0.min()
+
+    def events(rows: np.ndarray, nbytes: np.ndarray) -> Events:
+        blk = rows[:, F["block"]].astype(np.int64)
+        cols = {}
+        for k in STAMPS:
+            c = rows[:, F[k]].astype(np.float64)
+            cols[k] = g0[blk] + (c - c0[blk]) * rate[blk] - origin
+        return Events(blk, rows[:, F["sm"]].astype(np.int64), rows[:, F["op"]].astype(np.int64),
+                      rows[:, F["layer"]].astype(np.int64), rows[:, F["arg"]].astype(np.int64), **cols,
+                      nbytes=nbytes.astype(np.float64))
+
+    item_b = np.array([raw.item_bytes.get(int(op), 0) for op in raw.items[:, F["op"]]], dtype=np.float64)
+    return Timeline(events(raw.tasks, raw.task_bytes), events(raw.items, item_b), len(raw.blocks),
+                    float(raw.blocks[:, PB["timer_step_ns"]].max(initial=0)), g0 - origin, raw.records,
+                    raw.counter_names, dict(raw.meta))
+
+
+# ---- invariants ----------------------------------------------------------------------------------------------
+def producers(records: np.ndarray) -> dict[int, np.ndarray]:
+    """counter -> the task indices that signal it."""
+    sig = records[:, O.R["sig"]]
+    out: dict[int, list[int]] = {}
+    for i, c in enumerate(sig.tolist()):
+        if c >= 0:
+            out.setdefault(c, []).append(i)
+    return {c: np.asarray(v) for c, v in out.items()}
+
+
+def check_invariants(raw: RawProfile, tl: Timeline, tol_ns: float | None = None) -> list[str]:
+    """What must hold for any correct trace: every task recorded exactly once under its own ticket and opcode, the
+    stamps of each task and item in order, and no task's wait over before every producer of its counters ended
+    (to within the timer's resolution across SMs). Returns the violations (empty: all good)."""
+    tol = tl.timer_step_ns * 2 + 100 if tol_ns is None else tol_ns
+    bad: list[str] = []
+    rec, t = raw.records, tl.tasks
+    n = len(rec)
+    if len(t) != n:
+        bad.append(f"{len(t)} task records for {n} tasks")
+        return bad
+    tickets = raw.tasks[:, F["arg"]]
+    if not np.array_equal(tickets, np.arange(n)):
+        missing = np.setdiff1d(np.arange(n), tickets)
+        bad.append(f"tasks without their record: {missing[:10].tolist()} ({len(missing)} in all)")
+    if not np.array_equal(raw.tasks[:, F["op"]], rec[:, O.R["op"]]):
+        bad.append("task records whose opcode differs from the task list's")
+    for name, ev in (("task", t), ("item", tl.items)):
+        start = ev.claim
+        order = [(start <= ev.issued), (start <= ev.waited), (np.maximum(ev.issued, ev.waited) <= ev.landed),
+                 (ev.landed <= ev.end)]
+        ok = np.logical_and.reduce(order) if len(ev) else np.ones(0, bool)
+        if not ok.all():
+            i = int(np.flatnonzero(~ok)[0])
+            bad.append(f"{(~ok).sum()} {name}s with stamps out of order, e.g. #{i}: "
+                       + ", ".join(f"{k} {getattr(ev, k)[i]:.0f}" for k in STAMPS))
+    prod = producers(rec)
+    late = 0
+    example = ""
+    for k in range(O.MAX_WAITS):
+        cs = rec[:, O.R[f"w{k}c"]]
+        for i in np.flatnonzero(cs >= 0):
+            p = prod.get(int(cs[i]))
+            if p is None:
+                continue
+            worst = t.end[p].max()
+            if t.waited[i] + tol < worst:
+                late += 1
+                if not example:
+                    example = (f"task {i} ({op_name(int(rec[i, 0]))}) ended its wait at {t.waited[i]:.0f} ns, "
+                               f"a producer of counter {int(cs[i])} ended at {worst:.0f} ns")
+    if late:
+        bad.append(f"{late} waits over before their producers ended: {example}")
+    return bad
+
+
+# ---- summary --------------------------------------------------------------------------------------------------
+def critical_path(tl: Timeline) -> list[int]:
+    """Task indices of the dependency chain that ends the step: from the last task to end, repeatedly the producer
+    (of any counter the task waited on) that ended last."""
+    rec, t = tl.records, tl.tasks
+    prod = producers(rec)
+    cur = int(np.argmax(t.end))
+    path = [cur]
+    while True:
+        best, best_end = -1, -np.inf
+        for k in range(O.MAX_WAITS):
+            c = int(rec[cur, O.R[f"w{k}c"]])
+            if c >= 0 and c in prod:
+                p = prod[c]
+                j = int(p[np.argmax(t.end[p])])
+                if t.end[j] > best_end:
+                    best, best_end = j, t.end[j]
+        if best < 0:
+            break
+        path.append(best)
+        cur = best
+    return path[::-1]
+
+
+def summarize(tl: Timeline) -> dict:
+    """Where the step's time went. Time figures in microseconds; "SM-us" are summed over blocks, so dividing by
+    the block count gives the share of the step's wall time."""
+    t, items = tl.tasks, tl.items
+    step = tl.step_ns
+    per_op: dict[str, dict] = {}
+
+    def add(ev: Events, mask: np.ndarray, name: str) -> None:
+        if not mask.any():
+            return
+        d = per_op.setdefault(name, dict(count=0, busy=0.0, dep_wait=0.0, load_wait=0.0, compute=0.0, bytes=0.0))
+        d["count"] += int(mask.sum())
+        d["busy"] += float((ev.end - ev.claim)[mask].sum()) / 1e3
+        d["dep_wait"] += float((ev.waited - ev.claim)[mask].sum()) / 1e3
+        d["load_wait"] += float((ev.landed - np.maximum(ev.waited, ev.claim))[mask].sum()) / 1e3
+        d["compute"] += float((ev.end - ev.landed)[mask].sum()) / 1e3
+        d["bytes"] += float(ev.nbytes[mask].sum())
+
+    for op in np.unique(t.op):
+        add(t, t.op == op, op_name(int(op)))
+    for op in np.unique(items.op):
+        add(items, items.op == op, op_name(int(op)))
+    for d in per_op.values():
+        d["gb_per_s_per_sm"] = d["bytes"] / (d["busy"] * 1e3) if d["busy"] > 0 else 0.0
+        d["gb_per_s_of_step"] = d["bytes"] / step if step > 0 else 0.0
+    # per block: start-up, gaps between tasks, idle tail
+    first = np.full(tl.n_blocks, np.inf)
+    last = np.zeros(tl.n_blocks)
+    busy_per_block = np.zeros(tl.n_blocks)
+    np.minimum.at(first, t.block, t.claim)
+    np.maximum.at(last, t.block, t.end)
+    np.add.at(busy_per_block, t.block, t.end - t.claim)
+    first = np.where(np.isfinite(first), first, step)
+    tail = step - last
+    head = first
+    gaps = np.maximum(0.0, (last - first) - busy_per_block)
+    path = critical_path(tl)
+    path_ops: dict[str, float] = {}
+    prev_end = 0.0
+    for i in path:
+        name = op_name(int(t.op[i]))
+        path_ops[name] = path_ops.get(name, 0.0) + (t.end[i] - max(prev_end, 0.0)) / 1e3
+        prev_end = t.end[i]
+    sm_us = {
+        "dependency waits": float((t.waited - t.claim).sum()) / 1e3,
+        "weights landing": float((t.landed - np.maximum(t.waited, t.claim)).sum()) / 1e3,
+        "compute and epilogues": float((t.end - t.landed).sum()) / 1e3,
+        "start-up (before the first task)": float(head.sum()) / 1e3,
+        "idle tail (after the last task)": float(tail.sum()) / 1e3,
+        "between tasks (claim, record fetch)": float(gaps.sum()) / 1e3,
+    }
+    return dict(
+        step_us=step / 1e3, n_blocks=tl.n_blocks, n_tasks=len(t), n_items=len(items),
+        timer_step_ns=tl.timer_step_ns, per_op=per_op,
+        last_block_start_us=float(head.max()) / 1e3,
+        idle_tail_us=dict(mean=float(tail.mean()) / 1e3, max=float(tail.max()) / 1e3),
+        critical_path=dict(us=float(t.end[path[-1]]) / 1e3, tasks=len(path),
+                           by_op={k: round(v, 2) for k, v in sorted(path_ops.items(), key=lambda kv: -kv[1])}),
+        sm_time_us_per_step={k: round(v / tl.n_blocks, 2) for k, v in sorted(sm_us.items(), key=lambda kv: -kv[1])},
+        meta=tl.meta,
+    )
+
+
+def format_summary(s: dict) -> str:
+    lines = [f"megakernel step: {s['step_us']:.1f} us on {s['n_blocks']} blocks, {s['n_tasks']} tasks + "
+             f"{s['n_items']} MoE items (global timer step {s['timer_step_ns']:.0f} ns)"]
+    lines.append(f"{'opcode':<14}{'count':>8}{'busy SM-us':>12}{'dep wait':>10}{'landing':>10}{'compute':>10}"
+                 f"{'MB':>9}{'GB/s/SM':>9}{'GB/s':>7}")
+    for name, d in sorted(s["per_op"].items(), key=lambda kv: -kv[1]["busy"]):
+        lines.append(f"{name:<14}{d['count']:>8}{d['busy']:>12.0f}{d['dep_wait']:>10.0f}{d['load_wait']:>10.0f}"
+                     f"{d['compute']:>10.0f}{d['bytes'] / 1e6:>9.1f}{d['gb_per_s_per_sm']:>9.1f}"
+                     f"{d['gb_per_s_of_step']:>7.0f}")
+    cp = s["critical_path"]
+    lines.append(f"critical path: {cp['us']:.1f} us through {cp['tasks']} tasks; by opcode (us): "
+                 + ", ".join(f"{k} {v:.1f}" for k, v in cp["by_op"].items()))
+    lines.append(f"last block starts {s['last_block_start_us']:.1f} us after launch; idle tail mean "
+                 f"{s['idle_tail_us']['mean']:.1f} us, max {s['idle_tail_us']['max']:.1f} us")
+    lines.append("SM time per step (us, summed over blocks / blocks): "
+                 + ", ".join(f"{k} {v:.1f}" for k, v in s["sm_time_us_per_step"].items()))
+    return "\n".join(lines)
+
+
+# ---- renderings -----------------------------------------------------------------------------------------------
+def chrome_trace(tl: Timeline) -> dict:
+    """Chrome / Perfetto trace: one track per block (one block per SM), one slice per task with its waits as
+    nested slices, MoE work items nested in their worker task."""
+    ev = []
+    for b in range(tl.n_blocks):
+        sms = tl.tasks.sm[tl.tasks.block == b]
+        label = f"SM {int(sms[0])} (block {b})" if len(sms) else f"block {b}"
+        ev.append(dict(ph="M", name="thread_name", pid=0, tid=b, args=dict(name=label)))
+        ev.append(dict(ph="M", name="thread_sort_index", pid=0, tid=b, args=dict(sort_index=b)))
+
+    def slices(e: Events, i: int, name: str, args: dict) -> None:
+        b = int(e.block[i])
+        us = lambda x: round(float(x) / 1e3, 3)  # noqa: E731
+        ev.append(dict(ph="X", pid=0, tid=b, name=name, ts=us(e.claim[i]), dur=us(e.end[i] - e.claim[i]),
+                       args=args))
+        if e.waited[i] > e.claim[i]:
+            ev.append(dict(ph="X", pid=0, tid=b, name="wait: dependency", ts=us(e.claim[i]),
+                           dur=us(e.waited[i] - e.claim[i]), cname="grey"))
+        lo = max(e.waited[i], e.claim[i])
+        if e.landed[i] > lo:
+            ev.append(dict(ph="X", pid=0, tid=b, name="wait: weights landing", ts=us(lo), dur=us(e.landed[i] - lo),
+                           cname="yellow"))
+
+    t = tl.tasks
+    for i in range(len(t)):
+        slices(t, i, op_name(int(t.op[i])), dict(layer=int(t.layer[i]), ticket=int(t.arg[i]),
+                                                 bytes=int(t.nbytes[i])))
+    it = tl.items
+    for i in range(len(it)):
+        slices(it, i, op_name(int(it.op[i])), dict(layer=int(it.layer[i]), expert=int(it.arg[i]) >> 16,
+                                                   item=int(it.arg[i]) & 0xFFFF, bytes=int(it.nbytes[i])))
+    return dict(traceEvents=ev, displayTimeUnit="ns", otherData=dict(tl.meta))
+
+
+def write_trace(tl: Timeline, path: str) -> None:
+    """The Chrome trace as JSON (gzip-compressed when `path` ends in .gz; Perfetto opens both)."""
+    text = json.dumps(chrome_trace(tl), separators=(",", ":"))
+    if path.endswith(".gz"):
+        import gzip
+
+        with gzip.open(path, "wt") as f:
+            f.write(text)
+    else:
+        with open(path, "w") as f:
+            f.write(text)
+
+
+COLORS = {"NORM": "#7f7f7f", "QKV": "#1f77b4", "ATTN": "#ff7f0e", "ATTN_COMBINE": "#ffbb78", "OPROJ": "#2ca02c",
+          "ROUTER": "#9467bd", "TOPK": "#c5b0d5", "MOE_WORKER": "#e0e0e0", "MOE_GATE_UP": "#d62728",
+          "MOE_DOWN": "#ff9896", "MLP_GU": "#8c564b", "MLP_DOWN": "#c49c94", "LM_HEAD": "#17becf",
+          "ARGMAX": "#000000"}
+
+
+def plot_timeline(tl: Timeline, path: str, title: str | None = None) -> None:
+    """One row per block (y), time (x), colour by opcode; dependency waits hatched, weight landing pale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    fig, ax = plt.subplots(figsize=(16, max(4.0, tl.n_blocks * 0.07)))
+    used: set[str] = set()
+
+    def draw(e: Events, skip_worker: bool) -> None:
+        for i in range(len(e)):
+            name = op_name(int(e.op[i]))
+            if skip_worker and name == "MOE_WORKER":
+                continue            # drawn through its items
+            used.add(name)
+            c = COLORS.get(name, "#bcbd22")
+            y = int(e.block[i])
+            t0, tw, tl_, t1 = e.claim[i] / 1e3, e.waited[i] / 1e3, e.landed[i] / 1e3, e.end[i] / 1e3
+            if tw > t0:
+                ax.broken_barh([(t0, tw - t0)], (y - 0.4, 0.8), facecolors=c, alpha=0.25, hatch="////",
+                               edgecolor=c, linewidth=0)
+            lo = max(tw, t0)
+            if tl_ > lo:
+                ax.broken_barh([(lo, tl_ - lo)], (y - 0.4, 0.8), facecolors=c, alpha=0.45, linewidth=0)
+            ax.broken_barh([(tl_, t1 - tl_)], (y - 0.4, 0.8), facecolors=c, linewidth=0)
+
+    draw(tl.tasks, skip_worker=len(tl.items) > 0)
+    draw(tl.items, skip_worker=False)
+    ax.set_xlabel("time since launch (us)")
+    ax.set_ylabel("block (one per SM)")
+    ax.set_ylim(-1, tl.n_blocks)
+    ax.set_xlim(0, tl.step_ns / 1e3)
+    ax.invert_yaxis()
+    handles = [Patch(color=COLORS.get(n, "#bcbd22"), label=n) for n in sorted(used)]
+    handles += [Patch(facecolor="white", edgecolor="grey", hatch="////", label="dependency wait"),
+                Patch(facecolor="grey", alpha=0.45, label="weights landing")]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    ax.set_title(title or f"megakernel decode step: {tl.step_ns / 1e3:.0f} us")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---- bytes each task moves --------------------------------------------------------------------------------------
+def task_bytes(plan, si, records: np.ndarray) -> tuple[np.ndarray, dict[int, int]]:
+    """HBM bytes each task reads (weight tiles, K/V of its split), and of one MoE work item by kind."""
+    op, layer, a1 = records[:, O.R["op"]], records[:, O.R["layer"]], records[:, O.R["a1"]].astype(np.int64)
+    H, Q, d, elt = plan.H, plan.Q, plan.d, 2
+    out = np.zeros(len(records), dtype=np.int64)
+    for o, k in ((O.Op.QKV, H), (O.Op.ROUTER, H), (O.Op.LM_HEAD, H), (O.Op.OPROJ, Q)):
+        m = op == o
+        out[m] = a1[m] * k * elt
+    m = op == O.Op.MLP_GU
+    out[m] = 2 * a1[m] * H * elt
+    for i in np.flatnonzero(op == O.Op.MLP_DOWN):
+        out[i] = a1[i] * plan.mlp_width[int(layer[i])] * elt
+    Bm = plan.max_batch
+    pos = si.step[Bm:Bm + si.B]
+    info = plan.layer_info()
+    S = si.split_tokens
+    for i in np.flatnonzero(op == O.Op.ATTN):
+        s, j, l = int(records[i, O.R["a0"]]), int(records[i, O.R["a2"]]), int(layer[i])
+        p = int(pos[s])
+        W = int(info[l, O.LAYER_INFO_FIELDS.index("window")])
+        lo = max(0, p - W + 1) if W > 0 else 0
+        k0 = lo + j * S
+        out[i] = max(0, min(p + 1, k0 + S) - k0) * d * 2 * elt
+    items = {O.PROF_ITEM_GU: 2 * plan.gu_rows * H * elt, O.PROF_ITEM_DN: plan.dn_rows * plan.I * elt}
+    return out, items
+
+
+# ---- a model of the schedule (CPU tests) ---------------------------------------------------------------------------
+def emulate(records: np.ndarray, nbytes: np.ndarray, n_blocks: int, *, task_ns: float = 3600.0,
+            gbps_per_sm: float = 30.0, clock_ghz: float = 1.98, seed: int = 0) -> RawProfile:
+    """Records as the profiling build would write them for a kernel where blocks claim tickets in list order and
+    each task takes `task_ns` plus its bytes at `gbps_per_sm`, its loads issued at claim and its wait over once
+    every producer ended. MoE workers run no items here."""
+    rng = np.random.default_rng(seed)
+    n = len(records)
+    prod = producers(records)
+    free = np.zeros(n_blocks)
+    end = np.zeros(n)
+    rows = np.zeros((n, O.PROF_INTS), dtype=np.int64)
+    start_g = rng.uniform(0, 2000, n_blocks)                 # blocks start at slightly different times
+    free[:] = start_g
+    clock0 = rng.integers(1 << 30, 1 << 40, n_blocks).astype(np.float64)
+
+    def clk(b: int, ns: float) -> int:
+        return int(clock0[b] + (ns - start_g[b]) * clock_ghz)
+
+    for i in range(n):
+        b = int(np.argmin(free))
+        claim = free[b]
+        ready = claim
+        for k in range(O.MAX_WAITS):
+            c = int(records[i, O.R[f"w{k}c"]])
+            if c >= 0 and c in prod:
+                ready = max(ready, end[prod[c]].max())
+        load_ns = nbytes[i] / gbps_per_sm
+        issued = claim + 50.0
+        landed = max(ready, issued + load_ns)
+        end[i] = landed + task_ns * rng.uniform(0.8, 1.2)
+        free[b] = end[i] + 200.0
+        rows[i] = [b, b, int(records[i, O.R["op"]]), int(records[i, O.R["layer"]]), i,
+                   clk(b, claim), clk(b, issued), clk(b, ready), clk(b, landed), clk(b, end[i])]
+    blocks = np.zeros((n_blocks, O.PROF_BLOCK_INTS), dtype=np.int64)
+    step_end = free.max()
+    for b in range(n_blocks):
+        blocks[b] = [int(start_g[b]), clk(b, start_g[b]), int(step_end), clk(b, step_end), 32, b]
+    return RawProfile(rows, np.zeros((0, O.PROF_INTS), np.int64), blocks, records, nbytes, {},
+                      meta=dict(emulated=True))

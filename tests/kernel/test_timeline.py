@@ -1,0 +1,94 @@
+"""The SM timeline tools on a trace emulated from a real task list (CPU): invariants, summary, critical path,
+Chrome trace and PNG. The GPU test (test_gpu_profile.py) runs the same checks on the profiling build's trace."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from kernel_helpers import decode_batch, make_cfg, prefill_state, tiny_weights
+from megakernel.kernel import opcodes as O
+from megakernel.kernel import timeline as T
+from megakernel.kernel.schedule import ModelPlan, build_tasks, step_inputs
+
+
+@pytest.fixture(scope="module")
+def emulated():
+    cfg = make_cfg("north_like")
+    w = tiny_weights(cfg)
+    st = prefill_state(cfg, w, [13, 30, 5], chunk=16)
+    batch = decode_batch(st, [5, 6, 7])
+    plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=8, split_tokens=8)
+    si = step_inputs(plan, batch.input_ids.tolist(), batch.positions.tolist(), batch.block_tables)
+    tl = build_tasks(plan, si.B, si.nsplit)
+    nbytes, item_bytes = T.task_bytes(plan, si, tl.records)
+    raw = T.emulate(tl.records, nbytes, n_blocks=8)
+    return raw, T.to_timeline(raw), tl
+
+
+def test_emulated_trace_meets_the_invariants(emulated):
+    raw, tl, _ = emulated
+    assert T.check_invariants(raw, tl) == []
+
+
+def test_invariant_checks_catch_broken_traces(emulated):
+    raw, tl, tasks = emulated
+    # a consumer whose wait ends before its producer ended
+    rec = raw.records
+    i = int(np.flatnonzero(rec[:, O.R["op"]] == O.Op.ATTN)[0])
+    bad = raw.tasks.copy()
+    f = {n: k for k, n in enumerate(O.PROF_FIELDS)}
+    bad[i, f["waited"]] = bad[i, f["claim"]]
+    bad[i, f["issued"]] = bad[i, f["claim"]]
+    broken = T.RawProfile(bad, raw.items, raw.blocks, rec, raw.task_bytes, raw.item_bytes)
+    found = T.check_invariants(broken, T.to_timeline(broken), tol_ns=0)
+    assert any("before their producers ended" in v for v in found), found
+    # a task recorded twice (another one missing)
+    dup = raw.tasks.copy()
+    dup[3] = dup[2]
+    broken = T.RawProfile(dup, raw.items, raw.blocks, rec, raw.task_bytes, raw.item_bytes)
+    found = T.check_invariants(broken, T.to_timeline(broken))
+    assert any("without their record" in v for v in found), found
+    # stamps out of order
+    rev = raw.tasks.copy()
+    rev[5, f["end"]] = rev[5, f["claim"]] - 10
+    broken = T.RawProfile(rev, raw.items, raw.blocks, rec, raw.task_bytes, raw.item_bytes)
+    assert any("out of order" in v for v in T.check_invariants(broken, T.to_timeline(broken)))
+
+
+def test_summary_accounts_for_every_task(emulated):
+    raw, tl, tasks = emulated
+    s = T.summarize(tl)
+    ops, counts = np.unique(tasks.records[:, 0], return_counts=True)
+    assert {T.op_name(int(o)): int(c) for o, c in zip(ops, counts)} == {k: v["count"] for k, v in s["per_op"].items()}
+    assert s["n_tasks"] == len(tasks.records)
+    assert abs(s["step_us"] * 1e3 - tl.step_ns) < 1
+    for d in s["per_op"].values():      # busy time splits into its parts
+        assert abs(d["busy"] - (d["dep_wait"] + d["load_wait"] + d["compute"])) < 1e-6 * max(1.0, d["busy"])
+    assert s["per_op"]["QKV"]["bytes"] == float(raw.task_bytes[tasks.records[:, 0] == O.Op.QKV].sum()) > 0
+    # the critical path is a dependency chain that ends with the step's last task
+    path = T.critical_path(tl)
+    assert path[-1] == int(np.argmax(tl.tasks.end)) and len(path) >= tasks.records[-1, O.R["layer"]]
+    prod = T.producers(tasks.records)
+    for a, b in zip(path, path[1:]):
+        waits = [int(tasks.records[b, O.R[f"w{k}c"]]) for k in range(O.MAX_WAITS)]
+        assert any(a in prod.get(c, ()) for c in waits if c >= 0)
+    text = T.format_summary(s)
+    assert "critical path" in text and "QKV" in text and "idle tail" in text
+
+
+def test_trace_and_png_render(emulated, tmp_path):
+    raw, tl, tasks = emulated
+    path = tmp_path / "step.json"
+    T.write_trace(tl, str(path))
+    doc = json.loads(path.read_text())
+    slices = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    tops = [e for e in slices if not e["name"].startswith("wait:")]
+    assert len(tops) == len(tasks.records)
+    assert {e["tid"] for e in slices} <= set(range(8))
+    assert all(e["dur"] >= 0 for e in slices)
+    png = tmp_path / "step.png"
+    T.plot_timeline(tl, str(png))
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -152,6 +152,7 @@ def _trace_step(engine, path: str, normal_step_s: float, meta: dict, n_profiled:
     s = T.summarize(tl)
     s.update(normal_ms_per_step=normal_step_s * 1e3, profiled_ms_per_step=prof_s * 1e3, invariant_violations=bad)
     stem = path[:-8] if path.endswith(".json.gz") else path.rsplit(".", 1)[0]
+    T.save_raw(raw, stem + ".npz")
     T.write_trace(tl, path)
     T.plot_timeline(tl, stem + ".png", title=f"megakernel decode step, batch {meta['batch']}, context "
                     f"{meta['context']}: {tl.step_ns / 1e3:.0f} us (profiling build)")
@@ -159,7 +160,7 @@ def _trace_step(engine, path: str, normal_step_s: float, meta: dict, n_profiled:
     print(T.format_summary(s))
     print(f"normal build {normal_step_s * 1e3:.2f} ms/step, profiling build {prof_s * 1e3:.2f} ms/step (same run); "
           f"invariants: {'ok' if not bad else bad}")
-    print(f"wrote {path}, {stem}.png, {stem}.summary.json")
+    print(f"wrote {path}, {stem}.png, {stem}.summary.json, {stem}.npz")
 
 
 def _run_point(engine, cfg: ModelConfig, B: int, ctx: int, steps: int, kv_fill: str, peak: float | None,

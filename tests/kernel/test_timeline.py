@@ -92,3 +92,7 @@ def test_trace_and_png_render(emulated, tmp_path):
     png = tmp_path / "step.png"
     T.plot_timeline(tl, str(png))
     assert png.stat().st_size > 10_000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    T.save_raw(raw, str(tmp_path / "raw.npz"))
+    back = T.load_raw(str(tmp_path / "raw.npz"))
+    assert np.array_equal(back.tasks, raw.tasks) and back.item_bytes == raw.item_bytes
+    assert T.summarize(T.to_timeline(back))["step_us"] == T.summarize(tl)["step_us"]

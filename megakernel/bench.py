@@ -229,11 +229,123 @@ def _git_commit() -> str:
         return "unknown"
 
 
+@dataclass
+class PrefillPoint:
+    prompt_tokens: int
+    concurrency: int
+    chunk_tokens: int
+    ttft_s: float
+    prefill_tokens_per_s: float
+    peak_gib: float
+    backend: str
+
+
+def _prefill_point(engine, cfg: ModelConfig, n: int, concurrency: int, tag: str) -> PrefillPoint:
+    """Time to first token of `concurrency` prompts of n tokens submitted together (the engine's defaults)."""
+    from megakernel import SamplingParams
+
+    g = torch.Generator().manual_seed(n * 7 + concurrency)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    for i in range(concurrency):
+        engine.add_request(f"{tag}-{i}", torch.randint(0, cfg.vocab_size, (n,), generator=g).tolist(),
+                           SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+    done = 0
+    while done < concurrency:
+        done += sum(1 for o in engine.step() if o.finished)
+    torch.cuda.synchronize()
+    ttft = time.perf_counter() - t0
+    engine.drain()
+    return PrefillPoint(n, concurrency, engine.chunk_tokens, ttft, n * concurrency / ttft,
+                        torch.cuda.max_memory_allocated() / 2**30, engine.runner.backend_name)
+
+
+def _stream_gaps(engine, cfg: ModelConfig, n_long: int, n_streams: int = 4) -> dict:
+    """Longest gap between two tokens of each running stream while one n_long-token prompt prefills."""
+    from megakernel import SamplingParams
+
+    g = torch.Generator().manual_seed(11)
+    for i in range(n_streams):
+        engine.add_request(f"stream-{i}", torch.randint(0, cfg.vocab_size, (64,), generator=g).tolist(),
+                           SamplingParams(temperature=0, max_tokens=100000, ignore_eos=True))
+    while any(len(s.output_token_ids) < 2 for s in engine.scheduler.running + list(engine.scheduler.waiting)):
+        engine.step()
+    engine.add_request("long", torch.randint(0, cfg.vocab_size, (n_long,), generator=g).tolist(),
+                       SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+    last = {f"stream-{i}": time.perf_counter() for i in range(n_streams)}
+    counts = {k: 0 for k in last}
+    worst = 0.0
+    t0 = time.perf_counter()
+    long_done = None
+    while long_done is None:
+        for o in engine.step():
+            now = time.perf_counter()
+            if o.request_id == "long" and o.finished:
+                long_done = now - t0
+            elif o.request_id in last:
+                n = len(o.outputs[0].token_ids)
+                if n > counts[o.request_id]:
+                    worst = max(worst, now - last[o.request_id])
+                    last[o.request_id], counts[o.request_id] = now, n
+    for rid in list(engine.requests):
+        engine.abort_request(rid)
+    engine.drain()
+    return dict(long_prompt_tokens=n_long, streams=n_streams, long_ttft_s=long_done, worst_stream_gap_s=worst,
+                chunk_tokens=engine.chunk_tokens)
+
+
+PREFILL_PROMPTS = [1024, 8192, 32768, 131072, 262144]
+
+
+def run_prefill_bench(args: argparse.Namespace) -> int:
+    """TTFT and prefill tok/s through the engine with its defaults (chunk size, memory budget), North dims."""
+    from megakernel.config import north_mini_code_config
+    from megakernel.engine.llm_engine import EngineArgs, LLMEngine
+    from megakernel.errors import MegakernelError
+    from megakernel.model.weights import random_weights
+
+    if not torch.cuda.is_available():
+        raise MegakernelError("bench --prefill measures the GPU path; this machine has no CUDA GPU")
+    cfg = north_mini_code_config()
+    prompts = [n for n in PREFILL_PROMPTS if n <= args.max_context]
+    weights = random_weights(cfg, torch.device("cuda"), torch.bfloat16, seed=0)
+    backend = (args.backends or args.backend).split(",")[0]
+    engine = LLMEngine(EngineArgs(backend=backend, max_num_seqs=16, max_model_len=max(prompts) + 64,
+                                  enable_prefix_caching=False, progress=False), config=cfg, weights=weights)
+    print(f"prefill through the engine: chunk {engine.chunk_tokens} tokens, decode backend "
+          f"{engine.runner.backend_name}, fast prefill {'on' if engine.model.fast_prefill else 'off'}", flush=True)
+    _prefill_point(engine, cfg, 512, 1, "warm")              # compiles the kernels
+    results: list[PrefillPoint] = []
+    for n, conc in [(n, 1) for n in prompts] + [(2048, 8)]:
+        p = _prefill_point(engine, cfg, n, conc, f"p{n}x{conc}")
+        results.append(p)
+        print(f"prefill {conc} x {n} tokens: TTFT {p.ttft_s:.2f} s, {p.prefill_tokens_per_s:.0f} tok/s, peak "
+              f"{p.peak_gib:.1f} GiB", flush=True)
+        if p.ttft_s * 4.2 > args.prefill_budget_s and n < max(prompts):
+            print(f"  stopping: the next (4x longer) prompt would exceed --prefill-budget-s {args.prefill_budget_s}")
+            break
+    gaps = _stream_gaps(engine, cfg, min(32768, max(prompts)))
+    print(f"while a {gaps['long_prompt_tokens']}-token prompt prefilled ({gaps['long_ttft_s']:.2f} s), the longest gap "
+          f"between two tokens of {gaps['streams']} running streams was {gaps['worst_stream_gap_s'] * 1e3:.0f} ms",
+          flush=True)
+    if args.json:
+        doc = dict(commit=_git_commit(), date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                   gpu=torch.cuda.get_device_name(), command="megakernel " + " ".join(sys.argv[1:]),
+                   torch=torch.__version__, points=[asdict(p) for p in results], stream_gaps=gaps)
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
 def run_bench(args: argparse.Namespace) -> int:
     from megakernel.config import north_mini_code_config
     from megakernel.engine.llm_engine import EngineArgs, LLMEngine
     from megakernel.model.weights import random_weights
 
+    if args.prefill:
+        return run_prefill_bench(args)
     points = _points(args)
     backends = args.backends.split(",") if args.backends else [args.backend]
     if args.random_north and not torch.cuda.is_available():
@@ -333,6 +445,11 @@ def add_bench_args(b: argparse.ArgumentParser) -> None:
                    help="how each point's context gets into the KV cache (default: synthetic random K/V)")
     b.add_argument("--sync-steps", action="store_true",
                    help="read each step back before preparing the next (default: pipelined)")
+    b.add_argument("--prefill", action="store_true",
+                   help="prefill instead: TTFT and tok/s of 1K..256K prompts and 8 concurrent 2K ones, and the "
+                        "longest gap of running streams while a 32K prompt prefills (GPU, North dims)")
+    b.add_argument("--prefill-budget-s", type=float, default=120.0,
+                   help="--prefill: skip longer prompts once the next would take more than this")
     b.add_argument("--profile-kernels", action="store_true",
                    help="print each point's GPU time per step by kernel (torch profiler; GPU only)")
     b.add_argument("--trace", default=None,

@@ -12,7 +12,7 @@ from megakernel.errors import ConfigError
 def check_engine_args(args) -> None:
     """Values that are wrong whatever the model: sizes, device, dtype, backend."""
     for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ConfigError(f"{name} must be at least 1 (got {getattr(args, name)})")
     if args.max_model_len is not None and args.max_model_len < 2:
         raise ConfigError(f"max_model_len must be at least 2 (a prompt token and a generated one); got "

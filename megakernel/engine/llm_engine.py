@@ -24,7 +24,7 @@ from megakernel.engine.sequence import PLACEHOLDER, Sequence
 from megakernel.errors import ConfigError, MegakernelError, RequestError
 from megakernel.kv.block_manager import BlockManager
 from megakernel.kv.cache import KVCache, KVLayout, plan_num_blocks
-from megakernel.model.cohere2_moe import Cohere2MoeModel
+from megakernel.model.cohere2_moe import FAST_PREFILL_CHUNK, Cohere2MoeModel, prefill_reserve_bytes
 from megakernel.model.decode_backend import DecodeBackend, TorchDecodeBackend
 from megakernel.model.weights import ModelWeights
 
@@ -39,7 +39,7 @@ class EngineArgs:
     backend: str = "auto"                    # "auto" | "torch" | "megakernel" | "graph" (decode backend)
     max_num_seqs: int = 16
     max_model_len: int | None = None         # None = min(model's max positions, 32768)
-    max_num_batched_tokens: int = 512        # prefill chunk budget per step
+    max_num_batched_tokens: int | None = None   # tokens per step; None = 4096 with the fast prefill, else 512
     block_size: int = 64
     kv_cache_memory: int | None = None       # bytes for the KV pool; None = 1 GiB on CPU, 85% of free on GPU
     num_kv_blocks: list[int] | None = None   # exact blocks per KV group (overrides kv_cache_memory)
@@ -93,6 +93,7 @@ class LLMEngine:
         self.eos_token_ids = generation_eos_ids(self.model_path, config, tokenizer)
         self.model = Cohere2MoeModel(config, weights)
         self.max_model_len = args.max_model_len or min(config.max_position_embeddings, 32768)
+        self.chunk_tokens = args.max_num_batched_tokens or (FAST_PREFILL_CHUNK if self.model.fast_prefill else 512)
 
         backend, why = choose_backend(args.backend, self.device)
         log.info("decode backend %s (%s)", backend, why)
@@ -110,8 +111,14 @@ class LLMEngine:
                 from megakernel.graph.backend import reserved_bytes
 
                 budget -= reserved_bytes(config, args.max_num_seqs)
+            if self.device.type == "cuda":  # the largest chunk's activations, so no accepted prompt runs out
+                budget -= prefill_reserve_bytes(config, self.chunk_tokens, self.max_model_len, self.model.fast_prefill)
+            if budget <= 0:
+                raise ConfigError(f"no GPU memory is left for the KV cache after the weights and a "
+                                  f"{self.chunk_tokens}-token prefill chunk: lower --max-num-batched-tokens or "
+                                  f"--max-model-len")
             num_blocks = plan_num_blocks(layout, budget, weights.dtype, args.max_num_seqs, self.max_model_len,
-                                         args.max_num_batched_tokens)
+                                         self.chunk_tokens)
         self.cache = KVCache(layout, num_blocks, self.device, weights.dtype)
         self.blocks = BlockManager(layout, num_blocks)
         prefix_cache = None
@@ -119,7 +126,7 @@ class LLMEngine:
             from megakernel.kv.prefix_cache import PrefixCache
 
             prefix_cache = PrefixCache(layout)
-        self.scheduler = Scheduler(self.blocks, args.max_num_seqs, args.max_num_batched_tokens, prefix_cache)
+        self.scheduler = Scheduler(self.blocks, args.max_num_seqs, self.chunk_tokens, prefix_cache)
         self.runner = ModelRunner(self.model, self.cache, self._make_decode_backend(backend))
         self.generator = torch.Generator(device=self.device).manual_seed(args.seed)
         self.grammar = GrammarCompiler(tokenizer, config.vocab_size)     # structured outputs (llguidance)
@@ -169,7 +176,7 @@ class LLMEngine:
         if len(prompt_token_ids) >= self.max_model_len:
             raise RequestError(f"the prompt has {len(prompt_token_ids)} tokens; max_model_len is "
                                f"{self.max_model_len} (prompt plus at least one generated token)")
-        layout, chunk = self.cache.layout, self.args.max_num_batched_tokens
+        layout, chunk = self.cache.layout, self.chunk_tokens
         for g, pool in enumerate(self.blocks.pools):
             n = layout.blocks_per_seq(g, len(prompt_token_ids) + 1, chunk)
             if n > pool.num_blocks:

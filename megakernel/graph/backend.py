@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from megakernel.config import ModelConfig
 from megakernel.graph import graph_available
 from megakernel.graph.attention import DecodeAttention
-from megakernel.graph.common import pdl_supported
+from megakernel.ops.common import pdl_supported
 from megakernel.graph.gemv import gemv
 from megakernel.graph.moe import DecodeMoE
 from megakernel.graph.norm import MLP_DENSE, MLP_NONE, MLP_SHARED_AVG, MLP_SHARED_SUM, add_norm

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from megakernel.graph.common import INTERPRET, dot, launch_opts, pdl_release, pdl_wait, pow2
+from megakernel.ops.common import INTERPRET, dot, launch_opts, pdl_release, pdl_wait, pow2
 
 
 @triton.jit

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from megakernel.config import ModelConfig
-from megakernel.graph.common import INTERPRET, dot, launch_opts, pdl_release, pdl_wait, pow2, rbf
+from megakernel.ops.common import INTERPRET, dot, launch_opts, pdl_release, pdl_wait, pow2, rbf
 
 
 @triton.jit

@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from megakernel.config import ModelConfig
-from megakernel.graph.common import launch_opts, pdl_release, pdl_wait, pow2, rbf
+from megakernel.ops.common import launch_opts, pdl_release, pdl_wait, pow2, rbf
 
 MLP_NONE, MLP_DENSE, MLP_SHARED_SUM, MLP_SHARED_AVG = 0, 1, 2, 3
 

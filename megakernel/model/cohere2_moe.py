@@ -51,7 +51,7 @@ class LayerContext:
     single: list[int]                  # sequences decoding exactly one token
     multi: list[int]                   # sequences with a chunk of several tokens
     single_rows: torch.Tensor          # flat rows of the single-token sequences
-    plans: dict[int, L.DecodeAttentionPlan]   # per KV group, built by the first layer that needs it
+    plans: dict                        # per KV group: decode / prefill attention plans, built by the first layer
 
 
 @dataclass
@@ -65,11 +65,41 @@ class ForwardTrace:
     router_logits: list[torch.Tensor] | None = None
 
 
+FAST_PREFILL_CHUNK = 4096      # default prefill tokens per step with the fast path (bench/SPEED_NOTES: the trade)
+
+
+def prefill_reserve_bytes(cfg: ModelConfig, chunk: int, max_model_len: int, fast: bool) -> int:
+    """GPU memory one forward of a `chunk`-token prefill needs beside the weights and the KV cache (an upper
+    bound of one layer's live activations: residual, QKV, attention, the routed experts' sorted copies). The exact
+    path also materialises fp32 attention scores [heads, chunk, keys]."""
+    H, Q, KV, K = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.num_experts_per_tok
+    I = max(cfg.moe_intermediate_size, 1)
+    per_token = (8 * H + 4 * Q + 4 * KV + cfg.num_experts) * 2 + K * (3 * H + 4 * I) * 2 * 2 \
+        + 2 * cfg.dense_intermediate_size * 2 * 2
+    scores = 0 if fast else cfg.num_heads * chunk * max_model_len * (4 + 4 + 2)
+    return chunk * per_token + scores + (256 << 20)
+
+
+def fast_prefill_available(weights: ModelWeights) -> bool:
+    """Library-speed prefill (Triton flash attention over the paged cache, grouped-GEMM experts): bf16 on CUDA."""
+    if weights.device.type != "cuda" or weights.dtype != torch.bfloat16 or not hasattr(torch, "_grouped_mm"):
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 class Cohere2MoeModel:
-    def __init__(self, cfg: ModelConfig, weights: ModelWeights) -> None:
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, fast_prefill: bool | None = None) -> None:
+        """`fast_prefill` (default: when available) runs chunks of several tokens through the Triton paged flash
+        attention and grouped-GEMM experts; otherwise (and always on CPU) the exact path, the transformers
+        oracle's own op order."""
         self.cfg = cfg
         self.w = weights
         self.scale = cfg.head_dim ** -0.5
+        self.fast_prefill = fast_prefill_available(weights) if fast_prefill is None else fast_prefill
 
     @property
     def device(self) -> torch.device:
@@ -132,16 +162,36 @@ class Cohere2MoeModel:
                                                        ctx.block_size, q.dtype)
             attn[ctx.single_rows] = L.paged_decode_attention(q[ctx.single_rows], layer_kv, ctx.plans[g],
                                                              self.scale)
-        for s in ctx.multi:
-            a, b = batch.starts[s], batch.starts[s + 1]
-            attn[a:b] = L.paged_attention(q[a:b], batch.positions[a:b], layer_kv, batch.block_tables[s][g],
-                                          window, ctx.block_size, self.scale)
+        if ctx.multi and self.fast_prefill:
+            from megakernel.ops.prefill_attention import prefill_attention
+
+            prefill_attention(q, attn.view(q.shape), layer_kv, self._prefill_plan(ctx, g), window, self.scale)
+        else:
+            for s in ctx.multi:
+                a, b = batch.starts[s], batch.starts[s + 1]
+                attn[a:b] = L.paged_attention(q[a:b], batch.positions[a:b], layer_kv, batch.block_tables[s][g],
+                                              window, ctx.block_size, self.scale)
         attn = F.linear(attn, lw.o, lw.o_bias)
         if lw.moe is not None:
-            mlp = L.moe(x, lw.moe, cfg, trace.experts if trace is not None else None)
+            mlp = L.moe(x, lw.moe, cfg, trace.experts if trace is not None else None,
+                        grouped=self.fast_prefill and x.shape[0] > 1)
         else:
             mlp = L.swiglu(x, lw.dense)
         return h + attn + mlp
+
+    def _prefill_plan(self, ctx: "LayerContext", g: int):
+        """The multi-token chunks' work items in KV group g (built by the first layer that needs them)."""
+        key = ("prefill", g)
+        if key not in ctx.plans:
+            from megakernel.ops.prefill_attention import plan_prefill, rows_per_item
+
+            b = ctx.batch
+            pos = b.host_positions()
+            chunks = [(b.starts[s], b.starts[s + 1] - b.starts[s], pos[b.starts[s]], b.block_tables[s][g])
+                      for s in ctx.multi]
+            ctx.plans[key] = plan_prefill(chunks, rows_per_item(self.cfg.num_heads, self.cfg.num_kv_heads),
+                                          b.input_ids.device)
+        return ctx.plans[key]
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         h = L.norm(h, self.w.final_norm, self.cfg)

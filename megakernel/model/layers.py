@@ -63,10 +63,24 @@ def route(x: torch.Tensor, router: torch.Tensor, cfg: ModelConfig) -> tuple[torc
     return experts, scores.to(x.dtype)
 
 
-def moe(x: torch.Tensor, w: MoEWeights, cfg: ModelConfig, trace: list | None = None) -> torch.Tensor:
+def moe(x: torch.Tensor, w: MoEWeights, cfg: ModelConfig, trace: list | None = None,
+        grouped: bool = False) -> torch.Tensor:
+    """Routed experts (+ shared). `grouped`: one grouped GEMM per projection over the tokens sorted by expert,
+    with no host sync (CUDA); else a loop over the hit experts, the exact path transformers' loop takes."""
     experts, scores = route(x, w.router, cfg)
     if trace is not None:
         trace.append(experts)
+    if grouped:
+        out = _moe_grouped(x, w, experts, scores)
+    else:
+        out = _moe_loop(x, w, experts, scores)
+    if w.shared is not None:
+        shared = swiglu(x, w.shared)
+        out = out + shared if cfg.shared_expert_combination == "sum" else (out + shared) / 2
+    return out
+
+
+def _moe_loop(x: torch.Tensor, w: MoEWeights, experts: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
     out = torch.zeros_like(x)
     # Experts in ascending order, tokens accumulated with index_add: the same summation order as transformers.
     hit = torch.unique(experts)
@@ -77,9 +91,31 @@ def moe(x: torch.Tensor, w: MoEWeights, cfg: ModelConfig, trace: list | None = N
         h = F.linear(F.silu(gate) * up, w.experts_down[e])
         h = h * scores[tok, slot, None]
         out.index_add_(0, tok, h.to(out.dtype))
-    if w.shared is not None:
-        shared = swiglu(x, w.shared)
-        out = out + shared if cfg.shared_expert_combination == "sum" else (out + shared) / 2
+    return out
+
+
+def _moe_grouped(x: torch.Tensor, w: MoEWeights, experts: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """The same math as `_moe_loop` (per expert: gate/up, SiLU * up, down, times the score, each rounded to the
+    activation dtype; summed per token in ascending expert order) with `torch._grouped_mm`: each routed expert's
+    weights are read once per call, and nothing waits for the GPU."""
+    T, K = experts.shape
+    E = w.experts_gate_up.shape[0]
+    flat = experts.reshape(-1)
+    order = torch.argsort(flat, stable=True)                    # pairs by expert, then by token
+    counts = torch.zeros(E, dtype=torch.int32, device=x.device).scatter_add_(
+        0, flat, torch.ones_like(flat, dtype=torch.int32))
+    offs = torch.cumsum(counts, 0, dtype=torch.int32)
+    tok = order // K
+    h = torch._grouped_mm(x[tok], w.experts_gate_up.transpose(1, 2), offs=offs)
+    gate, up = h.chunk(2, dim=-1)
+    h = torch._grouped_mm(F.silu(gate) * up, w.experts_down.transpose(1, 2), offs=offs)
+    h = h * scores.reshape(-1)[order, None]
+    rank = torch.argsort(torch.argsort(experts, dim=1), dim=1).reshape(-1)[order]   # position among the row's experts
+    y = torch.empty(T, K, x.shape[1], dtype=x.dtype, device=x.device)
+    y[tok, rank] = h.to(x.dtype)
+    out = y[:, 0]
+    for k in range(1, K):                                       # ascending expert id, each sum rounded: as index_add
+        out = out + y[:, k]
     return out
 
 

@@ -118,8 +118,9 @@ def make_parser() -> argparse.ArgumentParser:
                    help="most sequences in the running batch")
     p.add_argument("--max-model-len", type=_at_least(2), default=None,
                    help="context length, prompt + completion (default: the model's, at most 32768)")
-    p.add_argument("--max-num-batched-tokens", type=_at_least(1), default=512,
-                   help="tokens per step (decodes plus prefill chunk): bounds how long a prefill stalls streams")
+    p.add_argument("--max-num-batched-tokens", type=_at_least(1), default=None,
+                   help="tokens per step (decodes plus prefill chunk): larger chunks prefill faster, smaller ones "
+                        "stall running streams less (default: 4096 with the library prefill on a GPU, else 512)")
     p.add_argument("--gpu-memory-utilization", type=_fraction, default=None,
                    help="GPU: the fraction of GPU memory this server may use; the KV cache gets what the weights "
                         "leave of it (default: 85%% of the memory free after loading)")

@@ -1,4 +1,4 @@
-"""What the graph backend's Triton kernels share: bf16 rounding, a dot that also runs in Triton's CPU
+"""What our Triton kernels share: bf16 rounding, a dot that also runs in Triton's CPU
 interpreter, programmatic dependent launch, and tile-size helpers.
 
 Triton's interpreter (TRITON_INTERPRET=1, how the CPU tests run these kernels) multiplies bf16 operands of

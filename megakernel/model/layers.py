@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -70,14 +71,23 @@ def moe(x: torch.Tensor, w: MoEWeights, cfg: ModelConfig, trace: list | None = N
     experts, scores = route(x, w.router, cfg)
     if trace is not None:
         trace.append(experts)
-    if grouped:
-        out = _moe_grouped(x, w, experts, scores)
-    else:
+    out = None
+    if grouped and _GROUPED_OK[0]:
+        try:
+            out = _moe_grouped(x, w, experts, scores)
+        except RuntimeError as e:          # a torch build without grouped GEMM for this device: say so once
+            _GROUPED_OK[0] = False
+            logging.getLogger("megakernel").warning("grouped-GEMM experts unavailable (%s); looping over experts",
+                                                    str(e).splitlines()[0])
+    if out is None:
         out = _moe_loop(x, w, experts, scores)
     if w.shared is not None:
         shared = swiglu(x, w.shared)
         out = out + shared if cfg.shared_expert_combination == "sum" else (out + shared) / 2
     return out
+
+
+_GROUPED_OK = [True]
 
 
 def _moe_loop(x: torch.Tensor, w: MoEWeights, experts: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:

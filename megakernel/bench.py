@@ -312,7 +312,8 @@ def run_prefill_bench(args: argparse.Namespace) -> int:
     weights = random_weights(cfg, torch.device("cuda"), torch.bfloat16, seed=0)
     backend = (args.backends or args.backend).split(",")[0]
     engine = LLMEngine(EngineArgs(backend=backend, max_num_seqs=16, max_model_len=max(prompts) + 64,
-                                  enable_prefix_caching=False, progress=False), config=cfg, weights=weights)
+                                  max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=False,
+                                  progress=False), config=cfg, weights=weights)
     print(f"prefill through the engine: chunk {engine.chunk_tokens} tokens, decode backend "
           f"{engine.runner.backend_name}, fast prefill {'on' if engine.model.fast_prefill else 'off'}", flush=True)
     _prefill_point(engine, cfg, 512, 1, "warm")              # compiles the kernels
@@ -448,6 +449,8 @@ def add_bench_args(b: argparse.ArgumentParser) -> None:
     b.add_argument("--prefill", action="store_true",
                    help="prefill instead: TTFT and tok/s of 1K..256K prompts and 8 concurrent 2K ones, and the "
                         "longest gap of running streams while a 32K prompt prefills (GPU, North dims)")
+    b.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="--prefill: tokens per step (default: the engine's)")
     b.add_argument("--prefill-budget-s", type=float, default=120.0,
                    help="--prefill: skip longer prompts once the next would take more than this")
     b.add_argument("--profile-kernels", action="store_true",

@@ -40,6 +40,7 @@ class EngineArgs:
     max_num_seqs: int = 16
     max_model_len: int | None = None         # None = min(model's max positions, 32768)
     max_num_batched_tokens: int | None = None   # tokens per step; None = 4096 with the fast prefill, else 512
+    fast_prefill: bool | None = None         # Triton/grouped-GEMM prefill; None = on for bf16 on CUDA
     block_size: int = 64
     kv_cache_memory: int | None = None       # bytes for the KV pool; None = 1 GiB on CPU, 85% of free on GPU
     num_kv_blocks: list[int] | None = None   # exact blocks per KV group (overrides kv_cache_memory)
@@ -91,7 +92,7 @@ class LLMEngine:
         self.config = config
         self.tokenizer = tokenizer
         self.eos_token_ids = generation_eos_ids(self.model_path, config, tokenizer)
-        self.model = Cohere2MoeModel(config, weights)
+        self.model = Cohere2MoeModel(config, weights, fast_prefill=args.fast_prefill)
         self.max_model_len = args.max_model_len or min(config.max_position_embeddings, 32768)
         self.chunk_tokens = args.max_num_batched_tokens or (FAST_PREFILL_CHUNK if self.model.fast_prefill else 512)
 

@@ -24,7 +24,8 @@ from megakernel.engine.sequence import PLACEHOLDER, Sequence
 from megakernel.errors import ConfigError, MegakernelError, RequestError
 from megakernel.kv.block_manager import BlockManager
 from megakernel.kv.cache import KVCache, KVLayout, plan_num_blocks
-from megakernel.model.cohere2_moe import FAST_PREFILL_CHUNK, Cohere2MoeModel, prefill_reserve_bytes
+from megakernel.model.cohere2_moe import (FAST_PREFILL_CHUNK, FAST_PREFILL_WITH_DECODES, Cohere2MoeModel,
+                                          prefill_reserve_bytes)
 from megakernel.model.decode_backend import DecodeBackend, TorchDecodeBackend
 from megakernel.model.weights import ModelWeights
 
@@ -39,8 +40,10 @@ class EngineArgs:
     backend: str = "auto"                    # "auto" | "torch" | "megakernel" | "graph" (decode backend)
     max_num_seqs: int = 16
     max_model_len: int | None = None         # None = min(model's max positions, 32768)
-    max_num_batched_tokens: int | None = None   # tokens per step; None = 4096 with the fast prefill, else 512
+    max_num_batched_tokens: int | None = None   # tokens per step; None = 8192 with the fast prefill, else 512
     fast_prefill: bool | None = None         # Triton/grouped-GEMM prefill; None = on for bf16 on CUDA
+    prefill_with_decodes: int | None = None  # prefill tokens of a step that also decodes; None = 2048 with the
+                                             # fast prefill (streams get a token every ~0.15 s), else no cap
     block_size: int = 64
     kv_cache_memory: int | None = None       # bytes for the KV pool; None = 1 GiB on CPU, 85% of free on GPU
     num_kv_blocks: list[int] | None = None   # exact blocks per KV group (overrides kv_cache_memory)
@@ -127,7 +130,9 @@ class LLMEngine:
             from megakernel.kv.prefix_cache import PrefixCache
 
             prefix_cache = PrefixCache(layout)
-        self.scheduler = Scheduler(self.blocks, args.max_num_seqs, self.chunk_tokens, prefix_cache)
+        cap = args.prefill_with_decodes or (FAST_PREFILL_WITH_DECODES if self.model.fast_prefill else None)
+        self.scheduler = Scheduler(self.blocks, args.max_num_seqs, self.chunk_tokens, prefix_cache,
+                                   prefill_with_decodes=min(cap, self.chunk_tokens) if cap else None)
         self.runner = ModelRunner(self.model, self.cache, self._make_decode_backend(backend))
         self.generator = torch.Generator(device=self.device).manual_seed(args.seed)
         self.grammar = GrammarCompiler(tokenizer, config.vocab_size)     # structured outputs (llguidance)

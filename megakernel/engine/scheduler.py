@@ -40,10 +40,13 @@ class ScheduledChunk:
 
 class Scheduler:
     def __init__(self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 prefix_cache=None) -> None:
+                 prefix_cache=None, prefill_with_decodes: int | None = None) -> None:
+        """max_num_batched_tokens: tokens per step; prefill_with_decodes: the smaller budget of a step that also
+        carries decode rows (so a long prompt's chunks stall running streams less), None = the same."""
         self.blocks = blocks
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.prefill_with_decodes = prefill_with_decodes
         self.prefix_cache = prefix_cache
         if prefix_cache is not None:
             blocks.evictor = lambda g, n: prefix_cache.evict(g, n, blocks)
@@ -61,6 +64,10 @@ class Scheduler:
     def schedule(self) -> list[ScheduledChunk]:
         chunks: list[ScheduledChunk] = []
         budget = self.max_num_batched_tokens
+        if self.prefill_with_decodes is not None:
+            n_dec = sum(1 for s in self.running if s.num_pending == 1 and not s.awaiting_last)
+            if n_dec:
+                budget = min(budget, self.prefill_with_decodes + n_dec)
         # 1. Running sequences, oldest first: decodes and continuing prefills.
         i = 0
         while i < len(self.running):

@@ -325,9 +325,11 @@ COLORS = {"NORM": "#7f7f7f", "QKV": "#1f77b4", "ATTN": "#ff7f0e", "ATTN_COMBINE"
           "ARGMAX": "#000000"}
 
 
-def plot_timeline(tl: Timeline, path: str, title: str | None = None) -> None:
+def plot_timeline(tl: Timeline, path: str, title: str | None = None,
+                  window_us: tuple[float, float] | None = None) -> None:
     """One row per block (y), time (x), colour by opcode; dependency waits hatched, weight landing pale. Drawn as
-    one collection of rectangles per (opcode, part), so a step's ~10^5 tasks render in seconds."""
+    one collection of rectangles per (opcode, part), so a step's ~10^5 tasks render in seconds. `window_us`
+    zooms into part of the step."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -363,7 +365,7 @@ def plot_timeline(tl: Timeline, path: str, title: str | None = None) -> None:
     ax.set_xlabel("time since launch (us)")
     ax.set_ylabel("block (one per SM)")
     ax.set_ylim(-1, tl.n_blocks)
-    ax.set_xlim(0, tl.step_ns / 1e3)
+    ax.set_xlim(*(window_us or (0, tl.step_ns / 1e3)))
     ax.invert_yaxis()
     handles = [Patch(color=COLORS.get(n, "#bcbd22"), label=n) for n in sorted(used)]
     handles += [Patch(facecolor="white", edgecolor="grey", hatch="////", label="dependency wait"),
@@ -458,3 +460,15 @@ def emulate(records: np.ndarray, nbytes: np.ndarray, n_blocks: int, *, task_ns: 
         blocks[b] = [int(start_g[b]), clk(b, start_g[b]), int(step_end), clk(b, step_end), 32, b]
     return RawProfile(rows, np.zeros((0, O.PROF_INTS), np.int64), blocks, records, nbytes, {},
                       meta=dict(emulated=True))
+
+
+if __name__ == "__main__":   # python -m megakernel.kernel.timeline RAW.npz OUT.png [from_us to_us]: redraw a saved step
+    import sys
+
+    raw_ = load_raw(sys.argv[1])
+    tl_ = to_timeline(raw_)
+    win = (float(sys.argv[3]), float(sys.argv[4])) if len(sys.argv) > 4 else None
+    plot_timeline(tl_, sys.argv[2], window_us=win,
+                  title=f"megakernel decode step ({tl_.step_ns / 1e3:.0f} us)" + (f", {win[0]:.0f}-{win[1]:.0f} us"
+                                                                                if win else ""))
+    print(format_summary(summarize(tl_)))

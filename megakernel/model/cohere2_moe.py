@@ -65,7 +65,10 @@ class ForwardTrace:
     router_logits: list[torch.Tensor] | None = None
 
 
-FAST_PREFILL_CHUNK = 4096      # default prefill tokens per step with the fast path (bench/SPEED_NOTES: the trade)
+# Default prefill tokens per step with the fast path, alone and beside decode rows (measured on the H200 in
+# benchmarks/results/prefill_20261201: 8192 tokens prefill 31K tok/s at 8 x 2K but hold streams ~0.6 s per step)
+FAST_PREFILL_CHUNK = 8192
+FAST_PREFILL_WITH_DECODES = 2048
 
 
 def prefill_reserve_bytes(cfg: ModelConfig, chunk: int, max_model_len: int, fast: bool) -> int:

@@ -120,7 +120,10 @@ def make_parser() -> argparse.ArgumentParser:
                    help="context length, prompt + completion (default: the model's, at most 32768)")
     p.add_argument("--max-num-batched-tokens", type=_at_least(1), default=None,
                    help="tokens per step (decodes plus prefill chunk): larger chunks prefill faster, smaller ones "
-                        "stall running streams less (default: 4096 with the library prefill on a GPU, else 512)")
+                        "stall running streams less (default: 8192 with the library prefill on a GPU, else 512)")
+    p.add_argument("--prefill-with-decodes", type=_at_least(1), default=None,
+                   help="prefill tokens of a step that also runs decodes: smaller keeps streams moving while a long "
+                        "prompt prefills (default: 2048 with the library prefill on a GPU, else no separate cap)")
     p.add_argument("--gpu-memory-utilization", type=_fraction, default=None,
                    help="GPU: the fraction of GPU memory this server may use; the KV cache gets what the weights "
                         "leave of it (default: 85%% of the memory free after loading)")
@@ -158,6 +161,7 @@ def build_engine(args: argparse.Namespace):
     eargs = EngineArgs(model=args.model, device=args.device, dtype=args.dtype, backend=args.backend,
                        max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                        max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
+                       prefill_with_decodes=args.prefill_with_decodes,
                        kv_cache_memory=args.kv_cache_memory, enable_prefix_caching=not args.no_prefix_caching,
                        seed=args.seed, progress=sys.stderr.isatty(),
                        gpu_memory_utilization=args.gpu_memory_utilization)

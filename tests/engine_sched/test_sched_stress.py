@@ -98,6 +98,32 @@ def test_chunked_prefill_never_stalls_decodes(folder):
     assert _all_free(eng)
 
 
+def test_prefill_chunk_is_smaller_while_streams_decode(folder):
+    """With `prefill_with_decodes`, a step that carries decode rows prefills at most that many tokens; alone, a
+    prompt gets the whole step budget."""
+    eng = _engine(folder, max_num_batched_tokens=32, prefill_with_decodes=8)
+    rng = random.Random(1)
+    eng.add_request("alone", _prompt(rng, 70), _greedy(2))
+    chunks = eng.scheduler.schedule()
+    assert [c.end - c.start for c in chunks] == [32]          # no decodes: the full budget
+    eng.abort_request("alone")
+    eng.add_request("a", _prompt(rng, 5), _greedy(40))
+    while not eng.step():
+        pass
+    eng.add_request("long", _prompt(rng, 70), _greedy(2))
+    sizes, run = [], eng.runner.run
+
+    def spy(chunks):
+        sizes.append({c.seq.request_id: c.end - c.start for c in chunks})
+        return run(chunks)
+
+    eng.runner.run = spy
+    while not any(o.request_id == "long" and o.finished for o in eng.step()):
+        pass
+    prefill = [s["long"] for s in sizes if s.get("long", 1) > 1]
+    assert all(s.get("a") == 1 for s in sizes) and prefill == [8] * 8 + [6], sizes   # 70 tokens in chunks of 8
+
+
 def test_requests_join_and_leave_at_step_boundaries(folder):
     eng = _engine(folder)
     rng = random.Random(1)

@@ -7,7 +7,7 @@ OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader;
   python3 -c 'import torch, triton, sys; print(sys.version.split()[0], torch.__version__, triton.__version__)';
-  git rev-parse --short HEAD 2>/dev/null; } | tee "$OUT/env.txt"
+  } | tee "$OUT/env.txt"
 timeout ${SWEEP_TIMEOUT:-560} python3 -m megakernel bench --random-north --backends ${BACKENDS:-megakernel,graph,torch} \
   --sweep --steps ${STEPS:-32} --torch-steps ${TORCH_STEPS:-3} --json "$OUT/decode_sweep.json" \
   --plot "$OUT/decode_sweep.png" --log-level info 2>&1 | tee "$OUT/decode_sweep.log" | grep -vE "^$|Warning|warn_once"

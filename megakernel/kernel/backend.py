@@ -299,11 +299,12 @@ class MegakernelBackend(DecodeBackend):
         from megakernel.kernel.timeline import RawProfile, task_bytes
 
         items = prof["items"].reshape(-1, O.PROF_INTS).cpu().numpy()
+        ran = items[items[:, O.PROF_FIELDS.index("op")] >= 0]          # the work items this step had
         nbytes, item_bytes = task_bytes(self.plan, si, tl.records)
-        return RawProfile(prof["tasks"].cpu().numpy(), items[items[:, O.PROF_FIELDS.index("op")] >= 0], prof["blocks"].cpu().numpy(),
-                          tl.records, nbytes, item_bytes, dict(tl.names),
-                          meta=dict(batch=si.B, positions=si.step[self.plan.max_batch:self.plan.max_batch + si.B]
-                                    .tolist(), grid=self.grid))
+        Bm = self.plan.max_batch
+        return RawProfile(prof["tasks"].cpu().numpy(), ran, prof["blocks"].cpu().numpy(), tl.records, nbytes,
+                          item_bytes, dict(tl.names),
+                          meta=dict(batch=si.B, positions=si.step[Bm:Bm + si.B].tolist(), grid=self.grid))
 
     def _params(self, si, tl, tasks, kv, cache, logits, n_step, prof=None) -> np.ndarray:
         p, cfg = self.plan, self.cfg

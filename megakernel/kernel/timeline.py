@@ -379,10 +379,10 @@ def plot_timeline(tl: Timeline, path: str, title: str | None = None,
 
 def save_raw(raw: RawProfile, path: str) -> None:
     """The launch's records as a compressed .npz (the trace, PNG and summary can be rebuilt from it)."""
+    as_json = lambda d: json.dumps({str(k): v for k, v in d.items()})  # noqa: E731
     np.savez_compressed(path, tasks=raw.tasks, items=raw.items, blocks=raw.blocks, records=raw.records,
-                        task_bytes=raw.task_bytes, item_bytes=json.dumps({str(k): v for k, v in raw.item_bytes.items()}),
-                        counter_names=json.dumps({str(k): v for k, v in raw.counter_names.items()}),
-                        meta=json.dumps(raw.meta, default=str))
+                        task_bytes=raw.task_bytes, item_bytes=as_json(raw.item_bytes),
+                        counter_names=as_json(raw.counter_names), meta=json.dumps(raw.meta, default=str))
 
 
 def load_raw(path: str) -> RawProfile:

@@ -9,7 +9,6 @@ and without preemption, and check that a decode failure found only at read-back 
 from __future__ import annotations
 
 import pytest
-import torch
 
 from megakernel import LLM, SamplingParams
 from megakernel.errors import MegakernelError

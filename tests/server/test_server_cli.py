@@ -81,7 +81,8 @@ def test_version_and_help_show_defaults():
     assert p.returncode == 0 and p.stdout.startswith("megakernel 0.")
     help_text = " ".join(_serve("--help").stdout.split())         # argparse wraps lines
     for text in ("--max-num-seqs", "--max-batch-size", "--gpu-memory-utilization", "--chat-template",
-                 "--allowed-origins", "(default: 16)", "(default: 8192 with the library prefill on a GPU, else 512)", "(default: 8000)"):
+                 "--allowed-origins", "(default: 16)", "(default: 8192 with the library prefill on a GPU, else 512)",
+                 "(default: 8000)"):
         assert text in help_text, text
 
 

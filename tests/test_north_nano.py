@@ -15,7 +15,7 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-MODEL_DIR = REPO / "megakernel" / "models" / "north_nano"
+MODEL_DIR = REPO / "megakernel" / "bundled" / "north_nano"
 sys.path.insert(0, str(REPO / "training"))
 
 import evaluate_north_nano as ev  # noqa: E402

@@ -24,7 +24,7 @@ from megakernel.engine.scheduler import ScheduledChunk, Scheduler
 from megakernel.engine.sequence import PLACEHOLDER, Sequence
 from megakernel.errors import ConfigError, MegakernelError, RequestError
 from megakernel.kv.block_manager import BlockManager
-from megakernel.kv.cache import KVCache, KVLayout, plan_num_blocks
+from megakernel.kv.cache import KVCache, KVLayout, max_seq_len, plan_num_blocks
 from megakernel.kv.prefix_cache import PrefixCache
 from megakernel.model.cohere2_moe import Cohere2MoeModel
 from megakernel.model.decode_backend import DecodeBackend, TorchDecodeBackend
@@ -50,6 +50,7 @@ class EngineArgs:
     progress: bool = True
     async_scheduling: bool = True            # prepare step t+1 while the device runs step t
     gpu_memory_utilization: float | None = None   # GPU: KV budget leaves the rest of this fraction of the GPU
+    fit_max_model_len_to_kv: bool = False    # lower max_model_len to what one sequence can hold in the KV pools
 
 
 @dataclass
@@ -114,6 +115,8 @@ class LLMEngine:
                 budget -= reserved_bytes(config, args.max_num_seqs)
             num_blocks = plan_num_blocks(layout, budget, weights.dtype, args.max_num_seqs, self.max_model_len,
                                          args.max_num_batched_tokens)
+        if args.fit_max_model_len_to_kv:
+            self._fit_max_model_len(layout, num_blocks)
         self.cache = KVCache(layout, num_blocks, self.device, weights.dtype)
         prefix_cache = PrefixCache(layout) if args.enable_prefix_caching else None
         self.blocks = BlockManager(layout, num_blocks, evictor=prefix_cache)
@@ -140,6 +143,17 @@ class LLMEngine:
                                   f"for the KV cache ({free / 2**30:.1f} of {total / 2**30:.1f} GiB free)")
             return budget
         return 1 << 30
+
+    def _fit_max_model_len(self, layout: KVLayout, num_blocks: list[int]) -> None:
+        """Lower max_model_len to what one sequence can hold in the KV pools, so every admitted request fits (the
+        server does this: a request the pools cannot hold is refused up front rather than cut short)."""
+        cap = min(self.max_model_len, max_seq_len(layout, num_blocks, self.args.max_num_batched_tokens))
+        if cap < 2:
+            raise ConfigError("the KV cache is too small to hold even one token per sequence")
+        if cap < self.max_model_len:
+            log.warning("the KV cache holds at most %d tokens per sequence; max_model_len lowered from %d to %d",
+                        cap, self.max_model_len, cap)
+            self.max_model_len = cap
 
     def _make_decode_backend(self, name: str) -> DecodeBackend:
         if name == "megakernel":

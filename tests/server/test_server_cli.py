@@ -25,6 +25,7 @@ def _serve(*args, timeout=120):
 
 
 # ---- item 5 ------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_readme_commands_after_serve_sh():
     readme = (REPO / "README.md").read_text()
     assert "source .venv/bin/activate" in readme

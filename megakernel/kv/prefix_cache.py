@@ -132,19 +132,20 @@ class PrefixCache:
 
     # ---- eviction ----------------------------------------------------------------------------------------------
     def evict(self, g: int, n: int, blocks: BlockManager) -> int:
-        """Drop up to n least-recently-used blocks of group g that nobody but the cache holds."""
+        """Drop up to n least-recently-used blocks of group g that nobody but the cache holds. Walks from the LRU
+        end only as far as it needs (a full cache is not copied or scanned for one block)."""
         pool = blocks.pools[g]
         entries = self.entries[g]
-        freed = 0
-        for key in list(entries):
-            if freed >= n:
-                break
-            b = entries[key]
-            if pool.refcount[b] == 1:
-                del entries[key]
-                pool.release(b)
-                freed += 1
-        return freed
+        victims = []
+        if n > 0:
+            for key, b in entries.items():
+                if pool.refcount[b] == 1:
+                    victims.append(key)
+                    if len(victims) == n:
+                        break
+        for key in victims:
+            pool.release(entries.pop(key))
+        return len(victims)
 
     def num_evictable(self, blocks: BlockManager) -> int:
         return sum(1 for g, e in enumerate(self.entries) for b in e.values() if blocks.pools[g].refcount[b] == 1)

@@ -13,8 +13,7 @@ import sys
 
 import torch
 
-from kernel_helpers import (VARIANTS, clone_cache, decode_batch, make_cfg, poison_scratch, prefill_state,
-                            tiny_weights)
+from kernel_helpers import clone_cache, decode_batch, make_cfg, poison_scratch, prefill_state, tiny_weights
 from megakernel.kernel.backend import MegakernelBackend
 from megakernel.kernel.schedule import step_inputs
 from megakernel.kernel.simulator import Simulator

@@ -28,6 +28,7 @@ def test_missing_package_fails_in_ci(ci):
         require(["no_such_pkg_1234"], "the server tests", env={"CI": ci})
 
 
+@pytest.mark.slow
 def test_a_run_reports_the_skip_and_ci_fails(tmp_path):
     """End to end through pytest: the skipped directory is in the summary; with CI=true the run errors out."""
     sub = tmp_path / "t" / "srv"

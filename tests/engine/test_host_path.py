@@ -121,15 +121,22 @@ def test_recycle_resumes_where_it_stopped():
     assert bm.all_free() and sb.recycled == [0, 0]
 
 
+def _cache_a_sequence(tokens: list[int]) -> tuple[PrefixCache, BlockManager, list[int]]:
+    """A prefix cache holding every full block of one finished sequence of `tokens`; returns the cache, the block
+    manager and that sequence's full-attention blocks."""
+    pc = PrefixCache(_layout())
+    bm = BlockManager(pc.layout, [64, 64], evictor=pc)
+    sb = bm.new_sequence()
+    bm.prepare(sb, 0, len(tokens))
+    pc.release(tokens, sb, len(tokens), bm)
+    full = list(sb.tables[0])
+    bm.free(sb)
+    return pc, bm, full
+
+
 def test_recycle_of_tables_filled_from_a_cached_prefix():
     """Tables that start with FREED entries (a prefix-cache hit, a synthetic KV fill) recycle like grown ones."""
-    lay = _layout()
-    pc = PrefixCache(lay)
-    bm = BlockManager(lay, [64, 64], evictor=pc)
-    a_tokens, a = list(range(40)), bm.new_sequence()
-    bm.prepare(a, 0, 40)
-    pc.release(a_tokens, a, 40, bm)
-    bm.free(a)
+    pc, bm, _ = _cache_a_sequence(list(range(40)))
     b_tokens, b = list(range(36)) + [99, 98, 97, 96], bm.new_sequence()
     assert pc.attach(b_tokens, b, bm) == 36
     assert b.tables[1][:7] == [FREED] * 7 and b.recycled == [0, 0]
@@ -168,14 +175,8 @@ def test_eviction_walks_only_as_far_as_it_needs():
         def __iter__(self):
             raise AssertionError("evict copied the whole cache")
 
-    lay = _layout()
-    pc = PrefixCache(lay)
-    bm = BlockManager(lay, [64, 64], evictor=pc)
-    tokens, sb = list(range(40)), bm.new_sequence()
-    bm.prepare(sb, 0, 40)
-    pc.release(tokens, sb, 40, bm)
-    held = sb.tables[0][0]
-    bm.free(sb)
+    pc, bm, full = _cache_a_sequence(list(range(40)))
+    held = full[0]
     bm.pools[0].incref(held)                      # someone still uses the least recently used block
     pc.entries[0] = NoFullCopy(pc.entries[0])
     lru = list(dict.keys(pc.entries[0]))

@@ -2,24 +2,22 @@
 CPU simulator's executor of the same task list on the GPU in bf16, then print each scratch buffer's difference.
 The first buffer that disagrees points at the failing task kind.
 
-    python benchmarks/mk_debug.py [variant] [batch]
+    PYTHONPATH=tests python benchmarks/mk_debug.py [variant] [batch]
+
+(the tiny configs and the scratch-poisoning hook are the tests' own helpers, tests/kernel_helpers.py)
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "kernel"))
-
-from kernel_helpers import VARIANTS, clone_cache, decode_batch, make_cfg, prefill_state, tiny_weights  # noqa: E402
-
-from megakernel.kernel.backend import MegakernelBackend  # noqa: E402
-from megakernel.kernel.schedule import step_inputs  # noqa: E402
-from megakernel.kernel.simulator import Simulator  # noqa: E402
-from megakernel.model.cohere2_moe import Cohere2MoeModel  # noqa: E402
+from kernel_helpers import clone_cache, decode_batch, make_cfg, poison_scratch, prefill_state, tiny_weights
+from megakernel.kernel.backend import MegakernelBackend
+from megakernel.kernel.schedule import step_inputs
+from megakernel.kernel.simulator import Simulator
+from megakernel.model.cohere2_moe import Cohere2MoeModel
 
 
 def main() -> None:
@@ -49,7 +47,7 @@ def main() -> None:
     ref = Cohere2MoeModel(cfg, w).forward(batch, c_ref)
     split = int(sys.argv[3]) if len(sys.argv) > 3 else 3
     be = MegakernelBackend(cfg, w, st.layout, max_batch=16, split_tokens=split, watchdog_s=3)
-    be.poison = True
+    poison_scratch(be)
     out = be.decode(batch, c_mk)
     torch.cuda.synchronize()
     plan = be.plan

@@ -1,22 +1,20 @@
 """Driver for compute-sanitizer (racecheck/memcheck): the decode state is prepared on the CPU with the PyTorch
 path, copied to the GPU, and the only GPU kernel of interest is one megakernel step (tiny config).
 
-    compute-sanitizer --tool racecheck --kernel-name kns=mk_decode python3 benchmarks/mk_racecheck.py [B]
+    PYTHONPATH=tests compute-sanitizer --tool racecheck --kernel-name kns=mk_decode python3 benchmarks/mk_racecheck.py [B]
+
+(the tiny configs are the tests' own helpers, tests/kernel_helpers.py)
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "kernel"))
-
-from kernel_helpers import decode_batch, make_cfg, prefill_state, tiny_weights  # noqa: E402
-
-from megakernel.kernel.backend import MegakernelBackend  # noqa: E402
-from megakernel.model.cohere2_moe import Cohere2MoeModel  # noqa: E402
+from kernel_helpers import decode_batch, make_cfg, prefill_state, tiny_weights
+from megakernel.kernel.backend import MegakernelBackend
+from megakernel.model.cohere2_moe import Cohere2MoeModel
 
 
 def main() -> None:

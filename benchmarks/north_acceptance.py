@@ -18,7 +18,7 @@ steps where the reference's top-2 gap exceeds 10x the mean absolute logit error,
 Random weights make a chaotic 49-layer model (benchmarks/random_model_conditioning.py), so (1) and (2) only say
 how chaotic; (3) is what isolates the kernel's own error.
 
-    python benchmarks/north_acceptance.py --shapes 1x100,3x5000,8x32768 --steps 256 --json out.json
+    python -m benchmarks.north_acceptance --shapes 1x100,3x5000,8x32768 --steps 256 --json out.json
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from megakernel.model.cohere2_moe import Cohere2MoeModel, ForwardBatch, ForwardT
 from megakernel.model.reference import fp32_forward, fp32_layers_on, fp32_logits, router_gap
 from megakernel.model.weights import random_weights
 
-from north_check import LogitStats, expert_agreement, synthetic_state
+from benchmarks.north_check import LogitStats, expert_agreement, synthetic_state
 
 NEAR_TIE = 0.02     # fp32 router-logit gap between the k-th and (k+1)-th expert below which a swap is a near-tie
 

@@ -162,10 +162,9 @@ class ModelConfig:
 
         moe_inter = int(req("intermediate_size"))
         dense_inter = int(raw.get("prefix_dense_intermediate_size") or moe_inter)
+        # sliding layers without a sliding_window: transformers builds no window mask, so they attend like full
+        # attention layers (window_for returns None)
         sliding = raw.get("sliding_window")
-        if SLIDING in layer_types and sliding is None:
-            # transformers then builds no window mask: sliding layers behave as full attention.
-            pass
         eos = raw.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         known = set(cls.__dataclass_fields__)

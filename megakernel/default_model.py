@@ -1,6 +1,6 @@
 """The embedded default model: what `serve`, `generate` and `LLM()` use when no model is given.
 
-north_nano (megakernel/models/north_nano, 14.6 MB) is a tiny cohere2_moe trained by this project on Python's
+north_nano (megakernel/bundled/north_nano, 14.6 MB) is a tiny cohere2_moe trained by this project on Python's
 standard library and synthetic tool-use chats (see its README and training/).
 """
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from megakernel.errors import CheckpointError
 
-EMBEDDED = Path(__file__).parent / "models" / "north_nano"
+EMBEDDED = Path(__file__).parent / "bundled" / "north_nano"
 
 
 def resolve_model_path(model: str | Path | None) -> Path:

@@ -69,8 +69,8 @@ class ChatParser:
         self.in_reasoning = in_reasoning
         self._impl = _MelodyImpl(tools_enabled, in_reasoning) if use_melody and melody_available() else \
             _PyImpl(tools_enabled, in_reasoning)
-        self.reasoning = ""
-        self.content = ""
+        self._reasoning: list[str] = []     # pieces, joined when read: a feed costs what it adds, not the total
+        self._content: list[str] = []
         self.calls: list[ToolCall] = []
         self._pending: dict[int, ToolCallDelta] = {}    # calls whose name is not known yet
         self._announced: set[int] = set()
@@ -79,6 +79,16 @@ class ChatParser:
     @property
     def backend(self) -> str:
         return self._impl.name
+
+    @property
+    def reasoning(self) -> str:
+        """The reasoning parsed so far."""
+        return _joined(self._reasoning)
+
+    @property
+    def content(self) -> str:
+        """The answer parsed so far."""
+        return _joined(self._content)
 
     def feed(self, text: str) -> ParsedDelta:
         return self._absorb(self._impl.feed(text) if text else ParsedDelta())
@@ -94,8 +104,10 @@ class ChatParser:
 
     def _absorb(self, raw: ParsedDelta) -> ParsedDelta:
         out = ParsedDelta(raw.reasoning, raw.content)
-        self.reasoning += raw.reasoning
-        self.content += raw.content
+        if raw.reasoning:
+            self._reasoning.append(raw.reasoning)
+        if raw.content:
+            self._content.append(raw.content)
         for d in raw.tool_calls:
             if d.index in self._dropped:
                 continue
@@ -123,6 +135,13 @@ class ChatParser:
 
     def _call_slot(self, raw_index: int) -> int:
         return sorted(self._announced).index(raw_index)
+
+
+def _joined(parts: list[str]) -> str:
+    """The pieces as one string; the list keeps just that string afterwards, so reading again costs nothing."""
+    if len(parts) > 1:
+        parts[:] = ["".join(parts)]
+    return parts[0] if parts else ""
 
 
 def melody_available() -> bool:
@@ -163,66 +182,63 @@ _TAG = re.compile(r"<\|(START|END)_(THINKING|TEXT|ACTION)\|>")
 
 
 class _PyImpl:
-    """Fallback parser: re-parses the accumulated text and emits the difference (tool calls when complete)."""
+    """Fallback parser: a streaming state machine that looks at each character once. A trailing fragment that may
+    start (or be) a format tag waits for the next delta; a tool call is emitted when its action closes (at the end,
+    an unclosed action is parsed as it stands)."""
 
     name = "python"
 
     def __init__(self, tools_enabled: bool, in_reasoning: bool) -> None:
         self.tools_enabled = tools_enabled
-        self.in_reasoning = in_reasoning
-        self.text = ""
-        self.sent_reasoning = 0
-        self.sent_content = 0
-        self.sent_calls = 0
+        self.mode = "reasoning" if in_reasoning else "answer"
+        self.held = ""                         # text not parsed yet: a possible partial tag
+        self.action: list[str] | None = None   # the body of an open action
+        self.n_calls = 0
 
-    def _parse(self, final: bool):
-        mode = "reasoning" if self.in_reasoning else "answer"
-        reasoning, content, actions = [], [], []
+    def _run(self, text: str, final: bool) -> ParsedDelta:
+        text = self.held + text
+        body = text if final else _hold_partial_tag(text)
+        self.held = text[len(body):]
+        reasoning: list[str] = []
+        content: list[str] = []
+        actions: list[str] = []
         pos = 0
-        action: list[str] | None = None
-        text = self.text if final else _hold_partial_tag(self.text)
-        for m in _TAG.finditer(text):
-            piece = text[pos:m.start()]
+        for m in _TAG.finditer(body):
+            piece = body[pos:m.start()]
             pos = m.end()
-            (action if action is not None else reasoning if mode == "reasoning" else content).append(piece)
+            (self.action if self.action is not None else reasoning if self.mode == "reasoning" else content).append(
+                piece)
             edge, kind = m.group(1), m.group(2)
             if kind == "THINKING":
-                mode = "reasoning" if edge == "START" else "answer"
+                self.mode = "reasoning" if edge == "START" else "answer"
             elif kind == "ACTION" and self.tools_enabled:
                 if edge == "START":
-                    action = []
-                elif action is not None:
-                    actions.append("".join(action))
-                    action = None
+                    self.action = []
+                elif self.action is not None:
+                    actions.append("".join(self.action))
+                    self.action = None
             elif kind == "ACTION":
                 content.append(m.group(0))
-        tail = text[pos:]
-        if action is not None:
-            action.append(tail)
+        tail = body[pos:]
+        if self.action is not None:
+            self.action.append(tail)
             if final:
-                actions.append("".join(action))
+                actions.append("".join(self.action))
+                self.action = None
         else:
-            (reasoning if mode == "reasoning" else content).append(tail)
-        calls = []
+            (reasoning if self.mode == "reasoning" else content).append(tail)
+        out = ParsedDelta("".join(reasoning), "".join(content))
         for a in actions:
-            calls.extend(_parse_action(a))
-        return "".join(reasoning), "".join(content), calls
-
-    def _delta(self, final: bool) -> ParsedDelta:
-        reasoning, content, calls = self._parse(final)
-        out = ParsedDelta(reasoning[self.sent_reasoning:], content[self.sent_content:])
-        self.sent_reasoning, self.sent_content = len(reasoning), len(content)
-        for i, (name, args) in enumerate(calls[self.sent_calls:], start=self.sent_calls):
-            out.tool_calls.append(ToolCallDelta(i, str(i), name, args))
-        self.sent_calls = len(calls)
+            for name, args in _parse_action(a):
+                out.tool_calls.append(ToolCallDelta(self.n_calls, str(self.n_calls), name, args))
+                self.n_calls += 1
         return out
 
     def feed(self, text: str) -> ParsedDelta:
-        self.text += text
-        return self._delta(False)
+        return self._run(text, False)
 
     def finish(self) -> ParsedDelta:
-        return self._delta(True)
+        return self._run("", True)
 
 
 def _hold_partial_tag(text: str) -> str:

@@ -6,7 +6,7 @@ set -u
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 export MEGAKERNEL_CACHE_DIR=${MEGAKERNEL_CACHE_DIR:-/tmp/mkcache}
-export PYTHONPATH=$PWD:${PYTHONPATH:-}
+export PYTHONPATH=$PWD:$PWD/tests:${PYTHONPATH:-}     # the debug tools use the tests' tiny configs
 LOG=$OUT/log.txt
 STAGES=${*:-info build debug tests sanitizer parity-quick bench}
 PARITY=${PARITY:-1x100,16x5000}

@@ -12,12 +12,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from megakernel.default_model import EMBEDDED
+from server_harness import MODEL_NAME, LiveServer     # tests/server, on PYTHONPATH (loadtools_check.sh sets it)
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "server"))
-
-from server_harness import MODEL_NAME, LiveServer  # noqa: E402
-
-from megakernel.default_model import EMBEDDED  # noqa: E402
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 24
 PROMPT_TOKENS, OUTPUT_TOKENS = 64, 32

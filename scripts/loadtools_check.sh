@@ -19,4 +19,4 @@ for tool in guidellm aiperf; do
         "$venv/bin/python" -m pip install -q "$tool==$want" > "$venv.log" 2>&1 || { tail -20 "$venv.log"; exit 1; }
     fi
 done
-exec .venv/bin/python scripts/loadtools_check.py "$@"
+PYTHONPATH="$PWD/tests/server${PYTHONPATH:+:$PYTHONPATH}" exec .venv/bin/python scripts/loadtools_check.py "$@"

@@ -1,9 +1,11 @@
-"""Shared set-up for the megakernel tests: tiny configs, a prefilled paged cache, decode batches."""
+"""Shared set-up for the megakernel tests: tiny configs, a prefilled paged cache, decode batches, and the test
+hooks that poison the kernel's scratch or make a launch hang (kept here, out of the backend's API)."""
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -13,6 +15,7 @@ from megakernel.kv.cache import KVCache, KVLayout
 from megakernel.model.cohere2_moe import Cohere2MoeModel, ForwardBatch
 from megakernel.model.weights import random_weights
 from tiny_models import VARIANTS, config_kwargs, prefill_ragged  # noqa: F401 (VARIANTS re-exported)
+
 
 def make_cfg(name: str) -> ModelConfig:
     return ModelConfig.from_dict({"model_type": "cohere2_moe", **config_kwargs(name)})
@@ -71,3 +74,46 @@ def clone_cache(cache: KVCache) -> KVCache:
     c = copy.copy(cache)
     c.kv = [t.clone() for t in cache.kv]
     return c
+
+
+# ---- megakernel test hooks -----------------------------------------------------------------------------------------
+# They wrap two private steps of MegakernelBackend._launch on one backend object: `_task_list(si)` (the step's task
+# records) and `_params(si, tl, tasks, kv, cache, logits, n_step)` (built right before the launch, once that
+# launch's buffers exist).
+
+def poison_scratch(be) -> None:
+    """Fill `be`'s scratch, attention partials and logits with NaN (0xFF bytes) before every launch, so a step
+    that reads anything it did not write first shows NaN."""
+    params = be._params
+
+    def poisoned(si, tl, tasks, kv, cache, logits, n_step, *rest):
+        be.scratch_bytes.fill_(0xFF)
+        be.part_o.fill_(float("nan"))
+        be.part_lse.fill_(float("nan"))
+        logits.fill_(float("nan"))
+        return params(si, tl, tasks, kv, cache, logits, n_step, *rest)
+
+    be._params = poisoned
+
+
+def hang_launches(be, which: Callable[[int], bool]) -> None:
+    """Make `be`'s n-th launch (counting from 1) hang wherever which(n): one task of its list waits for one more
+    arrival than its counter ever gets, so the in-kernel watchdog ends the step."""
+    from megakernel.kernel import opcodes as O
+    from megakernel.transfer import to_device
+
+    task_list, launches = be._task_list, [0]
+
+    def maybe_hung(si):
+        tl, tasks = task_list(si)
+        launches[0] += 1
+        if not which(launches[0]):
+            return tl, tasks
+        rec = tl.records.copy()
+        i = len(rec) // 2
+        while int(rec[i, O.R["w0c"]]) < 0:
+            i += 1
+        rec[i, O.R["w0t"]] += 1
+        return tl, to_device(torch.from_numpy(rec), torch.int32, be.device)
+
+    be._task_list = maybe_hung

@@ -1,7 +1,7 @@
 """Deterministic data builder for north-nano.
 
 Two kinds of chat dialogues (OpenAI-style message dicts, rendered later with the
-North chat template in megakernel/models/north_nano/chat_template.jinja):
+North chat template in megakernel/bundled/north_nano/chat_template.jinja):
 
 1. "Write a function" dialogues built from the Python source that ships with
    Python itself (the stdlib .py files under sysconfig.get_paths()["stdlib"]).

@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-MODEL_DIR = os.path.join(REPO, "megakernel", "models", "north_nano")
+MODEL_DIR = os.path.join(REPO, "megakernel", "bundled", "north_nano")
 EVAL_DIR = os.path.join(HERE, "eval")
 EOT = "<|END_OF_TURN_TOKEN|>"
 MAX_TOKENS = 200

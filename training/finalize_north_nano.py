@@ -1,5 +1,5 @@
 """Turn a training output (weights.safetensors + config.json + loss_log.json from train_north_nano.py)
-into the shipped folder megakernel/models/north_nano: save_pretrained in bf16 (safetensors), config.json with
+into the shipped folder megakernel/bundled/north_nano: save_pretrained in bf16 (safetensors), config.json with
 first_k_dense_replace kept, generation_config.json, a loss-curve PNG and training/loss_log.json.
 
   python training/finalize_north_nano.py --run /path/to/train/output
@@ -16,7 +16,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-MODEL_DIR = os.path.join(REPO, "megakernel", "models", "north_nano")
+MODEL_DIR = os.path.join(REPO, "megakernel", "bundled", "north_nano")
 EOT_ID = 4
 
 

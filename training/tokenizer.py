@@ -4,7 +4,7 @@ The special tokens are North's, added first so that <PAD> is id 0:
   <PAD>=0 <BOS_TOKEN>=1 <EOS_TOKEN>=2 <|START_OF_TURN_TOKEN|>=3 <|END_OF_TURN_TOKEN|>=4 ...
 The end-of-generation token is <|END_OF_TURN_TOKEN|> (tokenizer eos_token).
 
-Usage: python training/tokenizer.py [--data training/build/train.jsonl] [--out megakernel/models/north_nano]
+Usage: python training/tokenizer.py [--data training/build/train.jsonl] [--out megakernel/bundled/north_nano]
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def train_tokenizer(data_path: str, out_dir: str, vocab_size: int = VOCAB_SIZE):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", default=os.path.join(HERE, "build", "train.jsonl"))
-    ap.add_argument("--out", default=os.path.join(REPO, "megakernel", "models", "north_nano"))
+    ap.add_argument("--out", default=os.path.join(REPO, "megakernel", "bundled", "north_nano"))
     ap.add_argument("--vocab-size", type=int, default=VOCAB_SIZE)
     a = ap.parse_args()
     fast = train_tokenizer(a.data, a.out, a.vocab_size)

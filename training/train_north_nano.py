@@ -5,7 +5,7 @@ Reproducible: fixed seeds, deterministic data order; the loss is taken on assist
 A small switch-style load-balancing loss on the router logits keeps all experts in use.
 
 Inputs : training/build/train.jsonl (training/build_data.py), tokenizer files in --tokenizer
-         (training/tokenizer.py writes them into megakernel/models/north_nano).
+         (training/tokenizer.py writes them into megakernel/bundled/north_nano).
 Outputs: --out/weights.safetensors (bf16 state dict), --out/config.json, --out/loss_log.json.
          training/finalize_north_nano.py then writes the shipped folder with save_pretrained.
 
@@ -26,7 +26,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-MODEL_DIR = os.path.join(REPO, "megakernel", "models", "north_nano")
+MODEL_DIR = os.path.join(REPO, "megakernel", "bundled", "north_nano")
 
 CHATBOT_ID = 7  # <|CHATBOT_TOKEN|>
 EOT_ID = 4      # <|END_OF_TURN_TOKEN|>

@@ -14,6 +14,7 @@ from megakernel.engine.arg_checks import check_engine_args, check_model_len
 from megakernel.engine.backends import choose_backend
 from megakernel.engine.detokenizer import detokenize_step
 from megakernel.engine.grammar import GrammarCompiler
+from megakernel.engine.list_view import ListView
 from megakernel.engine.loader import generation_eos_ids, load_model, load_tokenizer, resolve_device, resolve_dtype
 from megakernel.engine.model_runner import ModelRunner
 from megakernel.engine.outputs import CompletionOutput, RequestOutput
@@ -23,7 +24,8 @@ from megakernel.engine.scheduler import ScheduledChunk, Scheduler
 from megakernel.engine.sequence import PLACEHOLDER, Sequence
 from megakernel.errors import ConfigError, MegakernelError, RequestError
 from megakernel.kv.block_manager import BlockManager
-from megakernel.kv.cache import KVCache, KVLayout, plan_num_blocks
+from megakernel.kv.cache import KVCache, KVLayout, max_seq_len, plan_num_blocks
+from megakernel.kv.prefix_cache import PrefixCache
 from megakernel.model.cohere2_moe import (FAST_PREFILL_CHUNK, FAST_PREFILL_WITH_DECODES, Cohere2MoeModel,
                                           prefill_reserve_bytes)
 from megakernel.model.decode_backend import DecodeBackend, TorchDecodeBackend
@@ -52,6 +54,7 @@ class EngineArgs:
     progress: bool = True
     async_scheduling: bool = True            # prepare step t+1 while the device runs step t
     gpu_memory_utilization: float | None = None   # GPU: KV budget leaves the rest of this fraction of the GPU
+    fit_max_model_len_to_kv: bool = False    # lower max_model_len to what one sequence can hold in the KV pools
 
 
 @dataclass
@@ -123,13 +126,11 @@ class LLMEngine:
                                   f"--max-model-len")
             num_blocks = plan_num_blocks(layout, budget, weights.dtype, args.max_num_seqs, self.max_model_len,
                                          self.chunk_tokens)
+        if args.fit_max_model_len_to_kv:
+            self._fit_max_model_len(layout, num_blocks)
         self.cache = KVCache(layout, num_blocks, self.device, weights.dtype)
-        self.blocks = BlockManager(layout, num_blocks)
-        prefix_cache = None
-        if args.enable_prefix_caching:
-            from megakernel.kv.prefix_cache import PrefixCache
-
-            prefix_cache = PrefixCache(layout)
+        prefix_cache = PrefixCache(layout) if args.enable_prefix_caching else None
+        self.blocks = BlockManager(layout, num_blocks, evictor=prefix_cache)
         cap = args.prefill_with_decodes or (FAST_PREFILL_WITH_DECODES if self.model.fast_prefill else None)
         self.scheduler = Scheduler(self.blocks, args.max_num_seqs, self.chunk_tokens, prefix_cache,
                                    prefill_with_decodes=min(cap, self.chunk_tokens) if cap else None)
@@ -155,6 +156,17 @@ class LLMEngine:
                                   f"for the KV cache ({free / 2**30:.1f} of {total / 2**30:.1f} GiB free)")
             return budget
         return 1 << 30
+
+    def _fit_max_model_len(self, layout: KVLayout, num_blocks: list[int]) -> None:
+        """Lower max_model_len to what one sequence can hold in the KV pools, so every admitted request fits (the
+        server does this: a request the pools cannot hold is refused up front rather than cut short)."""
+        cap = min(self.max_model_len, max_seq_len(layout, num_blocks, self.chunk_tokens))
+        if cap < 2:
+            raise ConfigError("the KV cache is too small to hold even one token per sequence")
+        if cap < self.max_model_len:
+            log.warning("the KV cache holds at most %d tokens per sequence; max_model_len lowered from %d to %d",
+                        cap, self.max_model_len, cap)
+            self.max_model_len = cap
 
     def _make_decode_backend(self, name: str) -> DecodeBackend:
         if name == "megakernel":
@@ -194,7 +206,7 @@ class LLMEngine:
         grammar = self.grammar.check(params.structured_outputs) if params.structured_outputs else None
         req = _Request(prompt, list(prompt_token_ids))
         for i in range(params.n):
-            seq = Sequence(request_id, i, list(prompt_token_ids), params, self.blocks.new_sequence(),
+            seq = Sequence(request_id, i, req.prompt_token_ids, params, self.blocks.new_sequence(),
                            eos_token_ids=self.eos_token_ids)
             if grammar is not None:
                 seq.matcher = self.grammar.matcher(params.structured_outputs, grammar)
@@ -271,8 +283,7 @@ class LLMEngine:
         result = sample_async(logits, seqs, self.generator) if seqs else None
         slots = []
         for row, seq in enumerate(seqs):
-            idx = len(seq.output_token_ids)
-            seq.output_token_ids.append(PLACEHOLDER)
+            idx = seq.append_output(PLACEHOLDER)
             seq.pending[idx] = (result.tokens, row)
             slots.append((seq, idx))
             if self._at_length_limit(seq, idx + 1):
@@ -344,7 +355,7 @@ class LLMEngine:
     def _commit(self, seq: Sequence, idx: int, tok: int, lp) -> None:
         """Output token `idx` of seq is `tok`: record it, then check stop conditions and max lengths."""
         p = seq.params
-        seq.output_token_ids[idx] = tok
+        seq.set_output(idx, tok)
         if lp is not None:
             seq.logprobs.append(lp)
         n_out = idx + 1
@@ -392,9 +403,18 @@ class LLMEngine:
         return seq.matcher.done
 
     def _snapshot(self, rid: str, req: _Request) -> RequestOutput:
-        outs = [CompletionOutput(s.index, s.output_token_ids[:s.num_resolved], s.text, s.finish_reason,
-                                 list(s.logprobs) if s.params.logprobs is not None else None,
-                                 s.stop_reason) for s in req.seqs]
+        """Every sequence's output so far. While a sequence runs its tokens and logprobs are views (O(1) per step:
+        what a view covers never changes); a finished one's are lists of their own, made once."""
+        outs = []
+        for s in req.seqs:
+            n = s.num_resolved
+            lps = s.logprobs if s.params.logprobs is not None else None
+            if s.finished:
+                ids, lps = s.output_token_ids[:n], list(lps) if lps is not None else None
+            else:
+                ids = ListView(s.token_ids, s.num_prompt, s.num_prompt + n)
+                lps = ListView(lps, 0, len(lps)) if lps is not None else None
+            outs.append(CompletionOutput(s.index, ids, s.text, s.finish_reason, lps, s.stop_reason))
         errors = [s.error for s in req.seqs if s.error]
         return RequestOutput(rid, req.prompt, req.prompt_token_ids, outs,
                              finished=all(s.finished for s in req.seqs), error=errors[0] if errors else None,

@@ -9,8 +9,9 @@ import torch
 from megakernel.engine.scheduler import ScheduledChunk
 from megakernel.transfer import to_device
 from megakernel.kv.cache import KVCache
-from megakernel.model.cohere2_moe import Cohere2MoeModel, ForwardBatch, ForwardTrace
-from megakernel.model.decode_backend import Check, DecodeBackend, TorchDecodeBackend
+from megakernel.model.batch import ForwardBatch, ForwardTrace
+from megakernel.model.cohere2_moe import Cohere2MoeModel
+from megakernel.model.decode_backend import Check, DecodeBackend
 
 log = logging.getLogger("megakernel")
 
@@ -48,10 +49,10 @@ class ModelRunner:
     """Runs prefill chunks on the PyTorch path and decode rows on the decode backend (megakernel, CUDA graphs or
     the PyTorch path itself)."""
 
-    def __init__(self, model: Cohere2MoeModel, cache: KVCache, decode_backend: DecodeBackend | None = None) -> None:
+    def __init__(self, model: Cohere2MoeModel, cache: KVCache, decode_backend: DecodeBackend) -> None:
         self.model = model
         self.cache = cache
-        self.decode_backend: DecodeBackend = decode_backend or TorchDecodeBackend(model)
+        self.decode_backend = decode_backend      # TorchDecodeBackend(model): decodes run with the prefill
         self.trace: ForwardTrace | None = None     # set to record the experts each step routes to (benchmarks)
 
     @property

@@ -1,7 +1,13 @@
-"""What generation returns: per request, one CompletionOutput per sampled completion (n of them)."""
+"""What generation returns: per request, one CompletionOutput per sampled completion (n of them).
+
+A request still running is reported every step; its token ids and logprobs are then read-only views of what the
+engine holds (`ListView`: indexable, sliceable, equal to a list with the same items), so a step costs O(new
+tokens), not a copy of the whole output. Once finished they are plain lists.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from megakernel.engine.sequence import TokenLogprob
@@ -10,10 +16,10 @@ from megakernel.engine.sequence import TokenLogprob
 @dataclass
 class CompletionOutput:
     index: int
-    token_ids: list[int]
+    token_ids: Sequence[int]
     text: str
     finish_reason: str | None            # "stop", "length", "abort", or None while running
-    logprobs: list[TokenLogprob] | None = None
+    logprobs: Sequence[TokenLogprob] | None = None
     stop_reason: int | str | None = None  # the stop string or token id that ended it, if any
     reasoning: str | None = None          # LLM.chat(): the reasoning, apart from the answer in `text`
 
@@ -38,7 +44,7 @@ class RequestOutput:
         return self.outputs[0].text
 
     @property
-    def token_ids(self) -> list[int]:
+    def token_ids(self) -> Sequence[int]:
         return self.outputs[0].token_ids
 
     @property

@@ -44,15 +44,15 @@ def _penalise(logits: torch.Tensor, seqs: list[Sequence]) -> None:
                 vals = logits[row]
                 logits[row] = torch.where(seen, torch.where(vals > 0, vals / p.repetition_penalty,
                                                             vals * p.repetition_penalty), vals)
-            if seq.output_token_ids and (p.presence_penalty or p.frequency_penalty):
-                out = _ids_on_device(seq, len(seq.prompt_token_ids), len(seq), dev)
+            if seq.num_output and (p.presence_penalty or p.frequency_penalty):
+                out = _ids_on_device(seq, seq.num_prompt, len(seq), dev)
                 counts = torch.zeros(V, dtype=logits.dtype, device=dev)
                 counts.scatter_add_(0, out, torch.ones(out.shape, dtype=logits.dtype, device=dev))
                 logits[row] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
         if p.logit_bias:
             ids = to_device(list(p.logit_bias), torch.long, dev)
             logits[row, ids] += to_device(list(p.logit_bias.values()), logits.dtype, dev)
-        if p.min_tokens and len(seq.output_token_ids) < p.min_tokens:
+        if p.min_tokens and seq.num_output < p.min_tokens:
             ban = set(p.stop_token_ids) | (set() if p.ignore_eos else set(seq.eos_token_ids))
             if ban:
                 logits[row].index_fill_(0, to_device(sorted(ban), torch.long, dev), float("-inf"))

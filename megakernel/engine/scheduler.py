@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from megakernel.engine.sequence import Sequence, Status
 from megakernel.errors import OutOfKVBlocks
 from megakernel.kv.block_manager import BlockManager
+from megakernel.kv.prefix_cache import PrefixCache
 
 
 @dataclass
@@ -35,21 +36,23 @@ class ScheduledChunk:
     @property
     def is_decode(self) -> bool:
         return self.end - self.start == 1 and self.seq.num_computed == len(self.seq) - 1 and \
-            self.seq.output_token_ids != []
+            self.seq.num_output > 0
 
 
 class Scheduler:
     def __init__(self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 prefix_cache=None, prefill_with_decodes: int | None = None) -> None:
-        """max_num_batched_tokens: tokens per step; prefill_with_decodes: the smaller budget of a step that also
+                 prefix_cache: PrefixCache | None = None, prefill_with_decodes: int | None = None) -> None:
+        """`blocks` must evict from `prefix_cache` when a pool runs short (`BlockManager(..., evictor=...)`).
+        max_num_batched_tokens: tokens per step; prefill_with_decodes: the smaller budget of a step that also
         carries decode rows (so a long prompt's chunks stall running streams less), None = the same."""
+        if prefix_cache is not None and blocks.evictor is not prefix_cache:
+            raise ValueError("the block manager must evict from the scheduler's prefix cache: build it with "
+                             "BlockManager(layout, num_blocks, evictor=prefix_cache)")
         self.blocks = blocks
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.prefill_with_decodes = prefill_with_decodes
         self.prefix_cache = prefix_cache
-        if prefix_cache is not None:
-            blocks.evictor = lambda g, n: prefix_cache.evict(g, n, blocks)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -57,9 +60,6 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
-
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
 
     def schedule(self) -> list[ScheduledChunk]:
         chunks: list[ScheduledChunk] = []
@@ -89,7 +89,8 @@ class Scheduler:
             if seq.pending:
                 break         # preempted with a token still in flight: admit it once the token is read back
             if seq.num_computed == 0 and self.prefix_cache is not None:
-                self.prefix_cache.attach(seq, self.blocks)
+                seq.num_computed = self.prefix_cache.attach(seq.token_ids, seq.blocks, self.blocks)
+                seq.num_cached_prompt = min(seq.num_computed, seq.num_prompt)
             n = min(seq.num_pending, budget)
             try:
                 self.blocks.prepare(seq.blocks, seq.num_computed, seq.num_computed + n)
@@ -102,8 +103,8 @@ class Scheduler:
                     self.ended.append(seq)
                     continue
                 break
-            if self.prefix_cache is not None:
-                self.prefix_cache.count(seq)
+            if self.prefix_cache is not None and not seq.num_preemptions:
+                self.prefix_cache.count(seq.num_prompt, seq.num_cached_prompt)
             self.waiting.popleft()
             seq.status = Status.RUNNING
             self.running.append(seq)
@@ -161,7 +162,7 @@ class Scheduler:
     def _drop_blocks(self, seq: Sequence) -> None:
         """Give seq's blocks back, letting the prefix cache keep the full computed ones first."""
         if self.prefix_cache is not None:
-            self.prefix_cache.release(seq, self.blocks)
+            self.prefix_cache.release(seq.token_ids, seq.blocks, min(seq.num_computed, seq.num_known), self.blocks)
         self.blocks.free(seq.blocks)
 
     def recycle(self, seq: Sequence) -> None:
@@ -169,5 +170,5 @@ class Scheduler:
         keep = None
         if self.prefix_cache is not None:
             pc, blocks = self.prefix_cache, self.blocks
-            keep = lambda g, i, b: pc.offer(seq, g, i, b, blocks)  # noqa: E731
+            keep = lambda g, i, b: pc.offer(seq.token_ids, seq.blocks, g, i, b, blocks)  # noqa: E731
         self.blocks.recycle(seq.blocks, seq.num_computed, keep)

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from megakernel.engine.detokenizer import DetokState
+from megakernel.engine.list_view import ListView
 from megakernel.engine.sampling_params import SamplingParams
 from megakernel.kv.block_manager import SequenceBlocks
 
@@ -34,12 +35,15 @@ class TokenLogprob:
 
 @dataclass(eq=False)
 class Sequence:
+    """Its tokens live in one list, `token_ids` (prompt then output), which only grows at the end or loses tokens
+    still in flight: every per-step read is a slice of what is new, never a copy of the whole context. Output
+    tokens change only through `append_output`, `set_output` and `truncate_output`."""
+
     request_id: str
     index: int                                  # which of the request's n completions
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[int]                 # never modified (shared with the request)
     params: SamplingParams
     blocks: SequenceBlocks
-    output_token_ids: list[int] = field(default_factory=list)
     num_computed: int = 0                       # tokens whose K/V are in the cache
     num_cached_prompt: int = 0                  # prompt tokens served from the prefix cache (for usage stats)
     status: Status = Status.WAITING
@@ -59,18 +63,48 @@ class Sequence:
     awaiting_last: bool = False                 # its pending token is its last (max_tokens / max_model_len)
     kv_capped: bool = False                     # the KV pool cannot hold one more token of it, even alone
     matcher: Any = None                         # engine.grammar.GrammarMatcher of a constrained sequence
+    token_ids: list[int] = field(init=False, repr=False)    # prompt + output, one list
 
-    @property
-    def token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
+    def __post_init__(self) -> None:
+        self.token_ids = list(self.prompt_token_ids)
 
     def __len__(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        return len(self.token_ids)
+
+    @property
+    def num_prompt(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output(self) -> int:
+        return len(self.token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> ListView[int]:
+        """The output tokens (placeholders included), a read-only view that grows with the sequence."""
+        return ListView(self.token_ids, len(self.prompt_token_ids))
+
+    def append_output(self, token: int) -> int:
+        """Append an output token (or PLACEHOLDER); returns its output index."""
+        self.token_ids.append(token)
+        return self.num_output - 1
+
+    def set_output(self, index: int, token: int) -> None:
+        self.token_ids[len(self.prompt_token_ids) + index] = token
+
+    def truncate_output(self, n: int) -> None:
+        """Keep the first n output tokens."""
+        del self.token_ids[len(self.prompt_token_ids) + n:]
 
     @property
     def num_resolved(self) -> int:
         """Output tokens whose values the host knows."""
-        return len(self.output_token_ids) - len(self.pending)
+        return self.num_output - len(self.pending)
+
+    @property
+    def num_known(self) -> int:
+        """Tokens (prompt and output) whose values the host knows: a token in flight is a placeholder."""
+        return len(self.token_ids) - len(self.pending)
 
     def in_flight(self, start: int, end: int) -> list[tuple[int, torch.Tensor, int]]:
         """Token positions in [start, end) whose values are still on the device: (position, tokens, row)."""
@@ -80,7 +114,7 @@ class Sequence:
     def drop_pending(self) -> None:
         """Forget tokens still in flight (the sequence ended before they were read back)."""
         if self.pending:
-            del self.output_token_ids[self.num_resolved:]
+            self.truncate_output(self.num_resolved)
             self.pending.clear()
         self.num_computed = min(self.num_computed, len(self))
         self.awaiting_last = False

@@ -98,7 +98,6 @@ class MegakernelBackend(DecodeBackend):
             raise ValueError(f"kernel needs {self.smem} B of shared memory, the GPU allows {self.smem_optin}")
         wd = watchdog_s if watchdog_s is not None else float(os.environ.get("MEGAKERNEL_WATCHDOG_S", "5"))
         self.watchdog_ns = int(wd * 1e9)
-        self.poison = False                  # tests: fill scratch with NaN before every step
         self._alloc_static()
         self._tasks: dict[tuple, tuple[TaskList, torch.Tensor]] = {}
         self.last_tokens: torch.Tensor | None = None
@@ -177,16 +176,9 @@ class MegakernelBackend(DecodeBackend):
         self._profile_next = True
 
     # ---- one step ----------------------------------------------------------------------------------------------
-    def decode(self, batch: ForwardBatch, cache: KVCache, trace: ForwardTrace | None = None,
-               _inject_hang: bool = False) -> torch.Tensor:
-        """One decode step; returns the fp32 logits once the kernel has finished (raises on failure or hang)."""
-        logits, check = self.decode_async(batch, cache, trace, _inject_hang)
-        check()
-        return logits
-
     @torch.inference_mode()
-    def decode_async(self, batch: ForwardBatch, cache: KVCache, trace: ForwardTrace | None = None,
-                     _inject_hang: bool = False) -> tuple[torch.Tensor, Callable[[], None]]:
+    def decode_async(self, batch: ForwardBatch, cache: KVCache, trace: ForwardTrace | None = None
+                     ) -> tuple[torch.Tensor, Callable[[], None]]:
         """Launch one decode step without waiting for it (nor for earlier GPU work: inputs are uploaded from
         pinned memory, and the input token ids may be device values the host has not read yet). Returns the
         logits (valid in stream order) and a check that waits for the launch and raises MegakernelHang /
@@ -201,7 +193,7 @@ class MegakernelBackend(DecodeBackend):
             b = min(B, a + p.max_batch)
             sub_trace = ForwardTrace() if trace is not None else None
             launches.append((*self._launch(batch.input_ids[a:b], positions[a:b], batch.block_tables[a:b], cache,
-                                           sub_trace, _inject_hang), sub_trace))
+                                           sub_trace), sub_trace))
         if trace is not None:
             per_launch = [t.experts for *_, t in launches]
             trace.experts.extend(torch.cat(x) if len(x) > 1 else x[0] for x in zip(*per_launch))
@@ -219,20 +211,12 @@ class MegakernelBackend(DecodeBackend):
         return logits, check
 
     def _launch(self, input_ids: torch.Tensor, positions: list[int], tables: list, cache: KVCache,
-                trace: ForwardTrace | None, inject_hang: bool
-                ) -> tuple[torch.Tensor, torch.Tensor, Callable[[], None]]:
+                trace: ForwardTrace | None) -> tuple[torch.Tensor, torch.Tensor, Callable[[], None]]:
         p = self.plan
         B = len(positions)
         si = step_inputs(p, [0] * B, positions, tables)        # token ids are copied in on the device below
         tl, tasks = self._task_list(si)
         self.last_task_list = tl
-        if inject_hang:   # tests: one task waits for one more arrival than its counter ever gets
-            rec = tl.records.copy()
-            i = len(rec) // 2
-            while int(rec[i, O.R["w0c"]]) < 0:
-                i += 1
-            rec[i, O.R["w0t"]] += 1
-            tasks = to_device(torch.from_numpy(rec), torch.int32, self.device)
         dev = self.device
         g, d = p.g, p.d
         if self.part_o.numel() < max(1, tl.n_partials) * g * d:
@@ -245,13 +229,7 @@ class MegakernelBackend(DecodeBackend):
         staged = torch.from_numpy(np.concatenate([si.step, si.tables]).astype(np.int32)).pin_memory()
         self.step_dev[:n_step + n_tab].copy_(staged, non_blocking=True)
         self.step_dev[:B].copy_(input_ids)                     # the step's token ids, straight from the device
-        if self.poison:
-            self.scratch_bytes.fill_(0xFF)
-            self.part_o.fill_(float("nan"))
-            self.part_lse.fill_(float("nan"))
         logits = torch.empty(B, self.cfg.vocab_size, dtype=torch.float32, device=dev)
-        if self.poison:
-            logits.fill_(float("nan"))
         kv = [t for t in cache.kv] + [None] * (2 - len(cache.kv))
         for t in cache.kv:
             if t.dtype != torch.bfloat16 or t.device != dev or not t.is_contiguous():

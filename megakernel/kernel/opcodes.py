@@ -68,7 +68,6 @@ CTRL_FIELDS = ("ticket", "abort", "err_code", "err_task", "err_counter", "err_va
 CTRL_INTS = len(CTRL_FIELDS)
 ERR_WATCHDOG = 1
 ERR_BAD_OPCODE = 2
-ERR_BAD_INPUT = 3
 
 # ---- kernel parameters: NUM_PARAMS int64 slots passed by value ----------------------------------------------------
 PARAM_FIELDS = (
@@ -131,10 +130,6 @@ NORM_RMS, NORM_LAYER = 0, 1
 SEL_SIGMOID, SEL_SOFTMAX = 0, 1
 COMB_SUM, COMB_AVERAGE = 0, 1
 
-# ---- per-layer counters -------------------------------------------------------------------------------------------
-# Counter ids are assigned by the schedule builder (schedule.CounterMap); these are the kinds, for diagnostics.
-COUNTER_KINDS = ("x", "qkv", "att", "comb", "o", "rl", "route", "gu", "mgu", "mlp", "xf", "lm")
-
 
 def _defines(prefix: str, names, upper: bool = True) -> list[str]:
     return [f"#define {prefix}{n.upper() if upper else n} {i}" for i, n in enumerate(names)]
@@ -148,7 +143,7 @@ def generate_header() -> str:
                   MAX_HEAD_DIM=MAX_HEAD_DIM, MAX_GROUP=MAX_GROUP, MAX_EXPERTS=MAX_EXPERTS, MAX_TOPK=MAX_TOPK,
                   REC_INTS=REC_INTS, MAX_WAITS=MAX_WAITS, CTRL_INTS=CTRL_INTS, NUM_PARAMS=NUM_PARAMS,
                   LAYER_INFO_INTS=LAYER_INFO_INTS, WPTR_INTS=WPTR_INTS,
-                  ERR_WATCHDOG=ERR_WATCHDOG, ERR_BAD_OPCODE=ERR_BAD_OPCODE, ERR_BAD_INPUT=ERR_BAD_INPUT,
+                  ERR_WATCHDOG=ERR_WATCHDOG, ERR_BAD_OPCODE=ERR_BAD_OPCODE,
                   MLP_NONE=MLP_NONE, MLP_DENSE=MLP_DENSE, MLP_SHARED=MLP_SHARED,
                   NORM_RMS=NORM_RMS, NORM_LAYER=NORM_LAYER, SEL_SIGMOID=SEL_SIGMOID, SEL_SOFTMAX=SEL_SOFTMAX,
                   COMB_SUM=COMB_SUM, COMB_AVERAGE=COMB_AVERAGE, PROF_INTS=PROF_INTS,

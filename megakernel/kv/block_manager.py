@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
 
 from megakernel.errors import OutOfKVBlocks
 from megakernel.kv.cache import KVLayout
@@ -54,14 +54,27 @@ class SequenceBlocks:
 
     tables: list[list[int]] = field(default_factory=list)
     hashes: list[bytes] = field(default_factory=list)   # prefix-cache keys of its full blocks, computed once
+    # per group: every entry of tables[g] before this index is FREED (window recycling resumes there, so a step
+    # looks only at the blocks that just left the window, not at the whole table)
+    recycled: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.recycled += [0] * (len(self.tables) - len(self.recycled))
+
+
+class Evictor(Protocol):
+    """What a block manager asks for blocks when a pool runs short (the prefix cache)."""
+
+    def evict(self, g: int, n: int, blocks: "BlockManager") -> int:
+        """Free up to n blocks of group g that only the evictor holds; returns how many it freed."""
+        ...
 
 
 class BlockManager:
-    def __init__(self, layout: KVLayout, num_blocks: list[int]) -> None:
+    def __init__(self, layout: KVLayout, num_blocks: list[int], evictor: Evictor | None = None) -> None:
         self.layout = layout
         self.pools = [BlockPool(g.name, n) for g, n in zip(layout.groups, num_blocks)]
-        # Called as evictor(group, n) when a pool is short: frees up to n blocks held only by a cache.
-        self.evictor: Callable[[int, int], int] | None = None
+        self.evictor = evictor      # asked for blocks before an allocation fails
 
     def new_sequence(self) -> SequenceBlocks:
         return SequenceBlocks(tables=[[] for _ in self.pools])
@@ -85,7 +98,7 @@ class BlockManager:
         needed = self.blocks_needed(seq, end)
         for g, (pool, n) in enumerate(zip(self.pools, needed)):
             if n > pool.num_free and self.evictor is not None:
-                self.evictor(g, n - pool.num_free)
+                self.evictor.evict(g, n - pool.num_free, self)
             if n > pool.num_free:
                 raise OutOfKVBlocks(pool.name, n, pool.num_free)
         for pool, table, n in zip(self.pools, seq.tables, needed):
@@ -100,22 +113,24 @@ class BlockManager:
         for g, (pool, table) in enumerate(zip(self.pools, seq.tables)):
             if self.layout.groups[g].window is None:
                 continue
-            keep_from = self.first_needed_position(g, start) // self.layout.block_size
-            for i in range(min(keep_from, len(table))):
+            keep_from = min(self.first_needed_position(g, start) // self.layout.block_size, len(table))
+            for i in range(seq.recycled[g], keep_from):
                 if table[i] != FREED:
                     if keep is not None:
                         keep(g, i, table[i])
                     pool.release(table[i])
                     table[i] = FREED
                     freed += 1
+            seq.recycled[g] = max(seq.recycled[g], keep_from)
         return freed
 
     def free(self, seq: SequenceBlocks) -> None:
-        for pool, table in zip(self.pools, seq.tables):
+        for g, (pool, table) in enumerate(zip(self.pools, seq.tables)):
             for b in table:
                 if b != FREED:
                     pool.release(b)
             table.clear()
+            seq.recycled[g] = 0
 
     def all_free(self) -> bool:
         return all(p.num_free == p.num_blocks for p in self.pools)

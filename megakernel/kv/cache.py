@@ -111,3 +111,19 @@ def plan_num_blocks(layout: KVLayout, budget_bytes: int, dtype: torch.dtype, max
         cap = 2 * max_num_seqs * layout.blocks_per_seq(g, max_model_len, chunk)
         out[g] = max(1, min(cap, rest // (sizes[g] * len(unbounded))))
     return out
+
+
+def max_seq_len(layout: KVLayout, num_blocks: list[int], chunk: int) -> int:
+    """The longest sequence the pools can hold alone: every full-attention token, and a sliding group's window
+    plus one prefill chunk (fewer blocks than that cap the sequence at what they cover)."""
+    bs = layout.block_size
+    cap = None
+    for group, n in zip(layout.groups, num_blocks):
+        if group.window is None:
+            limit = n * bs
+        elif n < math.ceil((group.window - 1 + chunk) / bs) + 1:
+            limit = max(0, (n - 1) * bs)
+        else:
+            continue
+        cap = limit if cap is None else min(cap, limit)
+    return cap if cap is not None else 1 << 62

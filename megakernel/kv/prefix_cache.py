@@ -13,23 +13,27 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from collections.abc import Sequence
 
 from megakernel.kv.block_manager import FREED, BlockManager, SequenceBlocks
 from megakernel.kv.cache import KVLayout
 
 
-def chain_hashes(tokens: list[int], block_size: int, num_blocks: int, known: list[bytes] | None = None
-                 ) -> list[bytes]:
-    """Keys of the first `num_blocks` full blocks of `tokens`; `known` (keys already computed for a prefix of the
-    same tokens) is extended in place, so a growing sequence hashes each block once."""
-    out = known if known is not None else []
-    prev = out[-1] if out else b""
-    for i in range(len(out), num_blocks):
+def extend_hashes(tokens: Sequence[int], block_size: int, num_blocks: int, known: list[bytes]) -> list[bytes]:
+    """Extend `known` (the keys of a prefix of the same tokens' full blocks) in place to at least `num_blocks` keys
+    and return it, so a growing sequence hashes each block once and a lookup never copies the list."""
+    prev = known[-1] if known else b""
+    for i in range(len(known), num_blocks):
         h = hashlib.blake2b(prev, digest_size=16)
         h.update(b",".join(str(t).encode() for t in tokens[i * block_size:(i + 1) * block_size]))
         prev = h.digest()
-        out.append(prev)
-    return out[:num_blocks]
+        known.append(prev)
+    return known
+
+
+def chain_hashes(tokens: Sequence[int], block_size: int, num_blocks: int) -> list[bytes]:
+    """Keys of the first `num_blocks` full blocks of `tokens`."""
+    return extend_hashes(tokens, block_size, num_blocks, [])
 
 
 class PrefixCache:
@@ -46,18 +50,17 @@ class PrefixCache:
         return sum(len(e) for e in self.entries)
 
     # ---- lookup ------------------------------------------------------------------------------------------------
-    def attach(self, seq, blocks: BlockManager) -> None:
-        """Give a new sequence the longest cached prefix of its tokens (at least one token is left to compute)."""
+    def attach(self, tokens: Sequence[int], sb: SequenceBlocks, blocks: BlockManager) -> int:
+        """Fill the empty block tables `sb` of a sequence of `tokens` with the longest cached prefix (at least one
+        token is left to compute). Returns how many tokens' K/V are now in place (0: no hit)."""
         bs = self.layout.block_size
-        tokens = seq.token_ids
         max_blocks = (len(tokens) - 1) // bs
         if max_blocks == 0:
-            return
-        hashes = self._keys(seq, max_blocks)
-        k = self._longest_hit(hashes, blocks)
+            return 0
+        hashes = extend_hashes(tokens, bs, max_blocks, sb.hashes)
+        k = self._longest_hit(hashes, max_blocks, blocks)
         if k == 0:
-            return
-        sb: SequenceBlocks = seq.blocks
+            return 0
         for g, entries in enumerate(self.entries):
             first = blocks.first_needed_position(g, k * bs) // bs
             table = sb.tables[g]
@@ -69,22 +72,19 @@ class PrefixCache:
                 entries.move_to_end(hashes[i])
                 blocks.pools[g].incref(b)
                 table.append(b)
-        seq.num_computed = k * bs
-        seq.num_cached_prompt = min(k * bs, len(seq.prompt_token_ids))
+        return k * bs
 
-    def count(self, seq) -> None:
-        """Account an admitted sequence's lookup in the hit rate (its first admission only, not re-admissions
-        after preemption)."""
-        if seq.num_preemptions:
-            return
-        self.queried_tokens += len(seq.prompt_token_ids)
-        self.hit_tokens += seq.num_cached_prompt
+    def count(self, num_prompt: int, num_cached: int) -> None:
+        """Account one lookup in the hit rate: `num_cached` of a prompt's `num_prompt` tokens were found (the
+        scheduler counts a sequence's first admission only, not re-admissions after preemption)."""
+        self.queried_tokens += num_prompt
+        self.hit_tokens += num_cached
 
-    def _longest_hit(self, hashes: list[bytes], blocks: BlockManager) -> int:
+    def _longest_hit(self, hashes: list[bytes], max_blocks: int, blocks: BlockManager) -> int:
         bs = self.layout.block_size
         k = 0
         full = [g for g, grp in enumerate(self.layout.groups) if grp.window is None]
-        while k < len(hashes) and all(hashes[k] in self.entries[g] for g in full):
+        while k < max_blocks and all(hashes[k] in self.entries[g] for g in full):
             k += 1
         # Shrink until every windowed group holds what a query at k*bs sees.
         while k > 0:
@@ -101,26 +101,23 @@ class PrefixCache:
             k -= 1
         return 0
 
-    def _keys(self, seq, n: int) -> list[bytes]:
-        """seq's first n block keys, memoised on its block tables (its tokens only ever grow)."""
-        return chain_hashes(seq.token_ids, self.layout.block_size, n, seq.blocks.hashes)
-
     # ---- insertion ---------------------------------------------------------------------------------------------
-    def offer(self, seq, g: int, index: int, block: int, blocks: BlockManager) -> None:
-        """Keep block `index` of group g of seq (which must be full and computed) for later reuse."""
-        key = self._keys(seq, index + 1)[index]
+    def offer(self, tokens: Sequence[int], sb: SequenceBlocks, g: int, index: int, block: int,
+              blocks: BlockManager) -> None:
+        """Keep block `index` of group g of a sequence of `tokens` with tables `sb` (the block must be full and
+        computed) for later reuse."""
+        key = extend_hashes(tokens, self.layout.block_size, index + 1, sb.hashes)[index]
         self._insert(g, key, block, blocks)
 
-    def release(self, seq, blocks: BlockManager) -> None:
-        """Before a sequence gives its blocks back: keep every full, computed block it holds."""
+    def release(self, tokens: Sequence[int], sb: SequenceBlocks, num_ready: int, blocks: BlockManager) -> None:
+        """Before a sequence gives its blocks back: keep every full block among its first `num_ready` tokens
+        (computed, and with every value known: a token still in flight is a placeholder)."""
         bs = self.layout.block_size
-        # only blocks whose tokens are all known (a token still in flight is a placeholder)
-        known = len(seq.token_ids) - len(getattr(seq, "pending", ()))
-        n_full = min(seq.num_computed, known) // bs
+        n_full = num_ready // bs
         if n_full == 0:
             return
-        hashes = self._keys(seq, n_full)
-        for g, table in enumerate(seq.blocks.tables):
+        hashes = extend_hashes(tokens, bs, n_full, sb.hashes)
+        for g, table in enumerate(sb.tables):
             for i in range(min(n_full, len(table))):
                 if table[i] != FREED:
                     self._insert(g, hashes[i], table[i], blocks)
@@ -135,19 +132,20 @@ class PrefixCache:
 
     # ---- eviction ----------------------------------------------------------------------------------------------
     def evict(self, g: int, n: int, blocks: BlockManager) -> int:
-        """Drop up to n least-recently-used blocks of group g that nobody but the cache holds."""
+        """Drop up to n least-recently-used blocks of group g that nobody but the cache holds. Walks from the LRU
+        end only as far as it needs (a full cache is not copied or scanned for one block)."""
         pool = blocks.pools[g]
         entries = self.entries[g]
-        freed = 0
-        for key in list(entries):
-            if freed >= n:
-                break
-            b = entries[key]
-            if pool.refcount[b] == 1:
-                del entries[key]
-                pool.release(b)
-                freed += 1
-        return freed
+        victims = []
+        if n > 0:
+            for key, b in entries.items():
+                if pool.refcount[b] == 1:
+                    victims.append(key)
+                    if len(victims) == n:
+                        break
+        for key in victims:
+            pool.release(entries.pop(key))
+        return len(victims)
 
     def num_evictable(self, blocks: BlockManager) -> int:
         return sum(1 for g, e in enumerate(self.entries) for b in e.values() if blocks.pools[g].refcount[b] == 1)

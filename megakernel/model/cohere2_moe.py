@@ -5,7 +5,7 @@ This is the engine's reference path (CPU and GPU) and the oracle the decode mega
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -14,29 +14,8 @@ from megakernel.config import ModelConfig
 from megakernel.transfer import to_device
 from megakernel.kv.cache import KVCache
 from megakernel.model import layers as L
+from megakernel.model.batch import ForwardBatch, ForwardTrace  # noqa: F401 (both re-exported: their home is batch.py)
 from megakernel.model.weights import LayerWeights, ModelWeights
-
-
-@dataclass
-class ForwardBatch:
-    """A ragged batch: sequence i contributes tokens flat[starts[i]:starts[i+1]] at consecutive positions."""
-
-    input_ids: torch.Tensor            # [T] long
-    positions: torch.Tensor            # [T] long
-    starts: list[int]                  # len B+1, offsets into the flat token axis
-    block_tables: list[list[list[int]]]  # [seq][group] -> block ids (FREED for recycled sliding blocks)
-    logits_rows: torch.Tensor | None = None   # flat rows to produce logits for; None = last token of each seq
-    positions_list: list[int] | None = None   # `positions` on the host, when the caller has it (saves a sync)
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.starts) - 1
-
-    def last_rows(self) -> torch.Tensor:
-        return to_device([s - 1 for s in self.starts[1:]], torch.long, self.input_ids.device)
-
-    def host_positions(self) -> list[int]:
-        return self.positions_list if self.positions_list is not None else self.positions.tolist()
 
 
 @dataclass
@@ -52,17 +31,6 @@ class LayerContext:
     multi: list[int]                   # sequences with a chunk of several tokens
     single_rows: torch.Tensor          # flat rows of the single-token sequences
     plans: dict                        # per KV group: decode / prefill attention plans, built by the first layer
-
-
-@dataclass
-class ForwardTrace:
-    """Optional record of internals, for comparing backends: the chosen experts per MoE layer and, when `hidden`
-    is a list, the residual stream after the embedding and after every layer; when `router_logits` is a list, each
-    MoE layer's router logits (backends that can record them: the graph backend's uncaptured step)."""
-
-    experts: list[torch.Tensor] = field(default_factory=list)
-    hidden: list[torch.Tensor] | None = None
-    router_logits: list[torch.Tensor] | None = None
 
 
 # Default prefill tokens per step with the fast path, alone and beside decode rows (measured on the H200 in

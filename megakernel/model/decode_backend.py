@@ -8,7 +8,8 @@ from typing import Callable
 import torch
 
 from megakernel.kv.cache import KVCache
-from megakernel.model.cohere2_moe import Cohere2MoeModel, ForwardBatch, ForwardTrace
+from megakernel.model.batch import ForwardBatch, ForwardTrace
+from megakernel.model.cohere2_moe import Cohere2MoeModel
 
 Check = Callable[[], None]
 
@@ -22,6 +23,11 @@ class DecodeBackend:
 
     `decode_async` enqueues the step and returns fp32 logits [rows, vocab] (valid in stream order) and a check
     that waits for the launch and raises `MegakernelError` if it failed or hung. It must not wait for the GPU.
+    A backend takes any number of rows (it splits them into launches of the sizes it supports itself).
+
+    Its capabilities are class attributes the runner reads: `name` (logs, benchmarks) and `runs_with_prefill`.
+    Test hooks (a poisoned scratch, an injected hang) are not part of this interface: the tests wrap a backend's
+    private steps themselves (tests/kernel_helpers.py).
     """
 
     name: str = "?"

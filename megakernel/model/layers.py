@@ -25,10 +25,16 @@ def norm(x: torch.Tensor, weight: torch.Tensor, cfg: ModelConfig) -> torch.Tenso
     return (weight.float() * xf).to(dtype)
 
 
+def rope_inv_freq(cfg: ModelConfig, device: torch.device | str | None = None) -> torch.Tensor:
+    """fp32 [head_dim / 2]: the RoPE frequency of each interleaved pair (2i, 2i+1), as transformers computes it.
+    Every backend takes its frequencies from here."""
+    d = cfg.head_dim
+    return 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d))
+
+
 def rope_cos_sin(positions: torch.Tensor, cfg: ModelConfig, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin per position, interleaved pairs (2i, 2i+1) share a frequency; rounded to the activation dtype."""
-    d = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=positions.device).float() / d))
+    inv_freq = rope_inv_freq(cfg, positions.device)
     freqs = positions.float()[:, None] * inv_freq[None, :]
     emb = torch.repeat_interleave(freqs, 2, dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 
 from megakernel.kv.cache import KVCache
 from megakernel.model import layers as L
-from megakernel.model.cohere2_moe import Cohere2MoeModel, ForwardBatch, ForwardTrace
+from megakernel.model.batch import ForwardBatch, ForwardTrace
+from megakernel.model.cohere2_moe import Cohere2MoeModel
 from megakernel.model.weights import LayerWeights, _map
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import re
 import sys
@@ -164,7 +163,7 @@ def build_engine(args: argparse.Namespace):
                        prefill_with_decodes=args.prefill_with_decodes,
                        kv_cache_memory=args.kv_cache_memory, enable_prefix_caching=not args.no_prefix_caching,
                        seed=args.seed, progress=sys.stderr.isatty(),
-                       gpu_memory_utilization=args.gpu_memory_utilization)
+                       gpu_memory_utilization=args.gpu_memory_utilization, fit_max_model_len_to_kv=True)
     check_engine_args(eargs)          # before the (possibly minutes-long) weight loading
     if num_blocks is not None:
         from megakernel.config import ModelConfig
@@ -182,30 +181,8 @@ def build_engine(args: argparse.Namespace):
     log.info("loading %s (device %s, dtype %s)...", args.model or "the embedded model", args.device or "auto",
              args.dtype)
     engine = LLMEngine(eargs)
-    clamp_max_model_len(engine)
     log.info("model loaded in %.1f s", time.monotonic() - t0)
     return engine
-
-
-def clamp_max_model_len(engine) -> int:
-    """Lower max_model_len to what one sequence can hold in the KV pools (so every admitted request fits)."""
-    layout = engine.blocks.layout
-    bs = layout.block_size
-    chunk = engine.scheduler.max_num_batched_tokens
-    cap = engine.max_model_len
-    for g, pool in enumerate(engine.blocks.pools):
-        w = layout.groups[g].window
-        if w is None:
-            cap = min(cap, pool.num_blocks * bs)
-        elif pool.num_blocks < math.ceil((w - 1 + chunk) / bs) + 1:
-            cap = min(cap, max(0, (pool.num_blocks - 1) * bs))
-    if cap < engine.max_model_len:
-        log.warning("the KV cache holds at most %d tokens per sequence; max_model_len lowered from "
-                    "%d to %d", cap, engine.max_model_len, cap)
-        engine.max_model_len = cap
-    if cap < 2:
-        raise SystemExit("the KV cache is too small to hold even one token per sequence")
-    return cap
 
 
 def build_server(args: argparse.Namespace, engine=None):

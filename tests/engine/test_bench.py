@@ -1,10 +1,13 @@
 """The roofline byte count against the published North Mini Code figures, and the bench command end to end."""
 
+import json
 import subprocess
 import sys
 
+import pytest
+
 from megakernel.bench import kv_bytes_per_step, weight_bytes_per_step
-from megakernel.config import north_mini_code_config
+from megakernel.config import ModelConfig, north_mini_code_config
 from tiny_models import write_checkpoint
 
 
@@ -18,9 +21,24 @@ def test_north_batch1_bytes_match_the_published_roofline():
 
 
 def test_bench_command_runs_on_cpu(tmp_path):
+    """`megakernel bench` end to end on a tiny checkpoint: its figures agree with each other and with the byte
+    model (weights read with between k and min(E, B*k) routed experts per MoE layer, plus the live KV)."""
     folder = write_checkpoint("north_like", tmp_path / "m")
+    out = tmp_path / "bench.json"
     r = subprocess.run([sys.executable, "-m", "megakernel", "bench", "--model", str(folder), "--batch-size", "3",
-                        "--context", "20", "--steps", "4", "--backend", "torch"],
+                        "--context", "20", "--steps", "4", "--backend", "torch", "--json", str(out)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert "tok/s" in r.stdout and "backend torch (pipelined steps), batch 3" in r.stdout
+    assert "backend torch (pipelined steps), batch 3, context 20" in r.stdout
+    doc = json.loads(out.read_text())
+    (p,) = doc["points"]
+    assert (p["backend"], p["batch_size"], p["context"], p["steps"], p["kv_fill"]) == ("torch", 3, 20, 4, "synthetic")
+    assert p["ms_per_step"] > 0 and p["tokens_per_s"] == pytest.approx(3 * 1000 / p["ms_per_step"], rel=1e-6)
+    cfg = ModelConfig.from_pretrained(folder)
+    k, n_moe = cfg.num_experts_per_tok, len(cfg.moe_layers)
+    kv = kv_bytes_per_step(cfg, [20 + 4 // 2] * 3, elt=4)                  # fp32 on CPU
+    lo = weight_bytes_per_step(cfg, [k] * n_moe, elt=4) + kv
+    hi = weight_bytes_per_step(cfg, [min(cfg.num_experts, 3 * k)] * n_moe, elt=4) + kv
+    assert lo <= p["bytes_per_step"] <= hi, (lo, p["bytes_per_step"], hi)
+    assert p["gb_per_s"] == pytest.approx(p["bytes_per_step"] / (p["ms_per_step"] / 1e3) / 1e9, rel=1e-6)
+    assert p["roofline_pct"] is None and doc["gpu"] == "cpu"      # no roofline without a GPU to measure

@@ -210,3 +210,19 @@ def test_kv_pool_limits(folder):
     # 6 blocks of 4 back positions 0..23; the token sampled at position 23 is the last one
     assert out.finish_reason == "length" and len(out.token_ids) == 24 + 1 - 10
     assert llm.engine.num_kv_blocks_in_use() == 0
+
+
+def test_max_model_len_fitted_to_the_kv_pools_at_construction(folder):
+    """fit_max_model_len_to_kv (what the server asks for) lowers max_model_len inside the engine's constructor to
+    what one sequence can hold, before the runner and decode backend are built; without it nothing changes."""
+    from megakernel.errors import ConfigError
+
+    # block size 4: 6 full-attention blocks hold 24 tokens; the sliding pool (window 8, chunk 16) needs 7 blocks
+    fitted = make_llm(folder, num_kv_blocks=[6, 7], fit_max_model_len_to_kv=True).engine
+    assert fitted.max_model_len == 24
+    with pytest.raises(RequestError, match="max_model_len is 24"):
+        fitted.add_request("r", [5] * 24)
+    assert make_llm(folder, num_kv_blocks=[6, 7]).engine.max_model_len == 4096
+    assert make_llm(folder, num_kv_blocks=[6, 4], fit_max_model_len_to_kv=True).engine.max_model_len == 12
+    with pytest.raises(ConfigError, match="too small"):
+        make_llm(folder, num_kv_blocks=[6, 1], fit_max_model_len_to_kv=True)

@@ -14,6 +14,7 @@ import torch
 from megakernel.config import ModelConfig
 from megakernel.kv.block_manager import BlockManager
 from megakernel.kv.cache import KVCache, KVLayout
+from megakernel.model import layers as L
 from megakernel.model.cohere2_moe import Cohere2MoeModel, ForwardBatch, ForwardTrace
 from megakernel.model.reference import fp32_forward, fp32_layers_on, router_gap
 from megakernel.model.weights import random_weights
@@ -69,9 +70,40 @@ def test_teacher_forced_layers():
         rel = (delta - delta_ref).norm() / delta_ref.norm()
         assert rel < 0.02, f"layer {i}: relative error of the layer's update {rel:.4f}"
     moe_layers = [i for i in range(cfg.num_layers) if cfg.is_moe(i)]
-    gaps = torch.stack([router_gap(model, i, tb.hidden[i]) for i in moe_layers])
-    assert gaps.shape == (len(moe_layers), batch.input_ids.numel()) and bool((gaps >= 0).all())
+    gaps = torch.stack([router_gap(model, i, tb.hidden[i]) for i in moe_layers])     # [MoE layers, tokens]
+    assert gaps.shape == (len(moe_layers), batch.input_ids.numel())
+    # every routing the fp32 router makes with a clear margin (a gap of 5% of the median gap or more; bf16 rounding
+    # moves router logits by less) is the bf16 path's too: the two split only at near ties
+    split = [(j, r) for j, (ea, eb) in enumerate(zip(tb.experts, tf.experts))
+             for r, (a, b) in enumerate(zip(ea.tolist(), eb.tolist())) if set(a) != set(b)]
+    assert all(gaps[j, r] < 0.05 * gaps.median() for j, r in split), [(j, r, float(gaps[j, r])) for j, r in split]
     agree = sum(len(set(a.tolist()) & set(b.tolist())) for ea, eb in zip(tb.experts, tf.experts)
                 for a, b in zip(ea, eb))
     total = sum(e.numel() for e in tb.experts)
     assert agree >= 0.95 * total
+
+
+def test_router_gap_is_the_margin_of_the_kth_expert():
+    """router_gap is the k-th minus the (k+1)-th fp32 router logit of each row: 0 on an exact tie, and exactly the
+    margin that a perturbation of that size would need to change the top-k."""
+    cfg, w, layout, n, batch = _setup("north_like", [9, 14])
+    model = Cohere2MoeModel(cfg, w)
+    layer = next(i for i in range(cfg.num_layers) if cfg.is_moe(i))
+    h = torch.randn(6, cfg.hidden_size, generator=torch.Generator().manual_seed(2))
+    k = cfg.num_experts_per_tok
+    x = L.norm(h.float(), w.layers[layer].norm_weight.float(), cfg)
+    logits = x @ w.layers[layer].moe.router.float().T
+    desc = logits.sort(dim=-1, descending=True).values
+    assert torch.allclose(router_gap(model, layer, h), desc[:, k - 1] - desc[:, k], atol=1e-6)
+    # move the (k+1)-th expert's router row so that row 0 ties exactly: the gap there drops to 0
+    order = logits[0].argsort(descending=True)
+    moe = w.layers[layer].moe
+    original = moe.router
+    router = original.float().clone()
+    router[order[k]] += (desc[0, k - 1] - desc[0, k]) / x[0].pow(2).sum() * x[0]
+    moe.router = router
+    try:
+        gap = router_gap(model, layer, h)
+    finally:
+        moe.router = original
+    assert abs(float(gap[0])) < 1e-4 * float(desc[0, 0].abs())

@@ -8,16 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import random
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tiny_models import write_checkpoint  # noqa: E402
-
-from megakernel import EngineArgs, LLMEngine, SamplingParams  # noqa: E402
+from megakernel import EngineArgs, LLMEngine, SamplingParams
+from tiny_models import write_checkpoint
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graph_helpers import check_step, small_tiles
+from backend_checks import check_step
+from graph_helpers import small_tiles
 from kernel_helpers import VARIANTS, clone_cache, decode_batch, make_cfg, prefill_state, tiny_weights
 from megakernel.model.cohere2_moe import Cohere2MoeModel, ForwardTrace
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernel_helpers import VARIANTS, clone_cache, decode_batch, make_cfg, prefill_state, tiny_weights
+from backend_checks import check_step
+from kernel_helpers import (VARIANTS, clone_cache, decode_batch, hang_launches, make_cfg, poison_scratch,
+                            prefill_state, tiny_weights)
 from megakernel.model.cohere2_moe import Cohere2MoeModel, ForwardTrace
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -22,22 +24,20 @@ def _cos(a, b):
     return torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=-1)
 
 
-def _near_tie_rows(be, B, k, margin=0.02):
-    """Rows whose routing has a near tie (k-th vs (k+1)-th router logit) in some MoE layer of the last step."""
-    rl = be.buf["rlog"][:, :B].float()
-    if rl.shape[-1] <= k:
-        return set()
-    top = rl.topk(k + 1, dim=-1).values
-    close = (top[..., k - 1] - top[..., k]).abs() <= margin * top[..., 0].abs().clamp(min=1)
-    return set(torch.nonzero(close.any(0)).flatten().tolist())
+def _router_logits(be, B: int) -> list[torch.Tensor]:
+    """The kernel's router logits of its last step, one [B, experts] fp32 tensor per MoE layer (its scratch)."""
+    rlog = be.buf["rlog"]
+    return [rlog[m, :B].float().clone() for m in range(rlog.shape[0])]
 
 
 @needs_sm90
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 @pytest.mark.parametrize("B", [1, 3, 8, 16])
 def test_tiny_matches_torch(variant, B):
-    """Same inputs (cache state, tokens) for both paths at every step; logits within bf16 tolerance. A row may
-    differ more only where the expert choice of that row sits on a near tie of bf16 router logits."""
+    """Same inputs (cache state, tokens) for both paths at every step, checked by backend_checks.check_step as the
+    graph backend is: logits within bf16 tolerance on every row not on a router near tie (of the kernel's own
+    router logits), a looser bound on the exempt rows, K/V within bf16 rounding, expert sets equal off near ties.
+    Over 6 steps at most max(1, 6B/8) exempt rows and as many expert-set mismatches off near ties."""
     from megakernel.kernel.backend import MegakernelBackend
 
     cfg = make_cfg(variant)
@@ -47,36 +47,24 @@ def test_tiny_matches_torch(variant, B):
     st = prefill_state(cfg, w, lens, device="cuda", seed=B)
     model = Cohere2MoeModel(cfg, w)
     be = MegakernelBackend(cfg, w, st.layout, max_batch=16, split_tokens=5, watchdog_s=5)
-    be.poison = True
+    poison_scratch(be)                        # a read of anything the step did not write shows up as NaN
     nxt = torch.randint(3, cfg.vocab_size, (B,), generator=g).tolist()
-    exempt = 0
+    exempt = mismatched = 0
     for step in range(6):                     # crosses the window (8) for every sequence
         batch = decode_batch(st, nxt, device="cuda")
         c_mk = clone_cache(st.cache)
         tr_ref, tr_mk = ForwardTrace(), ForwardTrace()
         ref = model.forward(batch, st.cache, tr_ref)
         out = be.decode(batch, c_mk, trace=tr_mk)
-        assert not torch.isnan(out).any()
         assert torch.equal(be.last_tokens.long(), out.argmax(-1))
-        cos = _cos(out, ref)
-        ties = _near_tie_rows(be, B, cfg.num_experts_per_tok)
-        for r in range(B):
-            if cos[r] < 0.999:
-                assert r in ties, (step, r, cos)
-                exempt += 1
-        ok = cos >= 0.999
-        if bool(ok.all()):      # the new token's K/V written like the PyTorch path (bf16 rounding apart)
-            for a, b in zip(c_mk.kv, st.cache.kv):
-                assert float((a.float() - b.float()).abs().max()) < 0.05 * float(b.float().abs().max())
-        if bool(ok.any()):
-            err = float(((out - ref).norm(dim=-1) / ref.norm(dim=-1))[ok].max())
-            assert err < 5e-2, (step, err)        # bf16 path vs bf16 path (cos 0.999 ~ 4.5%)
-        for a, b in zip(tr_mk.experts, tr_ref.experts):
-            assert a.shape == b.shape
+        tr_mk.router_logits = _router_logits(be, B)
+        e, m = check_step(out, ref, cfg.num_experts_per_tok, tr_ref, tr_mk, c_mk, st.cache)
+        exempt, mismatched = exempt + e, mismatched + m
         nxt = ref.argmax(-1).tolist()
         for i in range(B):
             st.tokens[i].append(nxt[i])
     assert exempt <= max(1, B * 6 // 8), exempt
+    assert mismatched <= max(1, B * 6 // 8), mismatched
 
 
 @needs_sm90
@@ -88,8 +76,9 @@ def test_watchdog_reports_and_recovers():
     st = prefill_state(cfg, w, [9, 4], device="cuda")
     be = MegakernelBackend(cfg, w, st.layout, max_batch=4, watchdog_s=0.5)
     batch = decode_batch(st, [5, 6], device="cuda")
+    hang_launches(be, lambda n: n == 1)
     with pytest.raises(MegakernelHang, match="watchdog"):
-        be.decode(batch, clone_cache(st.cache), _inject_hang=True)
+        be.decode(batch, clone_cache(st.cache))
     ref = Cohere2MoeModel(cfg, w).forward(batch, clone_cache(st.cache))
     out = be.decode(batch, clone_cache(st.cache))
     assert _cos(out, ref).min() > 0.999
@@ -155,14 +144,7 @@ def test_engine_survives_a_hung_step_while_pipelined():
     assert eng.args.async_scheduling
     be = eng.runner.decode_backend
     be.watchdog_ns = int(0.5e9)
-    launch = be.decode_async
-    calls = {"n": 0}
-
-    def hang_on_third(batch, cache, trace=None):
-        calls["n"] += 1
-        return launch(batch, cache, trace, _inject_hang=calls["n"] == 3)
-
-    be.decode_async = hang_on_third
+    hang_launches(be, lambda n: n == 3)       # the third decode step (batch 2: one launch per step)
     sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     outs = llm.generate(["def add(a, b):", "class Stack:"], sp, use_tqdm=False)
     assert all(o.finish_reason == "abort" and "watchdog" in o.error for o in outs), [o.error for o in outs]

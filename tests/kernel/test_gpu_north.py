@@ -8,16 +8,11 @@ a router near-tie, residual stream cosine >= 0.999 on rows whose experts agree.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)), reason="needs an sm_90 GPU")]
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +30,7 @@ def north():
 
 @pytest.mark.parametrize("B,ctx", [(1, 100), (5, 4200)])
 def test_north_dims_per_layer(north, B, ctx):
-    from north_acceptance import run_shape, verdict
+    from benchmarks.north_acceptance import run_shape, verdict
 
     cfg, w, model = north
     r = run_shape(cfg, w, model, B, ctx, steps=16, seed=7)

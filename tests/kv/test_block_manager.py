@@ -98,37 +98,28 @@ def test_plan_gives_sliding_layers_at_most_a_window_per_sequence():
 
 def test_prefix_cache_shares_blocks_and_evicts_lru():
     lay = layout(window=8, block_size=4)
-    bm = BlockManager(lay, [16, 16])
     pc = PrefixCache(lay)
-    bm.evictor = lambda g, n: pc.evict(g, n, bm)
+    bm = BlockManager(lay, [16, 16], evictor=pc)
 
-    class Seq:  # the few fields the cache reads
-        def __init__(self, tokens):
-            self.token_ids = self.prompt_token_ids = tokens
-            self.blocks = bm.new_sequence()
-            self.num_computed = self.num_cached_prompt = 0
-
-    a = Seq(list(range(20)))
-    bm.prepare(a.blocks, 0, 20)
-    a.num_computed = 20
-    a_full_blocks = list(a.blocks.tables[0])
-    pc.release(a, bm)
-    bm.free(a.blocks)
+    a_tokens, a = list(range(20)), bm.new_sequence()
+    bm.prepare(a, 0, 20)
+    a_full_blocks = list(a.tables[0])
+    pc.release(a_tokens, a, 20, bm)
+    bm.free(a)
     assert pc.num_cached_blocks() == 10          # 5 full blocks in each group
 
-    b = Seq(list(range(18)) + [99, 98])           # shares 4 full blocks (16 tokens)
-    pc.attach(b, bm)
-    assert b.num_computed == 16
-    assert b.blocks.tables[0] == a_full_blocks[:4]
+    b_tokens, b = list(range(18)) + [99, 98], bm.new_sequence()        # shares 4 full blocks (16 tokens)
+    assert pc.attach(b_tokens, b, bm) == 16
+    assert b.tables[0] == a_full_blocks[:4]
     # the sliding group only gets the blocks a query at position 16 can see (window 8: positions 9..)
-    assert b.blocks.tables[1][:2] == [FREED, FREED]
-    assert chain_hashes(b.token_ids, 4, 4) == chain_hashes(a.token_ids, 4, 4)
-    bm.free(b.blocks)
+    assert b.tables[1][:2] == [FREED, FREED]
+    assert chain_hashes(b_tokens, 4, 4) == chain_hashes(a_tokens, 4, 4)
+    bm.free(b)
 
     # Pressure: a big allocation evicts cached blocks nobody else holds.
-    c = Seq(list(range(1000, 1064)))
-    bm.prepare(c.blocks, 0, 64)
+    c = bm.new_sequence()
+    bm.prepare(c, 0, 64)
     assert pc.num_cached_blocks() < 10
-    bm.free(c.blocks)
+    bm.free(c)
     pc.clear(bm)
     assert bm.all_free()

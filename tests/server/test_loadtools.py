@@ -20,5 +20,6 @@ def test_load_tools_match_metrics(tmp_path):
     if missing:
         pytest.skip(f"{', '.join(missing)} not installed: run `bash scripts/loadtools_check.sh` (it installs them)")
     p = subprocess.run([sys.executable, str(REPO / "scripts" / "loadtools_check.py"), "8"], capture_output=True,
-                       text=True, timeout=1800, cwd=REPO, env={**os.environ, "LOADTOOLS_RESULTS_DIR": str(tmp_path)})
+                       text=True, timeout=1800, cwd=REPO, env={**os.environ, "LOADTOOLS_RESULTS_DIR": str(tmp_path),
+                                                            "PYTHONPATH": str(REPO / "tests" / "server")})
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]

@@ -25,6 +25,7 @@ def _serve(*args, timeout=120):
 
 
 # ---- item 5 ------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_readme_commands_after_serve_sh():
     readme = (REPO / "README.md").read_text()
     assert "source .venv/bin/activate" in readme
@@ -39,6 +40,7 @@ def test_readme_commands_after_serve_sh():
     assert p.returncode == 0 and "--max-num-seqs" in p.stdout
 
 
+@pytest.mark.slow
 def test_setup_is_skipped_when_up_to_date():
     subprocess.run(["bash", "scripts/setup.sh", "server,test"], check=True, capture_output=True, cwd=REPO,
                    timeout=900)

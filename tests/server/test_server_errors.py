@@ -222,6 +222,7 @@ def fuzz_server(model_path, tmp_path_factory):
     s.stop()
 
 
+@pytest.mark.slow
 def test_schemathesis_no_server_errors(fuzz_server, tmp_path):
     pytest.importorskip("schemathesis")
     server = fuzz_server

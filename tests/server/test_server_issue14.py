@@ -58,6 +58,7 @@ def test_lone_surrogate_is_a_400_naming_the_field(server, path, body, param):
 
 
 # ---- item 4 ------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_health_answers_while_a_huge_request_is_tokenised(server):
     body = {"model": MODEL_NAME, "prompt": "word " * (8 * 1024 * 1024 // 5), "max_tokens": 1}
     result = {}

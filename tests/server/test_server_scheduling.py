@@ -8,6 +8,8 @@ import asyncio
 import random
 import uuid
 
+import pytest
+
 from server_harness import MODEL_NAME
 
 WORDS = ("alpha beta gamma delta import return yield class def lambda while for print json value key "
@@ -102,6 +104,7 @@ def test_greedy_with_vs_without_preemption(tight_server):
     assert tight_server.metric_of(m, "megakernel_kv_blocks_in_use") == 0
 
 
+@pytest.mark.slow
 def test_load_64_streaming_clients(tight_server):
     rng = random.Random(4)
     distinct = [(_prompt(rng, rng.choice((4, 15, 35, 60, 75))), rng.choice((6, 12, 20, 32))) for _ in range(16)]

@@ -53,6 +53,7 @@ TOOL_PROMPTS = ["What is the weather in Paris?", "Is it raining in Tokyo?", "Wea
                 "Time in Sydney?", "Forecast for Madrid", "Current time, Europe/Paris"]
 
 
+@pytest.mark.slow
 def test_json_schema_answers_validate(client):
     ok = 0
     for schema, prompt in CASES:

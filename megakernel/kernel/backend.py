@@ -26,6 +26,7 @@ from megakernel.kernel import opcodes as O
 from megakernel.kernel.schedule import ModelPlan, StepInputs, TaskList, build_tasks, step_inputs
 from megakernel.kv.cache import KVCache, KVLayout
 from megakernel.model.cohere2_moe import ForwardBatch, ForwardTrace
+from megakernel.model.layers import rope_inv_freq
 from megakernel.model.decode_backend import DecodeBackend
 from megakernel.model.weights import ModelWeights
 from megakernel.transfer import to_device
@@ -120,9 +121,7 @@ class MegakernelBackend(DecodeBackend):
         self.part_o = torch.empty(1, dtype=torch.float32, device=dev)
         self.part_lse = torch.empty(1, dtype=torch.float32, device=dev)
         self.layer_info = torch.from_numpy(p.layer_info()).to(dev)
-        d = p.d
-        inv = 1.0 / (p.cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
-        self.inv_freq = inv.to(dev)
+        self.inv_freq = rope_inv_freq(p.cfg).to(dev)
         self._keep: list[torch.Tensor] = []
 
         def ptr(t: torch.Tensor | None) -> int:

@@ -143,7 +143,8 @@ class ModelPlan:
 
     # ---- smem -----------------------------------------------------------------------------------------------------
     def smem_bytes(self) -> int:
-        """Dynamic shared memory of the kernel; the layouts are in csrc/mk_kernel.cu (smem_* helpers)."""
+        """Dynamic shared memory of the kernel (its task kinds' layouts are in csrc/mk_kernel.cu, mirrored by
+        `smem_bytes` above)."""
         return smem_bytes(self.max_batch, self.k_max, self.d, self.g, self.E, self.topk, self.H)
 
     def check_supported(self) -> None:

@@ -51,8 +51,7 @@ class Simulator:
         self.dev = weights.device
         cfg = plan.cfg
         self.scale = cfg.head_dim ** -0.5
-        d = cfg.head_dim
-        self.inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+        self.inv_freq = Lyr.rope_inv_freq(cfg)
 
     # ---- buffers with write tracking ---------------------------------------------------------------------------
     def _alloc(self, n_partials: int, B: int) -> None:

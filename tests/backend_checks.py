@@ -73,3 +73,35 @@ def check_step(out: torch.Tensor, ref: torch.Tensor, k: int, trace_ref: ForwardT
                       f"; logits cos {float(cos[r]):.5f}")
                 mismatches += 1
     return len(bad), mismatches
+
+
+def assert_decode_launches_never_sync(backend: str) -> None:
+    """Scheduling and launching decode steps on `backend` (inputs, the step, sampling with every option that keeps
+    state across steps) makes no host/device synchronisation: torch's sync debug mode turns any into an error."""
+    from megakernel import LLM, SamplingParams
+
+    llm = LLM(device="cuda", dtype="bfloat16", backend=backend, progress=False)
+    eng = llm.engine
+    launch = eng._launch
+    checked = {"n": 0}
+
+    def strict_launch(chunks):
+        if not all(c.is_decode for c in chunks):
+            return launch(chunks)                 # steps with prefill chunks may read device values
+        checked["n"] += 1
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return launch(chunks)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    eng._launch = strict_launch
+    params = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=2),
+              SamplingParams(temperature=0.8, top_p=0.9, top_k=20, min_p=0.05, seed=1, max_tokens=24,
+                             presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.2, min_tokens=20,
+                             logit_bias={40: 2.0}, ignore_eos=True),
+              SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True)]
+    outs = llm.generate(["def add(a, b):", "class Stack:", "import os"], params, use_tqdm=False)
+    assert llm.engine.runner.backend_name == backend
+    assert checked["n"] >= 20
+    assert [len(o.outputs[0].token_ids) for o in outs] == [24, 24, 24]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backend_checks import check_step
+from backend_checks import assert_decode_launches_never_sync, check_step
 from kernel_helpers import (VARIANTS, clone_cache, decode_batch, hang_launches, make_cfg, poison_scratch,
-                            prefill_state, tiny_weights)
+                            prefill_state, tiny_decode_setup, tiny_weights)
 from megakernel.model.cohere2_moe import Cohere2MoeModel, ForwardTrace
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -40,12 +40,7 @@ def test_tiny_matches_torch(variant, B):
     Over 6 steps at most max(1, 6B/8) exempt rows and as many expert-set mismatches off near ties."""
     from megakernel.kernel.backend import MegakernelBackend
 
-    cfg = make_cfg(variant)
-    w = tiny_weights(cfg, device="cuda", dtype=torch.bfloat16, seed=B, scale=1.0)
-    g = torch.Generator().manual_seed(B)
-    lens = torch.randint(1, 30, (B,), generator=g).tolist()
-    st = prefill_state(cfg, w, lens, device="cuda", seed=B)
-    model = Cohere2MoeModel(cfg, w)
+    cfg, w, st, model, g = tiny_decode_setup(variant, B)
     be = MegakernelBackend(cfg, w, st.layout, max_batch=16, split_tokens=5, watchdog_s=5)
     poison_scratch(be)                        # a read of anything the step did not write shows up as NaN
     nxt = torch.randint(3, cfg.vocab_size, (B,), generator=g).tolist()
@@ -159,31 +154,4 @@ def test_engine_survives_a_hung_step_while_pipelined():
 
 @needs_sm90
 def test_decode_launch_never_waits_for_the_gpu():
-    """Scheduling and launching a decode step (inputs, megakernel, sampling with every option that keeps state
-    across steps) makes no host/device synchronisation: torch's sync debug mode turns any into an error."""
-    from megakernel import LLM, SamplingParams
-
-    llm = LLM(device="cuda", dtype="bfloat16", backend="megakernel", progress=False)
-    eng = llm.engine
-    launch = eng._launch
-    checked = {"n": 0}
-
-    def strict_launch(chunks):
-        if not all(c.is_decode for c in chunks):
-            return launch(chunks)                 # prefill runs the PyTorch MoE, which does sync
-        checked["n"] += 1
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            return launch(chunks)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-
-    eng._launch = strict_launch
-    params = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=2),
-              SamplingParams(temperature=0.8, top_p=0.9, top_k=20, min_p=0.05, seed=1, max_tokens=24,
-                             presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.2, min_tokens=20,
-                             logit_bias={40: 2.0}, ignore_eos=True),
-              SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True)]
-    outs = llm.generate(["def add(a, b):", "class Stack:", "import os"], params, use_tqdm=False)
-    assert checked["n"] >= 20
-    assert [len(o.outputs[0].token_ids) for o in outs] == [24, 24, 24]
+    assert_decode_launches_never_sync("megakernel")

@@ -390,7 +390,8 @@ def wait_idle(base_url: str, timeout: float = 120.0, headers: dict | None = None
 
 
 def _deltas(before: dict | None, after: dict | None, names: dict[str, str]) -> dict[str, float | None]:
-    return {k: (after[v] - before[v]) if before and after and v in before and v in after else None
+    """after - before of each counter (a labelled counter appears with its first count: absent before is 0)."""
+    return {k: after[v] - before.get(v, 0.0) if before is not None and after is not None and v in after else None
             for k, v in names.items()}
 
 

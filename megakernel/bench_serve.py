@@ -191,6 +191,7 @@ class LoadResult:
     t0: float
     t_end: float
     stopped_by: str                      # "num_requests" or "max_seconds"
+    wall0: float = 0.0                   # time.time() at t0 (to line runs up with other tools' logs)
 
 
 async def _send(client, url: str, model: str, spec: RequestSpec, rec: RequestRecord, headers: dict) -> None:
@@ -258,7 +259,7 @@ async def run_load(base_url: str, model: str, make_request: Callable[[int], Requ
     bar = tqdm(total=num_requests, desc=desc, unit="req", disable=not progress, dynamic_ncols=True,
                file=sys.stderr)
     async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=30.0), limits=limits) as client:
-        t0 = time.perf_counter()
+        t0, wall0 = time.perf_counter(), time.time()
         deadline = t0 + max_seconds
 
         async def one(spec: RequestSpec, rec: RequestRecord) -> None:
@@ -306,7 +307,7 @@ async def run_load(base_url: str, model: str, make_request: Callable[[int], Requ
     for r in records:
         if r.status == "pending":            # cancelled at the limit before it started
             r.status = "incomplete"
-    return LoadResult(records, t0, t_end, stopped)
+    return LoadResult(records, t0, t_end, stopped, wall0)
 
 
 def _stats(name: str, values: list[float]) -> dict[str, float | None]:
@@ -334,7 +335,8 @@ def summarize(res: LoadResult) -> dict[str, Any]:
     completed_tokens = sum(r.tokens for r in by["completed"])
     usage = [r.usage_completion_tokens for r in by["completed"]]
     rec: dict[str, Any] = {
-        "stopped_by": res.stopped_by, "duration_s": dur,
+        "stopped_by": res.stopped_by, "duration_s": dur, "started_at_unix": res.wall0,
+        "ended_at_unix": res.wall0 + dur,
         "requests_sent": len(recs), "requests_completed": len(by["completed"]), "requests_failed": len(by["failed"]),
         "requests_incomplete": len(by["incomplete"]),
         "requests_without_first_token": len(recs) - len(prefilled),

@@ -17,7 +17,10 @@ also depend on the concurrency, so runs on one server never share a cached prefi
 - code-mix: prompt length log-uniform over [1024, 16384], output length log-uniform over [128, 2048], drawn
   independently per request (L = round(exp(U(ln lo, ln hi))));
 - long: 32768-token prompts, 256-token outputs.
-`fixed:P:O` and `mix:P1-P2:O1-O2` give other lengths (the CPU tests use small ones).
+`fixed:P:O` and `mix:P1-P2:O1-O2` give other lengths (the CPU tests use small ones). `--prompts FILE` replays
+the requests of a JSON list instead (request i sends item i modulo their number): a prompt (text or token ids) or
+{"prompt": ..., "max_tokens": N}, the workload giving the output length where an item has none. The cross-check
+with aiperf replays aiperf's own requests that way.
 
 Figures per run (a record in the JSON):
 - requests/s: completed requests / duration; output tok/s: every token received in the run / duration (tokens of
@@ -134,8 +137,19 @@ def _log_uniform(rng: np.random.Generator, lo: int, hi: int) -> int:
 @dataclass
 class RequestSpec:
     index: int
-    prompt: list[int]
+    prompt: list[int] | str
     max_tokens: int
+
+
+def replayed(items: list, workload: Workload, seed: int) -> Callable[[int], RequestSpec]:
+    """Request i: item i (modulo their number) of a --prompts list; its max_tokens, else the workload's output
+    length of request i."""
+    def make(i: int) -> RequestSpec:
+        item = items[i % len(items)]
+        prompt, n = (item["prompt"], item.get("max_tokens")) if isinstance(item, dict) else (item, None)
+        return RequestSpec(i, prompt, int(n) if n else workload.lengths(seed, i)[1])
+
+    return make
 
 
 def parse_bounds(text: str, kind: Callable[[str], float]) -> Callable[[str, str], float]:
@@ -174,7 +188,7 @@ class RequestRecord:
     chunk_tokens: list[int] = field(default_factory=list)
     usage_completion_tokens: int | None = None
     usage_prompt_tokens: int | None = None
-    per_chunk_usage: bool = True
+    per_chunk_usage: bool = True          # False: a chunk without usage counted as one token
 
     @property
     def tokens(self) -> int:
@@ -220,6 +234,8 @@ async def _send(client, url: str, model: str, spec: RequestSpec, rec: RequestRec
                     rec.status, rec.error = "failed", f"stream error: {json.dumps(obj['error'])[:300]}"
                     return
                 usage = obj.get("usage")
+                if usage is not None and usage.get("prompt_tokens") is not None:
+                    rec.prompt_tokens = int(usage["prompt_tokens"])     # the server's count (text prompts)
                 if obj.get("choices"):
                     if usage is not None:
                         n = int(usage["completion_tokens"]) - rec.tokens
@@ -277,7 +293,7 @@ async def run_load(base_url: str, model: str, make_request: Callable[[int], Requ
                     sem.release()
                     break
                 spec = make_request(i)
-                rec = RequestRecord(i, len(spec.prompt), spec.max_tokens)
+                rec = RequestRecord(i, len(spec.prompt) if isinstance(spec.prompt, list) else 0, spec.max_tokens)
                 records.append(rec)
                 tasks.append(asyncio.create_task(one(spec, rec)))
             await asyncio.gather(*tasks)
@@ -508,6 +524,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-seconds", default="120", help="seconds per run at most (same syntax as --num-requests)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--token-ids", type=_id_range, default=(16, 4000), help="prompt token ids are drawn from LO:HI")
+    p.add_argument("--prompts", default=None, help="replay a JSON list of requests instead of random token ids: "
+                   "prompts (text or token ids) or {\"prompt\": ..., \"max_tokens\": N} (else the workload's output "
+                   "length)")
     p.add_argument("--warmup-requests", type=int, default=2, help="short requests per server before the runs "
                    "(not counted)")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="started server: prefill chunk size")
@@ -551,12 +570,14 @@ def bench_server(url: str, backend: str, workloads: list[Workload], args: argpar
                              args.warmup_requests, 600.0, headers, desc=f"{backend} warm-up",
                              progress=not args.no_progress))
         wait_idle(url, headers=headers)
+    prompts = _read_prompts(args.prompts) if args.prompts else None
     for w in workloads:
         for c in args.concurrency:
             n, secs = int(num_requests(backend, w.name)), float(max_seconds(backend, w.name))
+            make = replayed(prompts, w, args.seed) if prompts else \
+                (lambda i, w=w, c=c: w.request(args.seed, c, i, args.token_ids))
             before = wait_idle(url, headers=headers)
-            res = asyncio.run(run_load(url, model, lambda i, w=w, c=c: w.request(args.seed, c, i, args.token_ids),
-                                       c, n, secs, headers, desc=f"{backend} {w.name} c={c}",
+            res = asyncio.run(run_load(url, model, make, c, n, secs, headers, desc=f"{backend} {w.name} c={c}",
                                        progress=not args.no_progress))
             after = wait_idle(url, headers=headers)
             rec = {"backend": backend, "workload": w.name, "workload_spec": w.spec, "concurrency": c,
@@ -568,6 +589,22 @@ def bench_server(url: str, backend: str, workloads: list[Workload], args: argpar
             rec.update({f"server_{k}": v for k, v in _deltas(before, after, SERVER_COUNTERS).items()})
             on_record(rec)
             log.info("%s", one_line(rec))
+
+
+def _read_prompts(path: str) -> list:
+    try:
+        prompts = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise MegakernelError(f"--prompts {path}: {e}") from None
+    def ok(p) -> bool:
+        if isinstance(p, dict):
+            return ok(p.get("prompt")) and isinstance(p.get("max_tokens", 1), int)
+        return isinstance(p, str) or (isinstance(p, list) and bool(p) and all(isinstance(t, int) for t in p))
+
+    if not isinstance(prompts, list) or not prompts or not all(ok(p) for p in prompts):
+        raise MegakernelError(f"--prompts {path}: not a JSON list of prompts (text, token-id lists or "
+                              "{\"prompt\": ..., \"max_tokens\": N})")
+    return prompts
 
 
 def one_line(r: dict) -> str:
@@ -595,7 +632,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
         "commit": _git_commit(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "gpu": args.gpu or gpu_name(), "command": "megakernel bench serve " + shlex.join(argv),
         "target": args.base_url or ("random North Mini Code" if args.random_north else args.model or "embedded"),
-        "workloads": {w.name: {"spec": w.spec, "lengths": w.describe()} for w in workloads},
+        "workloads": {w.name: {"spec": w.spec, "lengths": w.describe() + (f"; prompts from {args.prompts}" if
+                                                                         args.prompts else "")} for w in workloads},
         "settings": {"concurrency": args.concurrency, "num_requests": args.num_requests,
                      "max_seconds": args.max_seconds, "seed": args.seed, "token_ids": list(args.token_ids),
                      "max_num_batched_tokens": None if args.base_url else args.max_num_batched_tokens,

@@ -2,7 +2,7 @@
 # Cross-check `megakernel bench serve` against aiperf (from the package index, run unchanged) on the same workload
 # and server (the embedded model on CPU): request count, output tokens and TTFT within 10%. aiperf gets its own venv
 # (.lt-aiperf, as scripts/loadtools_check.sh makes it). Writes benchmarks/results/bench_serve_crosscheck_<date>.{json,md}.
-# Usage: bash scripts/bench_serve_crosscheck.sh [requests per run, default 32] [prompt tokens, 512] [output tokens, 64]
+# Usage: bash scripts/bench_serve_crosscheck.sh [requests per run, default 32] [prompt tokens, 512] [output tokens, 32] [seconds side by side, 60]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 AIPERF_VERSION=${AIPERF_VERSION:-0.13.0}

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.loadtools]
 def test_bench_serve_agrees_with_aiperf(tmp_path):
     if not (REPO / ".lt-aiperf" / "bin" / "aiperf").exists():
         pytest.skip("aiperf not installed: run `bash scripts/bench_serve_crosscheck.sh` (it installs it)")
-    p = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_serve_crosscheck.py"), "16", "256", "32"],
+    p = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_serve_crosscheck.py"), "16", "256", "32", "12"],
                        capture_output=True, text=True, timeout=1800, cwd=REPO,
                        env={**os.environ, "CROSSCHECK_RESULTS_DIR": str(tmp_path)})
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]

@@ -474,8 +474,12 @@ class ServerProcess:
 def served_model(base_url: str, headers: dict | None = None) -> str:
     import httpx
 
-    r = httpx.get(base_url + "/v1/models", timeout=30, headers=headers or {})
-    r.raise_for_status()
+    try:
+        r = httpx.get(base_url + "/v1/models", timeout=30, headers=headers or {})
+    except httpx.HTTPError as e:
+        raise MegakernelError(f"{base_url}/v1/models: {e}") from None
+    if r.status_code != 200:
+        raise MegakernelError(f"{base_url}/v1/models answered {r.status_code}: {r.text[:200]}")
     return r.json()["data"][0]["id"]
 
 
@@ -570,7 +574,7 @@ def bench_server(url: str, backend: str, workloads: list[Workload], args: argpar
                              args.warmup_requests, 600.0, headers, desc=f"{backend} warm-up",
                              progress=not args.no_progress))
         wait_idle(url, headers=headers)
-    prompts = _read_prompts(args.prompts) if args.prompts else None
+    prompts = args.prompt_items
     for w in workloads:
         for c in args.concurrency:
             n, secs = int(num_requests(backend, w.name)), float(max_seconds(backend, w.name))
@@ -628,6 +632,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     num_requests = parse_bounds(args.num_requests, int)
     max_seconds = parse_bounds(args.max_seconds, float)
     backends = [b.strip() for b in (args.backends or args.backend).split(",") if b.strip()]
+    args.prompt_items = _read_prompts(args.prompts) if args.prompts else None
     doc: dict[str, Any] = {
         "commit": _git_commit(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "gpu": args.gpu or gpu_name(), "command": "megakernel bench serve " + shlex.join(argv),

@@ -2,11 +2,11 @@
 run unchanged), on the same workload and the same server (the embedded model on CPU, torch backend).
 
 Two comparisons per concurrency:
-- alone: each tool by itself, N requests: aiperf first, then ours replaying aiperf's own requests (text prompts
-  and max_tokens from its inputs.json, through `bench serve --prompts`), so both send the same requests. Request,
-  prompt-token and output-token counts must agree exactly; TTFT is reported with the server's own TTFT (its /metrics histogram) over
-  each run, because on a small machine the load tool's own CPU use slows the server (aiperf runs ~10 processes),
-  so the two runs do not see the same server.
+- alone: each tool by itself, N requests: aiperf first, then ours replaying aiperf's own requests (text
+  prompts and max_tokens from its inputs.json, through `bench serve --prompts`), so both send the same requests.
+  Request, prompt-token and output-token counts must agree exactly; TTFT is reported with the server's own TTFT
+  (its /metrics histogram) over each run, because on a small machine the load tool's own CPU use slows the server
+  (aiperf runs ~10 processes), so the two runs do not see the same server.
 - side by side: both tools at once for T seconds at the same concurrency, ours (in this process, already loaded)
   started when aiperf's first request reaches the server: both see the same server under the same load. Requests
   sent, output tokens and mean TTFT must agree within 10% (TTFT p50 and TPOT are reported beside them: with two

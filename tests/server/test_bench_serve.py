@@ -220,6 +220,28 @@ def test_bench_serve_time_bound_against_base_url(server, tmp_path):
     assert math.isfinite(r["ttft_p50_s"]) and r["gpu_idle_share"] is not None
 
 
+def test_bench_serve_replays_a_request_list(server, tmp_path):
+    """--prompts: text and token-id prompts, with and without max_tokens, replayed in order; prompt tokens are the
+    server's count (text is tokenised there)."""
+    items = ["def add(a, b):", {"prompt": "import os\nimport sys\n", "max_tokens": 5}, [17, 42, 99, 123],
+             {"prompt": [5, 6, 7], "max_tokens": 3}]
+    (tmp_path / "p.json").write_text(json.dumps(items))
+    out = tmp_path / "r.json"
+    before = server.metrics()
+    p = _bench("--base-url", server.url, "--api-key", API_KEY, "--workloads", "fixed:8:9", "--concurrency", "1",
+               "--num-requests", "8", "--prompts", str(tmp_path / "p.json"), "--warmup-requests", "0",
+               "--json", str(out))
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(out.read_text())["records"][0]
+    assert r["requests_completed"] == 8 and r["output_tokens"] == 2 * (9 + 5 + 9 + 3) == r["completed_max_tokens"]
+    server_prompt = server.metric_of(server.metrics(), "megakernel_prompt_tokens_total") - \
+        server.metric_of(before, "megakernel_prompt_tokens_total")
+    assert r["prompt_tokens"] == server_prompt and r["prompt_tokens"] > 2 * (4 + 3)
+    (tmp_path / "bad.json").write_text(json.dumps([{"max_tokens": 3}]))
+    p = _bench("--base-url", server.url, "--prompts", str(tmp_path / "bad.json"))
+    assert p.returncode == 2 and "not a JSON list of prompts" in p.stderr
+
+
 def test_per_chunk_usage_counts_the_tokens_of_each_chunk(server):
     """What the generator counts a chunk as (the rise of the chunk's cumulative usage) is the number of tokens the
     chunk holds: checked against the chunk's own token list (logprobs), with four streams at once so that chunks

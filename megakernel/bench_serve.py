@@ -152,21 +152,24 @@ def replayed(items: list, workload: Workload, seed: int) -> Callable[[int], Requ
     return make
 
 
-def parse_bounds(text: str, kind: Callable[[str], float]) -> Callable[[str, str], float]:
-    """`15` or `15,long=30,torch=10,torch/long=40`: a default plus overrides by workload, backend or
-    backend/workload (the most specific wins). Returns lookup(backend, workload)."""
+def parse_bounds(text: str, kind: Callable[[str], float]) -> Callable[[str, str, int], float]:
+    """`15` or `15,long=30,fixed@8=20,torch=10,torch/long=40`: a default plus overrides by workload, backend,
+    backend/workload, each optionally @concurrency. Returns lookup(backend, workload, concurrency); the most
+    specific key wins: backend/workload@c, backend/workload, workload@c, backend@c, workload, backend, @c, default."""
     table: dict[str, float] = {}
     for item in text.split(","):
         key, _, value = item.rpartition("=")
         try:
             table[key.strip()] = kind(value)
         except ValueError:
-            raise MegakernelError(f"not a bound: {item!r} (e.g. 15 or long=30 or torch/long=40)") from None
+            raise MegakernelError(f"not a bound: {item!r} (e.g. 15, long=30, fixed@8=20 or torch/long=40)") from None
     if "" not in table:
         raise MegakernelError(f"bounds {text!r} need a default value (e.g. '15,long=30')")
 
-    def lookup(backend: str, workload: str) -> float:
-        for key in (f"{backend}/{workload}", workload, backend, ""):
+    def lookup(backend: str, workload: str, concurrency: int = 0) -> float:
+        c = f"@{concurrency}"
+        for key in (f"{backend}/{workload}{c}", f"{backend}/{workload}", f"{workload}{c}", f"{backend}{c}", workload,
+                    backend, c, ""):
             if key in table:
                 return table[key]
         raise AssertionError
@@ -523,9 +526,11 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--workloads", default="fixed", help=f"comma-separated: {', '.join(WORKLOADS)}, fixed:P:O, "
                    "mix:P1-P2:O1-O2")
     p.add_argument("--concurrency", type=_ints, default=[1, 8, 16], help="requests in flight, comma-separated")
-    p.add_argument("--num-requests", default="64", help="requests per run at most: N or N,WORKLOAD=N,BACKEND=N,"
-                   "BACKEND/WORKLOAD=N")
+    p.add_argument("--num-requests", default="64", help="requests per run at most: N, or a default and overrides "
+                   "KEY=N with KEY = WORKLOAD, BACKEND or BACKEND/WORKLOAD, each optionally @CONCURRENCY, e.g. "
+                   "'64,long=8,fixed@16=32,torch/long@1=2'")
     p.add_argument("--max-seconds", default="120", help="seconds per run at most (same syntax as --num-requests)")
+    p.add_argument("--time-scale", type=float, default=1.0, help="multiply every --max-seconds bound")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--token-ids", type=_id_range, default=(16, 4000), help="prompt token ids are drawn from LO:HI")
     p.add_argument("--prompts", default=None, help="replay a JSON list of requests instead of random token ids: "
@@ -563,7 +568,7 @@ def _serve_args(args: argparse.Namespace, backend: str, max_len: int, max_seqs: 
 
 
 def bench_server(url: str, backend: str, workloads: list[Workload], args: argparse.Namespace,
-                 num_requests: Callable[[str, str], float], max_seconds: Callable[[str, str], float],
+                 num_requests: Callable[[str, str, int], float], max_seconds: Callable[[str, str, int], float],
                  on_record: Callable[[dict], None]) -> None:
     """Every (workload, concurrency) run against one server, each reported through on_record."""
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
@@ -577,7 +582,8 @@ def bench_server(url: str, backend: str, workloads: list[Workload], args: argpar
     prompts = args.prompt_items
     for w in workloads:
         for c in args.concurrency:
-            n, secs = int(num_requests(backend, w.name)), float(max_seconds(backend, w.name))
+            n = int(num_requests(backend, w.name, c))
+            secs = float(max_seconds(backend, w.name, c)) * args.time_scale
             make = replayed(prompts, w, args.seed) if prompts else \
                 (lambda i, w=w, c=c: w.request(args.seed, c, i, args.token_ids))
             before = wait_idle(url, headers=headers)
@@ -640,7 +646,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
         "workloads": {w.name: {"spec": w.spec, "lengths": w.describe() + (f"; prompts from {args.prompts}" if
                                                                          args.prompts else "")} for w in workloads},
         "settings": {"concurrency": args.concurrency, "num_requests": args.num_requests,
-                     "max_seconds": args.max_seconds, "seed": args.seed, "token_ids": list(args.token_ids),
+                     "max_seconds": args.max_seconds, "time_scale": args.time_scale, "seed": args.seed, "token_ids": list(args.token_ids),
                      "max_num_batched_tokens": None if args.base_url else args.max_num_batched_tokens,
                      "ignore_eos": True, "temperature": 0.0, "endpoint": "/v1/completions (streaming)"},
         "gpu_idle_share_method": IDLE_SHARE_METHOD,

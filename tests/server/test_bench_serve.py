@@ -62,9 +62,11 @@ def test_requests_are_reproducible_and_never_share_a_prefix_across_runs():
 
 
 def test_bounds_take_the_most_specific_override():
-    look = parse_bounds("15,long=30,torch=10,torch/long=40", float)
-    assert [look("graph", "fixed"), look("graph", "long"), look("torch", "fixed"), look("torch", "long")] == \
-        [15, 30, 10, 40]
+    look = parse_bounds("15,long=30,torch=10,torch/long=40,fixed@8=20,torch/fixed@8=6,@16=3", float)
+    assert [look("graph", "fixed", 1), look("graph", "long", 1), look("torch", "fixed", 1), look("torch", "long", 1)] \
+        == [15, 30, 10, 40]
+    assert [look("graph", "fixed", 8), look("torch", "fixed", 8), look("graph", "long", 8), look("graph", "x", 16),
+            look("graph", "long", 16)] == [20, 6, 30, 3, 30]
     with pytest.raises(MegakernelError):
         parse_bounds("long=30", float)
     with pytest.raises(MegakernelError):

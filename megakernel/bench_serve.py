@@ -681,6 +681,8 @@ def main(argv: list[str] | None = None) -> int:
         import httpx  # noqa: F401
     except ImportError:
         raise MegakernelError("bench serve needs httpx: pip install 'megakernel[bench]'") from None
+    # SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so a started server is stopped too
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     doc = run(args, argv)
     from megakernel.bench_serve_report import markdown_table, plot_serve
 

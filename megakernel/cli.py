@@ -87,6 +87,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if argv and argv[0] == "serve":
         return _run(lambda: _serve(argv[1:]), "warning")
+    if argv[:2] == ["bench", "serve"]:           # `megakernel bench serve --help`: the serving benchmark
+        from megakernel.bench_serve import main as bench_serve_main
+
+        return _run(lambda: bench_serve_main(argv[2:]), "warning")
     args = parser.parse_args(argv)
     fn = {"generate": _generate, "bench": _bench}[args.command]
     return _run(lambda: fn(args), args.log_level)

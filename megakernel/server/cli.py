@@ -97,6 +97,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("model_pos", nargs="?", metavar="MODEL", default=None,
                    help="checkpoint folder (as `vllm serve MODEL`; default: the embedded north-nano)")
     p.add_argument("--model", default=None, help="checkpoint folder (same as MODEL)")
+    p.add_argument("--random-north", action="store_true",
+                   help="GPU benchmarks: North Mini Code with random weights (no checkpoint, no tokenizer)")
     p.add_argument("--version", action="version", version=f"megakernel {__version__}")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=_port, default=8000, help="TCP port")
@@ -165,6 +167,9 @@ def build_engine(args: argparse.Namespace):
                        seed=args.seed, progress=sys.stderr.isatty(),
                        gpu_memory_utilization=args.gpu_memory_utilization, fit_max_model_len_to_kv=True)
     check_engine_args(eargs)          # before the (possibly minutes-long) weight loading
+    from megakernel.server.random_north import random_north_model
+
+    model_kwargs = random_north_model(args)       # {} unless --random-north
     if num_blocks is not None:
         from megakernel.config import ModelConfig
         from megakernel.default_model import resolve_model_path
@@ -178,9 +183,9 @@ def build_engine(args: argparse.Namespace):
                              f"({', '.join(g.name for g in groups)}); give that many counts")
         eargs.num_kv_blocks = num_blocks
     t0 = time.monotonic()
-    log.info("loading %s (device %s, dtype %s)...", args.model or "the embedded model", args.device or "auto",
-             args.dtype)
-    engine = LLMEngine(eargs)
+    what = args.model or ("North Mini Code (random weights)" if model_kwargs else "the embedded model")
+    log.info("loading %s (device %s, dtype %s)...", what, args.device or "auto", args.dtype)
+    engine = LLMEngine(eargs, **model_kwargs)
     log.info("model loaded in %.1f s", time.monotonic() - t0)
     return engine
 
@@ -195,6 +200,9 @@ def build_server(args: argparse.Namespace, engine=None):
     engine = engine or build_engine(args)
     names = args.served_model_name or [_default_name(engine, args.model)]
     metrics = ServerMetrics(names[0])
+    from megakernel.server.step_gaps import watch_step_gaps
+
+    watch_step_gaps(engine, metrics.registry)        # engine idle share on /metrics
     return create_app(AsyncEngine(engine, metrics, log_interval=args.log_stats_interval), names,
                       api_key=args.api_key, metrics=metrics, chat_template=template, allowed_origins=origins,
                       max_body_bytes=args.max_request_body)

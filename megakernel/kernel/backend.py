@@ -61,6 +61,21 @@ def megakernel_available(device: torch.device | str | None = None) -> tuple[bool
     return True, ""
 
 
+TUNING_KEYS = ("split_tokens", "attn_stages")
+
+
+def tuning_from_env() -> dict[str, int]:
+    """Plan overrides for measurements: MEGAKERNEL_MK_TUNING="split_tokens=256,attn_stages=3" (keys: TUNING_KEYS)."""
+    text = os.environ.get("MEGAKERNEL_MK_TUNING", "").strip()
+    out: dict[str, int] = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        key, _, val = item.partition("=")
+        if key not in TUNING_KEYS or not val.strip().isdigit():
+            raise ValueError(f"MEGAKERNEL_MK_TUNING: bad item {item!r} (want KEY=INT, KEY in {', '.join(TUNING_KEYS)})")
+        out[key] = int(val)
+    return out
+
+
 def _align(n: int, a: int = 256) -> int:
     return (n + a - 1) // a * a
 
@@ -92,7 +107,10 @@ class MegakernelBackend(DecodeBackend):
             raise MegakernelFailure(f"cudaGetDeviceProperties failed: {self.lib.mk_error_string(rc).decode()}")
         self.num_sms, self.smem_optin = info[0], info[3]
         self.grid = self.num_sms
-        self.plan = ModelPlan(cfg, layout, max_batch, n_workers=n_workers or self.grid, split_tokens=split_tokens)
+        tuning = tuning_from_env()
+        if split_tokens is not None:
+            tuning["split_tokens"] = split_tokens
+        self.plan = ModelPlan(cfg, layout, max_batch, n_workers=n_workers or self.grid, **tuning)
         self.plan.check_supported()
         self.smem = self.plan.smem_bytes()
         if self.smem > self.smem_optin - 1024:
@@ -300,7 +318,7 @@ class MegakernelBackend(DecodeBackend):
             part_o=self.part_o.data_ptr(), part_lse=self.part_lse.data_ptr(), logits=logits.data_ptr(),
             B=si.B, Bm=p.max_batch, H=p.H, n_heads=p.nh, n_kv=p.nkv, head_dim=p.d, E=p.E, topk=p.topk, I=p.I,
             I_mlp=p.I_mlp, V=cfg.vocab_size, L=p.L, n_groups=p.n_groups, block_size=p.layout.block_size,
-            split_tokens=si.split_tokens, cpl=p.cpl, c_gu=p.c_gu,
+            split_tokens=si.split_tokens, attn_stages=p.attn_stages, cpl=p.cpl, c_gu=p.c_gu,
             gu_rows=p.gu_rows, gu_tiles=p.gu_tiles, dn_rows=p.dn_rows, dn_tiles=p.dn_tiles, n_slots=p.n_slots,
             n_pairs=p.n_pairs, r_stride=p.r_stride, r_slot_expert=p.r_slot_expert, r_slot_start=p.r_slot_start,
             r_slot_cnt=p.r_slot_cnt, r_pair_row=p.r_pair_row, r_pair_rank=p.r_pair_rank, r_pair_w=p.r_pair_w,

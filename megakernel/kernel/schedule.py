@@ -43,20 +43,34 @@ def _pow2_floor(n: int) -> int:
     return 1 << (max(1, n).bit_length() - 1)
 
 
-def tile_rows(K: int, halves: int = 1, elt: int = 2) -> int:
-    """Rows (per half) of one GEMV weight tile of inner size K: at most WTILE_BYTES of weights and MAX_TILE_ROWS
-    rows in all halves together, a power of two."""
-    return max(1, min(O.MAX_TILE_ROWS // halves, _pow2_floor(O.WTILE_BYTES // (elt * K * halves))))
+def tile_rows(K: int, halves: int = 1, elt: int = 2, max_batch: int = O.MAX_BATCH) -> int:
+    """Rows (per half) of one GEMV weight tile of inner size K, a power of two: at most MAX_TILE_ROWS rows in all
+    halves together, and at most WTILE_BYTES of weights, less where the task's max_batch input rows of K elements
+    would not fit beside them in shared memory (the kernel stages the inputs right after the tile's weights)."""
+    budget = min(O.WTILE_BYTES, O.SMEM_LIMIT - O.GEMV_SCRATCH_BYTES - max_batch * K * elt)
+    return max(1, min(O.MAX_TILE_ROWS // halves, _pow2_floor(budget // (elt * K * halves))))
 
 
-def smem_bytes(Bm: int, k_max: int, d: int, g: int, E: int, topk: int, H: int) -> int:
-    """Mirror of the kernel's shared-memory layouts (max over task kinds)."""
-    gemv = 2 * 64 * O.MAX_BATCH * 4 + O.WTILE_BYTES + Bm * k_max * 2
-    attn = (g * d * 4 + 2 * 2 * O.ATTN_CHUNK * (d + 8) * 2 + g * O.ATTN_CHUNK * 4 + 4 * O.MAX_GROUP * 4
-            + O.MAX_SPLITS_PER_HEAD * O.MAX_GROUP * 4)
+def gemv_smem_bytes(K: int, rows: int, max_batch: int, elt: int = 2) -> int:
+    """Shared memory of one GEMV task (csrc/mk_kernel.cu, `task_gemv`): reduction and output scratch, the tile's
+    `rows` weight rows (all halves), then max_batch input rows."""
+    return O.GEMV_SCRATCH_BYTES + rows * K * elt + max_batch * K * elt
+
+
+def attn_smem_bytes(d: int, g: int) -> int:
+    """Shared memory of one ATTN task (`task_attn`): q in fp32, ATTN_MAX_STAGES chunks of K and of V (rows padded
+    by 8 elements), the chunk's scores, and the running max / sum / rescale per query head."""
+    return g * d * 4 + O.ATTN_MAX_STAGES * 2 * O.ATTN_CHUNK * (d + 8) * 2 + g * O.ATTN_CHUNK * 4 + 3 * O.MAX_GROUP * 4
+
+
+def smem_bytes(gemv_tiles: list[tuple[int, int]], Bm: int, d: int, g: int, E: int, H: int) -> int:
+    """Dynamic shared memory of the kernel: the max over its task kinds. gemv_tiles: (K, rows in all halves) of
+    every GEMV kind the plan uses."""
+    gemv = max(gemv_smem_bytes(K, rows, Bm) for K, rows in gemv_tiles)
+    combine = 2 * O.MAX_GROUP * 4 + O.MAX_SPLITS_PER_HEAD * O.MAX_GROUP * 4
     route = O.MAX_BATCH * E * 4 + 2 * O.MAX_BATCH * O.MAX_TOPK * 4 + 3 * E * 4 + 64
     norm = H * 4 + 64 * 4
-    return int(max(gemv, attn, route, norm))
+    return int(max(gemv, attn_smem_bytes(d, g), combine, route, norm))
 
 
 @dataclass
@@ -68,6 +82,7 @@ class ModelPlan:
     max_batch: int
     n_workers: int = 132                 # MOE_WORKER tasks per MoE layer (the grid size on the GPU)
     split_tokens: int | None = None      # keys per attention split (None: DEFAULT_SPLIT_TOKENS, grown for long ctx)
+    attn_stages: int = O.DEFAULT_ATTN_STAGES   # K/V chunks in the attention ring (2..ATTN_MAX_STAGES)
 
     def __post_init__(self) -> None:
         cfg = self.cfg
@@ -103,19 +118,28 @@ class ModelPlan:
         self.n_groups = len(self.groups)
         # tiles
         d = self.d
-        r = tile_rows(self.H)
+        rows = lambda K, halves=1: tile_rows(K, halves, max_batch=Bm)
+        r = rows(self.H)
         while r > 1 and d % r:
             r //= 2
         self.qkv_rows = r
-        self.o_rows = tile_rows(self.Q)
-        self.router_rows = tile_rows(self.H)
-        self.mgu_rows = tile_rows(self.H, 2)
-        self.mdn_rows = {w: tile_rows(w) for w in set(self.mlp_width) if w}
-        self.gu_rows = tile_rows(self.H, 2)
+        self.o_rows = rows(self.Q)
+        self.router_rows = rows(self.H)
+        self.mgu_rows = rows(self.H, 2)
+        self.mdn_rows = {w: rows(w) for w in set(self.mlp_width) if w}
+        self.gu_rows = rows(self.H, 2)
         self.gu_tiles = math.ceil(self.I / self.gu_rows)
-        self.dn_rows = tile_rows(self.I)
+        self.dn_rows = rows(self.I)
         self.dn_tiles = math.ceil(self.H / self.dn_rows)
-        self.lm_rows = tile_rows(self.H)
+        self.lm_rows = rows(self.H)
+        # (K, rows in all halves) of every GEMV kind: the shared-memory size is derived from these
+        self.gemv_tiles = [(self.H, self.qkv_rows), (self.Q, self.o_rows), (self.H, self.lm_rows),
+                           (self.H, 2 * self.gu_rows), (self.I, self.dn_rows)]
+        if self.Lm:
+            self.gemv_tiles.append((self.H, self.router_rows))
+        if any(self.mlp_width):
+            self.gemv_tiles.append((self.H, 2 * self.mgu_rows))
+            self.gemv_tiles += [(w, r) for w, r in self.mdn_rows.items()]
         self.n_lm_tiles = math.ceil(cfg.vocab_size / self.lm_rows)
         self.k_max = max(self.H, self.Q, self.I, self.I_mlp)
         # route record layout (int32 offsets)
@@ -143,9 +167,9 @@ class ModelPlan:
 
     # ---- smem -----------------------------------------------------------------------------------------------------
     def smem_bytes(self) -> int:
-        """Dynamic shared memory of the kernel (its task kinds' layouts are in csrc/mk_kernel.cu, mirrored by
-        `smem_bytes` above)."""
-        return smem_bytes(self.max_batch, self.k_max, self.d, self.g, self.E, self.topk, self.H)
+        """Dynamic shared memory of the kernel (its task kinds' layouts are in csrc/mk_kernel.cu, described by
+        `smem_bytes` above from this plan's tiles)."""
+        return smem_bytes(self.gemv_tiles, self.max_batch, self.d, self.g, self.E, self.H)
 
     def check_supported(self) -> None:
         """Raise ValueError naming the first dimension the kernel does not handle."""
@@ -160,6 +184,8 @@ class ModelPlan:
             raise ValueError(f"{self.g} query heads per kv head of dim {self.d} unsupported")
         if self.E > O.MAX_EXPERTS or self.topk > O.MAX_TOPK:
             raise ValueError(f"{self.E} experts / top-{self.topk} unsupported")
+        if not 2 <= self.attn_stages <= O.ATTN_MAX_STAGES:
+            raise ValueError(f"attn_stages={self.attn_stages} outside 2..{O.ATTN_MAX_STAGES}")
         if self.n_groups > 2:
             raise ValueError("more than two KV groups")
         if self.smem_bytes() > O.SMEM_LIMIT:

@@ -10,11 +10,12 @@
 extern __shared__ __align__(16) unsigned char smem[];
 
 // ---- GEMV: a tile of weight rows (staged in shared memory) times up to MB input rows ---------------------------
-// Layout: sRed [64*MB] f32 | sOut [64*MB] f32 | sW [WTILE_BYTES] | sX [Bm*K] bf16
+// Layout: sRed [64*MB] f32 | sOut [64*MB] f32 | sW [R][K] bf16 | sX [nb][K] bf16, R the tile's rows (all halves):
+// the inputs start right after the tile's weights (schedule.gemv_smem_bytes sizes it; tile_rows keeps it in bounds).
 #define SM_RED 0
 #define SM_OUT (64 * MB * 4)
-#define SM_W (2 * 64 * MB * 4)
-#define SM_X (SM_W + MK_WTILE_BYTES)
+#define SM_W MK_GEMV_SCRATCH_BYTES
+__device__ __forceinline__ size_t sm_x(int R, int K) { return SM_W + (size_t)R * K * 2; }
 
 struct Tile {
     const bf16* w0;
@@ -39,9 +40,10 @@ __device__ __forceinline__ void issue_weights(const Tile& T) {
 
 __shared__ const bf16* s_xrow[MB];
 
-// Copies nb input rows (pointers in s_xrow) of K elements into sX, then waits for every pending copy.
-__device__ __forceinline__ void load_x_and_wait(int nb, int K) {
-    bf16* sX = reinterpret_cast<bf16*>(smem + SM_X);
+// Copies nb input rows (pointers in s_xrow) of K elements into sX (after the R weight rows), then waits for every
+// pending copy.
+__device__ __forceinline__ void load_x_and_wait(int nb, int K, int R) {
+    bf16* sX = reinterpret_cast<bf16*>(smem + sm_x(R, K));
     const int per_row = K >> 3;
     for (int u = threadIdx.x; u < nb * per_row; u += NT) {
         const int b = u / per_row, c = u - b * per_row;
@@ -57,7 +59,7 @@ __device__ __forceinline__ void load_x_and_wait(int nb, int K) {
 template <int BM>
 __device__ __forceinline__ void gemv_core(int R, int K, int nb) {
     const bf16* sW = reinterpret_cast<const bf16*>(smem + SM_W);
-    const bf16* sX = reinterpret_cast<const bf16*>(smem + SM_X);
+    const bf16* sX = reinterpret_cast<const bf16*>(smem + sm_x(R, K));
     float* sRed = reinterpret_cast<float*>(smem + SM_RED);
     float* sOut = reinterpret_cast<float*>(smem + SM_OUT);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -255,7 +257,7 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket) {
     issue_weights(T);
     if (threadIdx.x < B) s_xrow[threadIdx.x] = xin + (size_t)threadIdx.x * xpitch;
     if (!wait_rec(P, rec, ticket)) { cp_async_wait_all(); return false; }
-    load_x_and_wait(B, T.K);
+    load_x_and_wait(B, T.K, T.n0 + T.n1);
     gemv(T.n0 + T.n1, T.K, B);
     const float* sOut = reinterpret_cast<const float*>(smem + SM_OUT);
     switch (op) {
@@ -365,22 +367,38 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket) {
 }
 
 // ---- attention: one split of one (sequence, kv head) ----------------------------------------------------------
-// Layout: sQ [g*d] f32 | sK [2][CH][d+8] bf16 | sV [2][CH][d+8] bf16 | sS [g][CH] f32 | sM, sL, sA [MAX_GROUP]
+// Layout: sQ [g*d] f32 | sK [AST][CH][d+8] bf16 | sV [AST][CH][d+8] bf16 | sS [g][CH] f32 | sM, sL, sA [MAX_GROUP]
+// (schedule.attn_smem_bytes). K/V stream through a ring of `attn_stages` chunks: up to attn_stages - 1 chunks are in
+// flight while one is computed, so an SM keeps ~(stages - 1) * 2 * CH * d * 2 bytes of KV loads outstanding.
 #define CH MK_ATTN_CHUNK
+#define AST MK_ATTN_MAX_STAGES
+
+// Waits until at most `pending` of this thread's newest cp.async groups are still in flight.
+__device__ __forceinline__ void cp_async_wait_pending(int pending) {
+    static_assert(AST <= 4, "cp_async_wait_pending covers up to 3 pending groups");
+    switch (pending) {
+        case 0: cp_async_wait_group<0>(); break;
+        case 1: cp_async_wait_group<1>(); break;
+        case 2: cp_async_wait_group<2>(); break;
+        default: cp_async_wait_group<3>(); break;
+    }
+}
+
 __device__ bool task_attn(const Params& P, const int* rec, int ticket) {
     const int l = rec[RF_LAYER], s = rec[RF_A0], kvh = rec[RF_A1], j = rec[RF_A2], pbase = rec[RF_A3];
     const int* li = layer_info(P, l);
     const int grp = li[LI_GROUP], lig = li[LI_LIG], W = li[LI_WINDOW];
     const int d = PI(head_dim), nkv = PI(n_kv), gq = PI(n_heads) / nkv, KVs = nkv * d, Q = PI(n_heads) * d;
     const int Bm = PI(Bm), bs = PI(block_size), S = PI(split_tokens);
+    const int nst = min(max(PI(attn_stages), 2), AST);
     const int p = step_in(P)[Bm + s];
     const int lo = W > 0 ? max(0, p - W + 1) : 0;
     const int k0 = lo + j * S, k1 = min(p + 1, k0 + S);
     const int rowp = d + 8;
     float* sQ = reinterpret_cast<float*>(smem);
     bf16* sK = reinterpret_cast<bf16*>(smem + gq * d * 4);
-    bf16* sV = sK + 2 * CH * rowp;
-    float* sS = reinterpret_cast<float*>(sV + 2 * CH * rowp);
+    bf16* sV = sK + AST * CH * rowp;
+    float* sS = reinterpret_cast<float*>(sV + AST * CH * rowp);
     float* sM = sS + gq * CH;
     float* sL = sM + MK_MAX_GROUP;
     float* sA = sL + MK_MAX_GROUP;
@@ -396,46 +414,50 @@ __device__ bool task_attn(const Params& P, const int* rec, int ticket) {
             cp_async16(sK + (size_t)(stage * CH + t) * rowp + c * 8, kb + (size_t)t * KVs + c * 8);
             cp_async16(sV + (size_t)(stage * CH + t) * rowp + c * 8, vb + (size_t)t * KVs + c * 8);
         }
-        cp_async_commit();
+        cp_async_commit();                     // every thread commits: the group counts stay uniform
     };
-    int t0 = k0;
-    const int n0 = chunk_len(t0);
+    int t_issue = k0, n_issued = 0;            // the next chunk to load, and how many were issued
+    auto issue_next = [&]() {
+        const int n = chunk_len(t_issue);
+        load_chunk(t_issue, n, n_issued % nst);
+        t_issue += n;
+        n_issued++;
+    };
     // Keys before this step's position were written by earlier launches: load them before waiting.
-    const bool pre = t0 + n0 <= p;
-    if (pre) load_chunk(t0, n0, 0);
+    while (n_issued < nst - 1 && t_issue < k1 && t_issue + chunk_len(t_issue) <= p) issue_next();
+    const bool pre = n_issued > 0;
     if (pre) prof_mark(PS_ISSUED);
     if (!wait_rec(P, rec, ticket)) { cp_async_wait_all(); return false; }
-    if (!pre) load_chunk(t0, n0, 0);
+    while (n_issued < nst - 1 && t_issue < k1) issue_next();
     if (!pre) prof_mark(PS_ISSUED);
     const bf16* qg = PP(const bf16*, q) + ((size_t)l * Bm + s) * Q + (size_t)kvh * gq * d;
     for (int i = threadIdx.x; i < gq * d; i += NT) sQ[i] = ldcg_bf(qg + i);
     if (threadIdx.x < gq) { sM[threadIdx.x] = -INFINITY; sL[threadIdx.x] = 0.f; }
-    float acc[MK_ATTN_OUT_PER_THREAD];
+    // each thread owns output pairs (head h, dims dd, dd + 1): npair <= NT * ATTN_OUT_PER_THREAD / 2 (check_supported)
+    constexpr int OP2 = MK_ATTN_OUT_PER_THREAD / 2;
+    const int npair = gq * d / 2;
+    float2 acc[OP2];
 #pragma unroll
-    for (int k = 0; k < MK_ATTN_OUT_PER_THREAD; k++) acc[k] = 0.f;
+    for (int k = 0; k < OP2; k++) acc[k] = make_float2(0.f, 0.f);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int stage = 0;
-    bool first = true;
+    int t0 = k0, c = 0;
     while (t0 < k1) {
-        const int n = chunk_len(t0), t1 = t0 + n;
-        if (t1 < k1) {
-            load_chunk(t1, chunk_len(t1), stage ^ 1);
-            cp_async_wait_group<1>();
-        } else {
-            cp_async_wait_group<0>();
-        }
+        const int n = chunk_len(t0), t1 = t0 + n, stage = c % nst;
+        // the next chunk goes into the stage chunk c - 1 used: every thread left it at the barrier ending c - 1
+        if (t_issue < k1) issue_next();
+        cp_async_wait_pending(n_issued - c - 1);
         __syncthreads();
-        if (first) prof_mark(PS_LANDED);         // the first chunk of K/V is in shared memory
-        first = false;
+        if (c == 0) prof_mark(PS_LANDED);      // the first chunk of K/V is in shared memory
         for (int i = threadIdx.x; i < gq * n; i += NT) {
             const int h = i / n, t = i - h * n;
             const uint4* kr = reinterpret_cast<const uint4*>(sK + (size_t)(stage * CH + t) * rowp);
             const float4* qr = reinterpret_cast<const float4*>(sQ + h * d);
             float dot = 0.f;
-            for (int c = 0; c < (d >> 3); c++) {
+#pragma unroll 4
+            for (int cc = 0; cc < (d >> 3); cc++) {
                 float kf[8];
-                unpack8(kr[c], kf);
-                const float4 qa = qr[2 * c], qb = qr[2 * c + 1];
+                unpack8(kr[cc], kf);
+                const float4 qa = qr[2 * cc], qb = qr[2 * cc + 1];
                 dot = fmaf(qa.x, kf[0], dot); dot = fmaf(qa.y, kf[1], dot);
                 dot = fmaf(qa.z, kf[2], dot); dot = fmaf(qa.w, kf[3], dot);
                 dot = fmaf(qb.x, kf[4], dot); dot = fmaf(qb.y, kf[5], dot);
@@ -466,26 +488,34 @@ __device__ bool task_attn(const Params& P, const int* rec, int ticket) {
         }
         __syncthreads();
 #pragma unroll
-        for (int k = 0; k < MK_ATTN_OUT_PER_THREAD; k++) {
-            const int o = threadIdx.x + k * NT;
-            if (o < gq * d) {
-                const int h = o / d, dd = o - h * d;
-                float a = acc[k] * sA[h];
+        for (int k = 0; k < OP2; k++) {
+            const int o2 = threadIdx.x + k * NT;
+            if (o2 < npair) {
+                const int h = (2 * o2) / d, dd = 2 * o2 - h * d;
+                float ax = acc[k].x * sA[h], ay = acc[k].y * sA[h];
                 const float* ps = sS + h * CH;
                 const bf16* vc = sV + (size_t)stage * CH * rowp + dd;
-                for (int t = 0; t < n; t++) a = fmaf(ps[t], bf2f(vc[(size_t)t * rowp]), a);
-                acc[k] = a;
+#pragma unroll 4
+                for (int t = 0; t < n; t++) {
+                    const float2 vf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(vc + (size_t)t * rowp));
+                    ax = fmaf(ps[t], vf.x, ax);
+                    ay = fmaf(ps[t], vf.y, ay);
+                }
+                acc[k] = make_float2(ax, ay);
             }
         }
         __syncthreads();
         t0 = t1;
-        stage ^= 1;
+        c++;
     }
     float* po = PP(float*, part_o) + (size_t)(pbase + j) * gq * d;
 #pragma unroll
-    for (int k = 0; k < MK_ATTN_OUT_PER_THREAD; k++) {
-        const int o = threadIdx.x + k * NT;
-        if (o < gq * d) po[o] = acc[k] / sL[o / d];
+    for (int k = 0; k < OP2; k++) {
+        const int o2 = threadIdx.x + k * NT;
+        if (o2 < npair) {
+            const float inv = 1.f / sL[(2 * o2) / d];
+            *reinterpret_cast<float2*>(po + 2 * o2) = make_float2(acc[k].x * inv, acc[k].y * inv);
+        }
     }
     if (threadIdx.x < gq) PP(float*, part_lse)[(size_t)(pbase + j) * gq + threadIdx.x] = sM[threadIdx.x] + logf(sL[threadIdx.x]);
     block_signal(P, rec[RF_SIG]);
@@ -524,14 +554,23 @@ __device__ bool task_combine(const Params& P, const int* rec, int ticket) {
             sWt[i] = expf(ldcg_f(lse + (size_t)j0 * gq + i) - sMx[h]) / sDen[h];
         }
         __syncthreads();
+        // 8 splits' partial outputs loaded before any is used: the L2 round trips overlap instead of chaining
+        for (int jj = 0; jj < jn; jj += 8) {
 #pragma unroll
-        for (int k = 0; k < MK_ATTN_OUT_PER_THREAD; k++) {
-            const int o = threadIdx.x + k * NT;
-            if (o < gq * d) {
-                const int h = o / d;
-                float a = acc[k];
-                for (int jj = 0; jj < jn; jj++) a = fmaf(sWt[jj * gq + h], ldcg_f(po + (size_t)(j0 + jj) * gq * d + o), a);
-                acc[k] = a;
+            for (int k = 0; k < MK_ATTN_OUT_PER_THREAD; k++) {
+                const int o = threadIdx.x + k * NT;
+                if (o < gq * d) {
+                    const int h = o / d;
+                    float v[8];
+#pragma unroll
+                    for (int u = 0; u < 8; u++)
+                        v[u] = jj + u < jn ? ldcg_f(po + (size_t)(j0 + jj + u) * gq * d + o) : 0.f;
+                    float a = acc[k];
+#pragma unroll
+                    for (int u = 0; u < 8; u++)
+                        if (jj + u < jn) a = fmaf(sWt[(jj + u) * gq + h], v[u], a);
+                    acc[k] = a;
+                }
             }
         }
         __syncthreads();
@@ -714,7 +753,7 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
                              : PP(const bf16*, x) + ((size_t)l * Bm + ldcg_i(route + PI(r_pair_row) + st + i)) * H;
         }
         __syncthreads();
-        load_x_and_wait(cnt, T.K);
+        load_x_and_wait(cnt, T.K, T.n0 + T.n1);
         gemv(T.n0 + T.n1, T.K, cnt);
         const float* sOut = reinterpret_cast<const float*>(smem + SM_OUT);
         if (!down) {

@@ -113,17 +113,21 @@ class LLMEngine:
         if args.num_kv_blocks is not None:
             num_blocks = list(args.num_kv_blocks)
         else:
-            budget = args.kv_cache_memory or self._default_kv_budget()
-            if backend == "graph":         # its static buffers and graph pools live beside the KV pool
-                from megakernel.graph.backend import reserved_bytes
+            if args.kv_cache_memory:           # the pool's size, as asked (what else runs is the caller's care)
+                budget = args.kv_cache_memory
+            else:                              # free memory less what the step needs beside the pool
+                budget = self._default_kv_budget()
+                if backend == "graph":         # its static buffers and graph pools live beside the KV pool
+                    from megakernel.graph.backend import reserved_bytes
 
-                budget -= reserved_bytes(config, args.max_num_seqs)
-            if self.device.type == "cuda":  # the largest chunk's activations, so no accepted prompt runs out
-                budget -= prefill_reserve_bytes(config, self.chunk_tokens, self.max_model_len, self.model.fast_prefill)
-            if budget <= 0:
-                raise ConfigError(f"no GPU memory is left for the KV cache after the weights and a "
-                                  f"{self.chunk_tokens}-token prefill chunk: lower --max-num-batched-tokens or "
-                                  f"--max-model-len")
+                    budget -= reserved_bytes(config, args.max_num_seqs)
+                if self.device.type == "cuda":  # the largest chunk's activations, so no accepted prompt runs out
+                    budget -= prefill_reserve_bytes(config, self.chunk_tokens, self.max_model_len,
+                                                    self.model.fast_prefill)
+                if budget <= 0:
+                    raise ConfigError(f"no GPU memory is left for the KV cache after the weights and a "
+                                      f"{self.chunk_tokens}-token prefill chunk: lower --max-num-batched-tokens or "
+                                      f"--max-model-len")
             num_blocks = plan_num_blocks(layout, budget, weights.dtype, args.max_num_seqs, self.max_model_len,
                                          self.chunk_tokens)
         if args.fit_max_model_len_to_kv:

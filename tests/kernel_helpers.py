@@ -121,10 +121,11 @@ def hang_launches(be, which: Callable[[int], bool]) -> None:
 
 def tiny_decode_setup(variant: str, B: int, device: str = "cuda"):
     """The tiny decode tests' starting point: config, bf16 weights, B ragged prompts (1..29 tokens) prefilled by
-    the PyTorch path, that path's model, and the generator the test goes on drawing from."""
+    the PyTorch path, that path's exact model (the oracle: no Triton prefill, experts looped as on CPU), and the
+    generator the test goes on drawing from."""
     cfg = make_cfg(variant)
     w = tiny_weights(cfg, device=device, dtype=torch.bfloat16, seed=B, scale=1.0)
     g = torch.Generator().manual_seed(B)
     lens = torch.randint(1, 30, (B,), generator=g).tolist()
     st = prefill_state(cfg, w, lens, device=device, seed=B)
-    return cfg, w, st, Cohere2MoeModel(cfg, w), g
+    return cfg, w, st, Cohere2MoeModel(cfg, w, fast_prefill=False), g

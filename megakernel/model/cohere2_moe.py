@@ -133,7 +133,9 @@ class Cohere2MoeModel:
                                                        ctx.block_size, q.dtype)
             attn[ctx.single_rows] = L.paged_decode_attention(q[ctx.single_rows], layer_kv, ctx.plans[g],
                                                              self.scale)
-        if ctx.multi and self.fast_prefill:
+        # the fast path is bf16 only: an fp32 reference (model/reference.py) runs this layer on fp32 tensors
+        fast = self.fast_prefill and q.dtype == torch.bfloat16 and layer_kv.dtype == torch.bfloat16
+        if ctx.multi and fast:
             from megakernel.ops.prefill_attention import prefill_attention
 
             prefill_attention(q, attn.view(q.shape), layer_kv, self._prefill_plan(ctx, g), window, self.scale)
@@ -145,7 +147,7 @@ class Cohere2MoeModel:
         attn = F.linear(attn, lw.o, lw.o_bias)
         if lw.moe is not None:
             mlp = L.moe(x, lw.moe, cfg, trace.experts if trace is not None else None,
-                        grouped=self.fast_prefill and x.shape[0] > 1)
+                        grouped=fast and x.shape[0] > 1)
         else:
             mlp = L.swiglu(x, lw.dense)
         return h + attn + mlp

@@ -74,7 +74,7 @@ def test_watchdog_reports_and_recovers():
     hang_launches(be, lambda n: n == 1)
     with pytest.raises(MegakernelHang, match="watchdog"):
         be.decode(batch, clone_cache(st.cache))
-    ref = Cohere2MoeModel(cfg, w).forward(batch, clone_cache(st.cache))
+    ref = Cohere2MoeModel(cfg, w, fast_prefill=False).forward(batch, clone_cache(st.cache))
     out = be.decode(batch, clone_cache(st.cache))
     assert _cos(out, ref).min() > 0.999
 

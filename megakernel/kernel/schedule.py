@@ -58,9 +58,11 @@ def gemv_smem_bytes(K: int, rows: int, max_batch: int, elt: int = 2) -> int:
 
 
 def attn_smem_bytes(d: int, g: int) -> int:
-    """Shared memory of one ATTN task (`task_attn`): q in fp32, ATTN_MAX_STAGES chunks of K and of V (rows padded
-    by 8 elements), the chunk's scores, and the running max / sum / rescale per query head."""
-    return g * d * 4 + O.ATTN_MAX_STAGES * 2 * O.ATTN_CHUNK * (d + 8) * 2 + g * O.ATTN_CHUNK * 4 + 3 * O.MAX_GROUP * 4
+    """Shared memory of one ATTN task (`task_attn`): a ring of ATTN_MAX_STAGES chunks of K and of V (rows padded by
+    8 elements) and q in bf16; after the key loop the ring holds each computing warp's partial output, max and sum."""
+    ring = O.ATTN_MAX_STAGES * 2 * O.ATTN_CHUNK * (d + 8) * 2 + g * d * 2
+    merge = O.ATTN_WARPS * g * d * 4 + 2 * O.ATTN_WARPS * O.ATTN_MAX_GROUP * 4
+    return max(ring, merge)
 
 
 def smem_bytes(gemv_tiles: list[tuple[int, int]], Bm: int, d: int, g: int, E: int, H: int) -> int:
@@ -178,9 +180,9 @@ class ModelPlan:
                         ("moe_intermediate_size", self.I), ("mlp width", self.I_mlp)):
             if v % 8:
                 raise ValueError(f"{name}={v} is not a multiple of 8")
-        if self.d > O.MAX_HEAD_DIM or self.d % 2:
-            raise ValueError(f"head_dim={self.d} unsupported (even, <= {O.MAX_HEAD_DIM})")
-        if self.g > O.MAX_GROUP or self.g * self.d > O.NUM_THREADS * O.ATTN_OUT_PER_THREAD:
+        if self.d > O.ATTN_MAX_HEAD_DIM or self.d % 16:
+            raise ValueError(f"head_dim={self.d} unsupported (a multiple of 16, <= {O.ATTN_MAX_HEAD_DIM})")
+        if self.g > O.ATTN_MAX_GROUP or self.g * self.d > O.NUM_THREADS * O.ATTN_OUT_PER_THREAD:
             raise ValueError(f"{self.g} query heads per kv head of dim {self.d} unsupported")
         if self.E > O.MAX_EXPERTS or self.topk > O.MAX_TOPK:
             raise ValueError(f"{self.E} experts / top-{self.topk} unsupported")

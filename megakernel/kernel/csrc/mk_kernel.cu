@@ -366,16 +366,22 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket) {
     return true;
 }
 
-// ---- attention: one split of one (sequence, kv head) ----------------------------------------------------------
-// Layout: sQ [g*d] f32 | sK [AST][CH][d+8] bf16 | sV [AST][CH][d+8] bf16 | sS [g][CH] f32 | sM, sL, sA [MAX_GROUP]
-// (schedule.attn_smem_bytes). K/V stream through a ring of `attn_stages` chunks: up to attn_stages - 1 chunks are in
-// flight while one is computed, so an SM keeps ~(stages - 1) * 2 * CH * d * 2 bytes of KV loads outstanding.
+// ---- attention: one split of one (sequence, kv head), on tensor cores ------------------------------------------
+// K/V stream through a ring of `attn_stages` chunks of CH keys (any block boundaries inside a chunk). Each of the
+// ATTN_WARPS computing warps owns one 16-key slice of every chunk and runs its own online softmax over its slices:
+// S = Q K^T with mma.m16n8k16 (the kv head's <= 8 query heads as rows 0-7 of the 16-row tile, rows 8-15 zero), P
+// rounded to bf16 as the A operand of O += P V (V through ldmatrix.trans), fp32 accumulation. After the last chunk
+// the warps' (max, sum, output) merge through shared memory into the split's partial output and log-sum-exp.
+// Layout: sK [AST][CH][d+8] bf16 | sV [AST][CH][d+8] bf16 | sQ [g][d] bf16; after the loop: sOw [ATTN_WARPS][g][d] f32 | sMw, sLw
+// [ATTN_WARPS][ATTN_MAX_GROUP] f32 (schedule.attn_smem_bytes).
 #define CH MK_ATTN_CHUNK
 #define AST MK_ATTN_MAX_STAGES
+#define AWARPS MK_ATTN_WARPS
+static_assert(AWARPS * 16 == CH && AWARPS <= NW, "one 16-key slice per computing warp");
+static_assert(AST <= 4, "cp_async_wait_pending covers up to 3 pending groups");
 
 // Waits until at most `pending` of this thread's newest cp.async groups are still in flight.
 __device__ __forceinline__ void cp_async_wait_pending(int pending) {
-    static_assert(AST <= 4, "cp_async_wait_pending covers up to 3 pending groups");
     switch (pending) {
         case 0: cp_async_wait_group<0>(); break;
         case 1: cp_async_wait_group<1>(); break;
@@ -384,7 +390,29 @@ __device__ __forceinline__ void cp_async_wait_pending(int pending) {
     }
 }
 
-__device__ bool task_attn(const Params& P, const int* rec, int ticket) {
+// c[0..1] += A B for rows g (0-7) of a m16n8k16 bf16 MMA whose rows 8-15 are zero: a0/a2 hold row g's columns
+// (2t, 2t+1) and (2t+8, 2t+9); the pad rows' outputs are dropped.
+__device__ __forceinline__ void mma_rows8(float* c, unsigned a0, unsigned a2, unsigned b0, unsigned b1) {
+    float d2 = 0.f, d3 = 0.f;
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(d2), "+f"(d3)
+        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldsm_x4_trans(unsigned* r, const bf16* p) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+}
+
+__device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const unsigned*>(&v);
+}
+
+// KS = head_dim / 16: the MMA k-steps of Q K^T and the 16-dim pairs of P V, fixed per instantiation.
+template <int KS>
+__device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ticket) {
     const int l = rec[RF_LAYER], s = rec[RF_A0], kvh = rec[RF_A1], j = rec[RF_A2], pbase = rec[RF_A3];
     const int* li = layer_info(P, l);
     const int grp = li[LI_GROUP], lig = li[LI_LIG], W = li[LI_WINDOW];
@@ -395,24 +423,32 @@ __device__ bool task_attn(const Params& P, const int* rec, int ticket) {
     const int lo = W > 0 ? max(0, p - W + 1) : 0;
     const int k0 = lo + j * S, k1 = min(p + 1, k0 + S);
     const int rowp = d + 8;
-    float* sQ = reinterpret_cast<float*>(smem);
-    bf16* sK = reinterpret_cast<bf16*>(smem + gq * d * 4);
+    bf16* sK = reinterpret_cast<bf16*>(smem);
     bf16* sV = sK + AST * CH * rowp;
-    float* sS = reinterpret_cast<float*>(sV + AST * CH * rowp);
-    float* sM = sS + gq * CH;
-    float* sL = sM + MK_MAX_GROUP;
-    float* sA = sL + MK_MAX_GROUP;
     const float scale = PF(attn_scale);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t4 = lane & 3;     // MMA fragment coordinates: row group and thread in group
 
-    auto chunk_len = [&](int t0) { return min(min(k1 - t0, bs - t0 % bs), CH); };
+    auto chunk_len = [&](int t0) { return min(k1 - t0, CH); };
+    // Keys t0 .. t0+n-1 into `stage`, one KV block segment at a time; V rows n .. n+15 of a short chunk are zeroed
+    // (P is 0 there, but stale shared memory could hold NaN bit patterns and 0 * NaN is NaN).
     auto load_chunk = [&](int t0, int n, int stage) {
-        const bf16* kb = kv_slot(P, grp, lig, s, t0) + kvh * d;
-        const bf16* vb = kb + (size_t)bs * KVs;
         const int per = d >> 3;
-        for (int u = threadIdx.x; u < n * per; u += NT) {
-            const int t = u / per, c = u - t * per;
-            cp_async16(sK + (size_t)(stage * CH + t) * rowp + c * 8, kb + (size_t)t * KVs + c * 8);
-            cp_async16(sV + (size_t)(stage * CH + t) * rowp + c * 8, vb + (size_t)t * KVs + c * 8);
+        for (int t = 0; t < n;) {
+            const int ts = t0 + t, len = min(n - t, bs - ts % bs);
+            const bf16* kb = kv_slot(P, grp, lig, s, ts) + kvh * d;
+            const bf16* vb = kb + (size_t)bs * KVs;
+            for (int u = threadIdx.x; u < len * per; u += NT) {
+                const int r = u / per, c = u - r * per;
+                cp_async16(sK + (size_t)(stage * CH + t + r) * rowp + c * 8, kb + (size_t)r * KVs + c * 8);
+                cp_async16(sV + (size_t)(stage * CH + t + r) * rowp + c * 8, vb + (size_t)r * KVs + c * 8);
+            }
+            t += len;
+        }
+        const int pad = min(CH, (n + 15) / 16 * 16) - n;
+        for (int u = threadIdx.x; u < pad * per; u += NT) {
+            const int r = n + u / per, c = u % per;
+            *reinterpret_cast<uint4*>(sV + (size_t)(stage * CH + r) * rowp + c * 8) = make_uint4(0, 0, 0, 0);
         }
         cp_async_commit();                     // every thread commits: the group counts stay uniform
     };
@@ -430,96 +466,122 @@ __device__ bool task_attn(const Params& P, const int* rec, int ticket) {
     if (!wait_rec(P, rec, ticket)) { cp_async_wait_all(); return false; }
     while (n_issued < nst - 1 && t_issue < k1) issue_next();
     if (!pre) prof_mark(PS_ISSUED);
+    // Q of the kv head's query heads, bf16 [gq][d], after the ring: row g of the MMA's A operand
+    constexpr int ksteps = KS;
+    bf16* sQ = sV + AST * CH * rowp;
     const bf16* qg = PP(const bf16*, q) + ((size_t)l * Bm + s) * Q + (size_t)kvh * gq * d;
-    for (int i = threadIdx.x; i < gq * d; i += NT) sQ[i] = ldcg_bf(qg + i);
-    if (threadIdx.x < gq) { sM[threadIdx.x] = -INFINITY; sL[threadIdx.x] = 0.f; }
-    // each thread owns output pairs (head h, dims dd, dd + 1): npair <= NT * ATTN_OUT_PER_THREAD / 2 (check_supported)
-    constexpr int OP2 = MK_ATTN_OUT_PER_THREAD / 2;
-    const int npair = gq * d / 2;
-    float2 acc[OP2];
+    for (int i = threadIdx.x; i < gq * d / 2; i += NT)
+        reinterpret_cast<unsigned*>(sQ)[i] = __ldcg(reinterpret_cast<const unsigned*>(qg) + i);
+    float m_run = -INFINITY, l_run = 0.f;      // row g's running max (scaled scores) and this thread's partial sum
+    float o[2 * KS][2];                        // row g, dims nt*8 + 2t4 (+1)
 #pragma unroll
-    for (int k = 0; k < OP2; k++) acc[k] = make_float2(0.f, 0.f);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int nt = 0; nt < 2 * KS; nt++) o[nt][0] = o[nt][1] = 0.f;
     int t0 = k0, c = 0;
     while (t0 < k1) {
-        const int n = chunk_len(t0), t1 = t0 + n, stage = c % nst;
+        const int n = chunk_len(t0), stage = c % nst;
         // the next chunk goes into the stage chunk c - 1 used: every thread left it at the barrier ending c - 1
         if (t_issue < k1) issue_next();
         cp_async_wait_pending(n_issued - c - 1);
         __syncthreads();
         if (c == 0) prof_mark(PS_LANDED);      // the first chunk of K/V is in shared memory
-        for (int i = threadIdx.x; i < gq * n; i += NT) {
-            const int h = i / n, t = i - h * n;
-            const uint4* kr = reinterpret_cast<const uint4*>(sK + (size_t)(stage * CH + t) * rowp);
-            const float4* qr = reinterpret_cast<const float4*>(sQ + h * d);
-            float dot = 0.f;
-#pragma unroll 4
-            for (int cc = 0; cc < (d >> 3); cc++) {
-                float kf[8];
-                unpack8(kr[cc], kf);
-                const float4 qa = qr[2 * cc], qb = qr[2 * cc + 1];
-                dot = fmaf(qa.x, kf[0], dot); dot = fmaf(qa.y, kf[1], dot);
-                dot = fmaf(qa.z, kf[2], dot); dot = fmaf(qa.w, kf[3], dot);
-                dot = fmaf(qb.x, kf[4], dot); dot = fmaf(qb.y, kf[5], dot);
-                dot = fmaf(qb.z, kf[6], dot); dot = fmaf(qb.w, kf[7], dot);
-            }
-            sS[h * CH + t] = dot * scale;
-        }
-        __syncthreads();
-        for (int h = warp; h < gq; h += NW) {
-            float mx = -INFINITY;
-            for (int t = lane; t < n; t += 32) mx = fmaxf(mx, sS[h * CH + t]);
-            mx = warp_max(mx);
-            const float mold = sM[h], mnew = fmaxf(mold, mx);
-            float sum = 0.f;
-            for (int t = lane; t < n; t += 32) {
-                const float e = expf(sS[h * CH + t] - mnew);
-                sS[h * CH + t] = e;
-                sum += e;
-            }
-            sum = warp_sum(sum);
-            __syncwarp();                      // every lane has read sM[h] before lane 0 updates it
-            if (lane == 0) {
-                const float a = expf(mold - mnew);
-                sL[h] = sL[h] * a + sum;
-                sM[h] = mnew;
-                sA[h] = a;
-            }
-        }
-        __syncthreads();
+        const int kb = warp * 16;              // this warp's slice of the chunk
+        if (warp < AWARPS && kb < n) {
+            const bf16* kst = sK + (size_t)(stage * CH + kb) * rowp;
+            float sc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};   // keys kb + nt*8 + 2t4 (+1)
+#pragma unroll 2
+            for (int ks = 0; ks < KS; ks++) {
+                {
+                    const bf16* qr = sQ + (size_t)g * d + ks * 16 + 2 * t4;
+                    const unsigned qa0 = g < gq ? *reinterpret_cast<const unsigned*>(qr) : 0u;
+                    const unsigned qa2 = g < gq ? *reinterpret_cast<const unsigned*>(qr + 8) : 0u;
 #pragma unroll
-        for (int k = 0; k < OP2; k++) {
-            const int o2 = threadIdx.x + k * NT;
-            if (o2 < npair) {
-                const int h = (2 * o2) / d, dd = 2 * o2 - h * d;
-                float ax = acc[k].x * sA[h], ay = acc[k].y * sA[h];
-                const float* ps = sS + h * CH;
-                const bf16* vc = sV + (size_t)stage * CH * rowp + dd;
-#pragma unroll 4
-                for (int t = 0; t < n; t++) {
-                    const float2 vf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(vc + (size_t)t * rowp));
-                    ax = fmaf(ps[t], vf.x, ax);
-                    ay = fmaf(ps[t], vf.y, ay);
+                    for (int nt = 0; nt < 2; nt++) {
+                        const bf16* kr = kst + (size_t)(nt * 8 + g) * rowp + ks * 16 + 2 * t4;
+                        mma_rows8(sc[nt], qa0, qa2, *reinterpret_cast<const unsigned*>(kr),
+                                  *reinterpret_cast<const unsigned*>(kr + 8));
+                    }
                 }
-                acc[k] = make_float2(ax, ay);
+            }
+            float v[4], mx = -INFINITY;
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = kb + (e >> 1) * 8 + 2 * t4 + (e & 1);
+                v[e] = key < n ? sc[e >> 1][e & 1] * scale : -INFINITY;
+                mx = fmaxf(mx, v[e]);
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m_run, mx);           // finite: key kb < n is in the slice
+            const float alpha = expf(m_run - m_new);
+            float pr[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) pr[e] = expf(v[e] - m_new);
+            l_run = l_run * alpha + (pr[0] + pr[1] + pr[2] + pr[3]);
+            m_run = m_new;
+            const unsigned pa0 = pack_bf16x2(pr[0], pr[1]), pa2 = pack_bf16x2(pr[2], pr[3]);
+            const bf16* vrow = sV + (size_t)(stage * CH + kb + (lane & 7) + ((lane >> 3) & 1) * 8) * rowp + (lane >> 4) * 8;
+#pragma unroll
+            for (int np = 0; np < KS; np++) {
+                {
+                    unsigned bv[4];
+                    ldsm_x4_trans(bv, vrow + np * 16);
+                    o[2 * np][0] *= alpha; o[2 * np][1] *= alpha;
+                    o[2 * np + 1][0] *= alpha; o[2 * np + 1][1] *= alpha;
+                    mma_rows8(o[2 * np], pa0, pa2, bv[0], bv[1]);
+                    mma_rows8(o[2 * np + 1], pa0, pa2, bv[2], bv[3]);
+                }
             }
         }
         __syncthreads();
-        t0 = t1;
+        t0 += n;
         c++;
     }
-    float* po = PP(float*, part_o) + (size_t)(pbase + j) * gq * d;
+    // merge the computing warps (a warp that never had a key keeps max -inf, sum 0, output 0)
+    float* sOw = reinterpret_cast<float*>(smem);
+    float* sMw = sOw + AWARPS * gq * d;
+    float* sLw = sMw + AWARPS * MK_ATTN_MAX_GROUP;
+    if (warp < AWARPS) {
+        l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
+        l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
+        if (g < gq) {
+            if (t4 == 0) { sMw[warp * MK_ATTN_MAX_GROUP + g] = m_run; sLw[warp * MK_ATTN_MAX_GROUP + g] = l_run; }
+            float* ow = sOw + (size_t)(warp * gq + g) * d + 2 * t4;
 #pragma unroll
-    for (int k = 0; k < OP2; k++) {
-        const int o2 = threadIdx.x + k * NT;
-        if (o2 < npair) {
-            const float inv = 1.f / sL[(2 * o2) / d];
-            *reinterpret_cast<float2*>(po + 2 * o2) = make_float2(acc[k].x * inv, acc[k].y * inv);
+            for (int nt = 0; nt < 2 * KS; nt++)
+                *reinterpret_cast<float2*>(ow + nt * 8) = make_float2(o[nt][0], o[nt][1]);
         }
     }
-    if (threadIdx.x < gq) PP(float*, part_lse)[(size_t)(pbase + j) * gq + threadIdx.x] = sM[threadIdx.x] + logf(sL[threadIdx.x]);
+    __syncthreads();
+    float* po = PP(float*, part_o) + (size_t)(pbase + j) * gq * d;
+    for (int i = threadIdx.x; i < gq * d; i += NT) {
+        const int h = i / d, dd = i - h * d;
+        float M = -INFINITY;
+        for (int w = 0; w < AWARPS; w++) M = fmaxf(M, sMw[w * MK_ATTN_MAX_GROUP + h]);
+        float L = 0.f, acc = 0.f;
+        for (int w = 0; w < AWARPS; w++) {
+            const float e = expf(sMw[w * MK_ATTN_MAX_GROUP + h] - M);
+            L += sLw[w * MK_ATTN_MAX_GROUP + h] * e;
+            acc += sOw[(size_t)(w * gq + h) * d + dd] * e;
+        }
+        po[i] = acc / L;
+        if (dd == 0) PP(float*, part_lse)[(size_t)(pbase + j) * gq + h] = M + logf(L);
+    }
     block_signal(P, rec[RF_SIG]);
     return true;
+}
+
+__device__ bool task_attn(const Params& P, const int* rec, int ticket) {
+    static_assert(MK_ATTN_MAX_HEAD_DIM == 128, "one instantiation per 16 dims up to 128");
+    switch (PI(head_dim) >> 4) {           // check_supported: head_dim a multiple of 16, <= 128
+        case 1: return task_attn_d<1>(P, rec, ticket);
+        case 2: return task_attn_d<2>(P, rec, ticket);
+        case 3: return task_attn_d<3>(P, rec, ticket);
+        case 4: return task_attn_d<4>(P, rec, ticket);
+        case 5: return task_attn_d<5>(P, rec, ticket);
+        case 6: return task_attn_d<6>(P, rec, ticket);
+        case 7: return task_attn_d<7>(P, rec, ticket);
+        default: return task_attn_d<8>(P, rec, ticket);
+    }
 }
 
 // ---- attention combine: merge the splits of one (sequence, kv head) ---------------------------------------------

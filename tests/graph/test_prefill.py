@@ -61,3 +61,59 @@ def test_fast_prefill_matches_exact_layer_by_layer(variant):
     cos = torch.nn.functional.cosine_similarity(logits, ref_logits, dim=-1)
     print(f"{variant}: worst layer-update relative error {worst:.2e}; end-to-end logits cosine min {cos.min():.5f}")
     assert cos.min() > 0.99
+
+
+def _visible_split(pos0: int, n: int, window: int | None, block_n: int) -> tuple[int, int]:
+    """The kernel's [a, b): key tiles visible to every query of an item (as prefill_attn_kernel computes it)."""
+    b = (pos0 + 1) // block_n * block_n
+    lo_all = max(pos0 + n - window, 0) if window else 0
+    return min(-(-lo_all // block_n) * block_n, b), b
+
+
+@pytest.mark.parametrize("window", [None, 24, 70])
+@pytest.mark.parametrize("heads,kv_heads,head_dim,bs", [(4, 2, 16, 8), (6, 2, 24, 8), (4, 2, 16, 32)])
+def test_prefill_kernel_unmasked_tiles_match_reference(window, heads, kv_heads, head_dim, bs):
+    """Ragged chunks far enough past their offsets that key tiles are fully visible (the unmasked loop), the window's
+    lower edge and the diagonal masked, several sequences in one launch, against fp32 attention. head_dim 24 pads
+    the tile's columns, 3 query heads per kv head pad its rows; 8-token blocks give each key of a tile its own block
+    id, 32-token blocks one per tile."""
+    from megakernel.ops.prefill_attention import (PrefillAttnTuning, plan_prefill, prefill_attention,
+                                                  prefill_attention_reference, rows_per_item)
+
+    tuning = PrefillAttnTuning(block_n=16, num_warps=4, num_stages=2, block_rows=32)
+    scale = head_dim ** -0.5
+    g = torch.Generator().manual_seed(11)
+    specs = [(0, 21), (133, 37), (70, 5), (16, 16)]              # (first position, tokens) per sequence
+    nblk = sum((p + n + bs - 1) // bs for p, n in specs) + 3
+    perm = torch.randperm(nblk, generator=g).tolist()
+    kv = torch.randn(nblk, 2, bs, kv_heads, head_dim, generator=g).to(torch.bfloat16).to(DEV)
+    T = sum(n for _, n in specs)
+    q = torch.randn(T, heads, head_dim, generator=g).to(torch.bfloat16).to(DEV)
+    chunks, row, used = [], 0, 0
+    for p, n in specs:
+        m = (p + n + bs - 1) // bs
+        chunks.append((row, n, p, perm[used:used + m]))
+        row, used = row + n, used + m
+    block_m = rows_per_item(heads, kv_heads, tuning)
+    plan = plan_prefill(chunks, block_m, torch.device(DEV))
+    last = [int(r[2] + r[1]) for r in plan.items.cpu()]
+    assert last == sorted(last, reverse=True)                     # heaviest first
+    splits = [_visible_split(int(r[2]), int(r[1]), window, tuning.block_n) for r in plan.items.cpu()]
+    assert any(b > a for a, b in splits)                          # the unmasked loop runs
+    out = torch.full_like(q, float("nan"))
+    prefill_attention(q, out, kv, plan, window, scale, tuning)
+    for row0, n, p, table in chunks:
+        ref = prefill_attention_reference(q[row0:row0 + n], kv, table, torch.arange(p, p + n), window, scale)
+        err = float((out[row0:row0 + n].float() - ref).abs().max())
+        assert err < 2e-2, (p, n, err)
+
+
+def test_prefill_tuning_from_env_spec():
+    from megakernel.ops.prefill_attention import PrefillAttnTuning
+
+    t = PrefillAttnTuning.parse("block_n=128, num_warps=4,num_stages=3")
+    assert (t.block_n, t.num_warps, t.num_stages, t.block_rows) == (128, 4, 3, PrefillAttnTuning().block_rows)
+    assert PrefillAttnTuning.parse("") == PrefillAttnTuning()
+    for bad in ("blockn=64", "block_n", "num_warps=x", "block_n=48", "num_stages=0"):
+        with pytest.raises(ValueError):
+            PrefillAttnTuning.parse(bad)

@@ -402,23 +402,24 @@ def build_tasks(plan: ModelPlan, B: int, nsplit: np.ndarray) -> TaskList:
         em.emit(Op.ATTN, l, len(s_a), sig=att_sig,
                 waits=[(np.asarray(qkv_c, np.int32)[h_a], np.asarray([targets[c] for c in qkv_c])[h_a])],
                 a0=s_a, a1=h_a, a2=np.concatenate(j_idx), a3=np.concatenate(p_idx))
-        # 7. MoE workers
+        # 7. attention combine, ahead of the MoE workers: a worker keeps its block until the layer's queue
+        #    is empty, so a combine listed after them is claimed only once the experts are done
+        c_comb = ctr(l, plan.c_comb, "attention combines", B * nkv)
+        cs = np.asarray(comb, dtype=np.int64)
+        em.emit(Op.ATTN_COMBINE, l, len(cs), sig=c_comb, waits=[(cs[:, 4], cs[:, 2])],
+                a0=cs[:, 0], a1=cs[:, 1], a2=cs[:, 2], a3=cs[:, 3])
+        # 8. MoE workers
         mlp_target = 0
         c_mlp = l * cpl + plan.c_mlp
         if moe:
             em.emit(Op.MOE_WORKER, l, plan.n_workers, sig=c_mlp, waits=[(c_route, 1)], a0=m)
             mlp_target += plan.n_workers
-        # 8. static MLP down tiles
+        # 9. static MLP down tiles
         if kind != O.MLP_NONE:
             r0, nr = _tiles(H, plan.mdn_rows[plan.mlp_width[l]])
             em.emit(Op.MLP_DOWN, l, len(r0), sig=c_mlp, waits=[(c_mgu, n_mgu)], a0=r0, a1=nr)
             mlp_target += n_mdn
         ctr(l, plan.c_mlp, "mlp (workers + down tiles)", mlp_target)
-        # 9. attention combine
-        c_comb = ctr(l, plan.c_comb, "attention combines", B * nkv)
-        cs = np.asarray(comb, dtype=np.int64)
-        em.emit(Op.ATTN_COMBINE, l, len(cs), sig=c_comb, waits=[(cs[:, 4], cs[:, 2])],
-                a0=cs[:, 0], a1=cs[:, 1], a2=cs[:, 2], a3=cs[:, 3])
         # 10. output projection
         r0, nr = _tiles(H, plan.o_rows)
         c_o = ctr(l, plan.c_o, "o-proj tiles", n_o_tiles)

@@ -297,6 +297,14 @@ def _stream_gaps(engine, cfg: ModelConfig, n_long: int, n_streams: int = 4) -> d
                 chunk_tokens=engine.chunk_tokens)
 
 
+def _attn_tuning_label(engine) -> str:
+    if not engine.model.fast_prefill:
+        return ""
+    from megakernel.ops.prefill_attention import default_tuning
+
+    return f" (attention {default_tuning().label()})"
+
+
 PREFILL_PROMPTS = [1024, 8192, 32768, 131072, 262144]
 
 
@@ -317,7 +325,8 @@ def run_prefill_bench(args: argparse.Namespace) -> int:
                                   max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=False,
                                   progress=False), config=cfg, weights=weights)
     print(f"prefill through the engine: chunk {engine.chunk_tokens} tokens, decode backend "
-          f"{engine.runner.backend_name}, fast prefill {'on' if engine.model.fast_prefill else 'off'}", flush=True)
+          f"{engine.runner.backend_name}, fast prefill {'on' if engine.model.fast_prefill else 'off'}"
+          f"{_attn_tuning_label(engine)}", flush=True)
     _prefill_point(engine, cfg, 512, 1, "warm")              # compiles the kernels
     results: list[PrefillPoint] = []
     for n, conc in [(n, 1) for n in prompts] + [(2048, 8)]:

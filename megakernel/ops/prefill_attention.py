@@ -81,10 +81,29 @@ class PrefillAttnTuning:
         return ",".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
 
 
+# Measured best on the H200 (benchmarks/prefill_attention_tune.py, 2026-12-01: ~505 TFLOP/s at 8K-256K against
+# ~345 for the dataclass defaults); it needs 224 KiB of shared memory per block, so only GPUs with that much get it.
+HOPPER_TUNING = dict(block_n=128, num_warps=8, num_stages=3, block_rows=128)
+HOPPER_SMEM_BYTES = 227 * 1024
+
+
+def _device_base() -> str:
+    """The tuning a GPU's shared memory allows: HOPPER_TUNING on sm_90-class shared memory, else the defaults."""
+    if INTERPRET or not torch.cuda.is_available():
+        return ""
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    smem = getattr(props, "shared_memory_per_block_optin", 0)
+    if not smem:
+        smem = triton.runtime.driver.active.utils.get_device_properties(torch.cuda.current_device())["max_shared_mem"]
+    if smem >= HOPPER_SMEM_BYTES:
+        return ",".join(f"{k}={v}" for k, v in HOPPER_TUNING.items())
+    return ""
+
+
 @functools.cache
 def default_tuning() -> PrefillAttnTuning:
-    """The defaults, overridden by $MEGAKERNEL_PREFILL_ATTN (read once per process)."""
-    return PrefillAttnTuning.parse(os.environ.get(ENV, ""))
+    """The device's tuning (`_device_base`), overridden key by key by $MEGAKERNEL_PREFILL_ATTN (read once)."""
+    return PrefillAttnTuning.parse(",".join(x for x in (_device_base(), os.environ.get(ENV, "")) if x))
 
 
 @triton.jit

@@ -119,12 +119,14 @@ def test_llm_generate_greedy_matches_torch():
                   f"{sorted(gaps['torch'][i])[len(gaps['torch'][i]) // 2]:.3f})")
     # Two bf16 implementations may split an exact or near tie differently; after that the texts go their own way.
     # A row may differ only if its first difference sits where the PyTorch path's top-2 logprob gap is within
-    # one bf16 step of logits of magnitude <= 32 (0.125). Measured 2026-11-29 on the H200: 10/12 identical, the
-    # other two split at gaps 0.031 and 0.0625 (row medians ~2.4).
+    # one bf16 step of logits of magnitude <= 32 (0.125). Measured on the H200: 10/12 identical on 2026-11-29 (splits
+    # at gaps 0.031 and 0.0625, row medians ~2.4); 9/12 on 2026-12-01 with attention on tensor cores (P rounded to
+    # bf16 as FlashAttention does; splits at 0.031, 0.125, 0.031). The count bound only says ties are rare: at most
+    # a quarter of the rows may split, each at a tie.
     for i, (a, b) in enumerate(zip(outs["auto"], outs["torch"])):
         at = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
         assert at is None or gaps["torch"][i][at] <= 0.125, (i, at, gaps["torch"][i][at])
-    assert same >= 10
+    assert same >= 9
 
 
 @needs_sm90

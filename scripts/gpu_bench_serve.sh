@@ -13,7 +13,7 @@
 # and the graph backend's Triton compile and capture included), a 2-request warm-up each, and 27 runs bounded in
 # time (the request bound, 1000, never binds). Seconds per run, from the decode rates of 2026-12-01 (megakernel 144
 # tok/s at batch 1, graph 320, torch 9; prefill ~1.5K tok/s on the PyTorch path for every backend, 2048-token
-# chunks):
+# chunks; with the library prefill since, the long runs' 32K prompts take ~1.3 s):
 #   megakernel, graph:  fixed 8 / 18 / 8 (c=1 / 8 / 16), code-mix 8 / 22 / 8, long 25 / 25 / 25    = 147 s each
 #   torch:              fixed 5 / 6 / 5, code-mix 5 / 6 / 5, long 25 / 25 / 25                     = 107 s
 # plus ~1-2 s per run to abort the cut requests and see the server idle. Long runs need 25 s: one 32K prefill takes
@@ -21,7 +21,7 @@
 # one). Runs are cut at their limit, so a 1K-output request at concurrency 8+ never completes in the window (its
 # tokens still count in output tok/s; E2E then has no samples). SCALE=2 doubles every bound (then run one backend
 # per call: BACKENDS=megakernel SCALE=2 ... about 6 min); MAX_SECONDS replaces the whole bound list; CHUNK sets
-# --max-num-batched-tokens; BACKENDS, WORKLOADS, CONCURRENCY and TARGET (default --random-north) what runs. The bench
+# --max-num-batched-tokens (default: the server's, 8192 with fast prefill); BACKENDS, WORKLOADS, CONCURRENCY and TARGET (default --random-north) what runs. The bench
 # is killed at BENCH_TIMEOUT (570 s): every finished run is already in the JSON, and the table and plot are drawn
 # from it afterwards.
 set -o pipefail
@@ -42,7 +42,7 @@ BOUNDS=${MAX_SECONDS:-"8,fixed@8=18,code-mix@8=22,long=25,torch=5,torch/fixed@8=
 timeout -s TERM ${BENCH_TIMEOUT:-570} ${PYTHON:-python3} -m megakernel bench serve ${TARGET---random-north} \
   --backends ${BACKENDS:-megakernel,graph,torch} --workloads ${WORKLOADS:-fixed,code-mix,long} \
   --concurrency ${CONCURRENCY:-1,8,16} \
-  --num-requests 1000 --max-seconds "$BOUNDS" --time-scale ${SCALE:-1} --max-num-batched-tokens ${CHUNK:-2048} \
+  --num-requests 1000 --max-seconds "$BOUNDS" --time-scale ${SCALE:-1} ${CHUNK:+--max-num-batched-tokens $CHUNK} \
   --json "$OUT/bench_serve.json" --server-log-dir "$OUT" --no-progress 2>&1 | tee "$OUT/bench_serve.log" \
   | grep -E "^megakernel.bench_serve: [a-z]+ .* c=|error|Error|Traceback"
 echo "bench exit: ${PIPESTATUS[0]}"

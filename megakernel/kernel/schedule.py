@@ -386,26 +386,26 @@ def build_tasks(plan: ModelPlan, B: int, nsplit: np.ndarray) -> TaskList:
             for j in range(plan.n_slots):
                 # targets of the per-slot gate/up counters are dynamic (gu_tiles when the slot is active)
                 names[l * cpl + plan.c_gu + j] = f"layer {l} expert slot {j} gate/up items"
-        # 6. attention splits
-        s_idx, h_idx, j_idx, p_idx = [], [], [], []
-        comb = []
-        for s in range(B):
-            n = int(nsplit[s, gi])
-            for h in range(nkv):
-                c_att = ctr(l, plan.c_att + s * nkv + h, f"attention splits (seq {s}, kv head {h})", n)
-                s_idx.append(np.full(n, s)); h_idx.append(np.full(n, h)); j_idx.append(np.arange(n))
-                p_idx.append(np.full(n, part))
-                comb.append((s, h, n, part, c_att))
-                part += n
-        s_a, h_a = np.concatenate(s_idx), np.concatenate(h_idx)
+        # 6. attention splits: per (sequence, kv head) pair in sequence-major order, nsplit[s] splits each
+        n_pair = np.repeat(nsplit[:B, gi].astype(np.int64), nkv)
+        s_pair, h_pair = np.repeat(np.arange(B), nkv), np.tile(np.arange(nkv), B)
+        first = part + np.concatenate([[0], np.cumsum(n_pair)[:-1]]).astype(np.int64)   # first partial slot
+        c_pair = l * cpl + plan.c_att + s_pair * nkv + h_pair
+        for s_, h_, n_, c_ in zip(s_pair.tolist(), h_pair.tolist(), n_pair.tolist(), c_pair.tolist()):
+            targets[c_] = n_
+            names[c_] = f"layer {l} attention splits (seq {s_}, kv head {h_})"
+        comb = np.stack([s_pair, h_pair, n_pair, first, c_pair], axis=1)
+        s_a, h_a, p_a = np.repeat(s_pair, n_pair), np.repeat(h_pair, n_pair), np.repeat(first, n_pair)
+        j_a = np.arange(int(n_pair.sum())) - (p_a - part)
+        part += int(n_pair.sum())
         att_sig = l * cpl + plan.c_att + s_a * nkv + h_a
         em.emit(Op.ATTN, l, len(s_a), sig=att_sig,
                 waits=[(np.asarray(qkv_c, np.int32)[h_a], np.asarray([targets[c] for c in qkv_c])[h_a])],
-                a0=s_a, a1=h_a, a2=np.concatenate(j_idx), a3=np.concatenate(p_idx))
+                a0=s_a, a1=h_a, a2=j_a, a3=p_a)
         # 7. attention combine, ahead of the MoE workers: a worker keeps its block until the layer's queue
         #    is empty, so a combine listed after them is claimed only once the experts are done
         c_comb = ctr(l, plan.c_comb, "attention combines", B * nkv)
-        cs = np.asarray(comb, dtype=np.int64)
+        cs = comb
         em.emit(Op.ATTN_COMBINE, l, len(cs), sig=c_comb, waits=[(cs[:, 4], cs[:, 2])],
                 a0=cs[:, 0], a1=cs[:, 1], a2=cs[:, 2], a3=cs[:, 3])
         # 8. MoE workers

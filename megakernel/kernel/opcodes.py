@@ -113,9 +113,9 @@ NUM_PARAMS = len(PARAM_FIELDS)
 P = {name: i for i, name in enumerate(PARAM_FIELDS)}
 
 # ---- profiling build (compiled with -DMK_PROFILE=1; see kernel/timeline.py) --------------------------------------
-# One record per executed task (at its ticket) and per MoE work item. Stamps are the executing SM's clock64();
-# the per-block calibration pairs them with %globaltimer at the block's start and end, so the host maps every stamp
-# to nanoseconds on one time base. claim: the block starts the task; issued: its weight (or K/V) loads are issued;
+# One record per executed task (at its ticket) and per MoE work item. Stamps are %globaltimer (ns, one time base on
+# every SM); the per-block (globaltimer, stamp) pairs at the block's start and end map stamps to ns (the identity
+# for these stamps; records of the older clock64 builds still map through them). claim: the block starts the task; issued: its weight (or K/V) loads are issued;
 # waited: its dependency wait is over; landed: its weights and inputs are in shared memory; end: its work is done,
 # taken just before it signals its counter (so a consumer's `waited` can never precede a producer's `end`).
 PROF_FIELDS = ("block", "sm", "op", "layer", "arg", "claim", "issued", "waited", "landed", "end")

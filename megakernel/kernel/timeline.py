@@ -39,7 +39,8 @@ def op_name(op: int) -> str:
 class RawProfile:
     """What the profiling build wrote for one launch, and what the host knew when it launched it."""
 
-    tasks: np.ndarray              # [n_tasks, PROF_INTS] int64, clock64 stamps; row i = ticket i
+    tasks: np.ndarray              # [n_tasks, PROF_INTS] int64 stamps (%globaltimer ns; older records: clock64);
+                                   # row i = ticket i
     items: np.ndarray              # [n, PROF_INTS] int64, the MoE work items that ran
     blocks: np.ndarray             # [grid, PROF_BLOCK_INTS] int64
     records: np.ndarray            # the task list [n_tasks, REC_INTS] int32
@@ -86,7 +87,8 @@ class Events:
 
 
 def to_timeline(raw: RawProfile) -> Timeline:
-    """Map every block's clock64 stamps to ns through its (globaltimer, clock64) pairs at start and end."""
+    """Map every block's stamps to ns through its (globaltimer, stamp) pairs at start and end (the identity for
+    %globaltimer stamps; older records stamped clock64)."""
     b = raw.blocks.astype(np.float64)
     g0, c0, g1, c1 = (b[:, PB[k]] for k in ("g_start", "c_start", "g_end", "c_end"))
     rate = (g1 - g0) / np.maximum(c1 - c0, 1.0)              # ns per clock, per block

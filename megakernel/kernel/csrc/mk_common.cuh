@@ -71,11 +71,15 @@ __device__ __forceinline__ unsigned smid() {
     return id;
 }
 
-// Stamps of the task this block is running (PS_* slots, clock64 of this SM), written by thread 0 only.
+// The profiling build's clock: %globaltimer, one time base on every SM. (clock64 counts this SM's cycles; a clock
+// change inside a step bent its two-point per-block map to ns by up to 512 ns, more than the invariants allow.)
+__device__ __forceinline__ long long prof_now() { return (long long)globaltimer(); }
+
+// Stamps of the task this block is running (PS_* slots, prof_now()), written by thread 0 only.
 __shared__ long long s_prof[5];
 __device__ __forceinline__ void prof_mark(int slot) {
 #if MK_PROFILE
-    if (threadIdx.x == 0) s_prof[slot] = clock64();
+    if (threadIdx.x == 0) s_prof[slot] = prof_now();
 #endif
 }
 

@@ -52,7 +52,7 @@ def tile_rows(K: int, halves: int = 1, elt: int = 2, max_batch: int = O.MAX_BATC
 
 
 def gemv_smem_bytes(K: int, rows: int, max_batch: int, elt: int = 2) -> int:
-    """Shared memory of one GEMV task (csrc/mk_kernel.cu, `task_gemv`): reduction and output scratch, the tile's
+    """Shared memory of one GEMV task (csrc/mk_gemv.cuh, `task_gemv`): reduction and output scratch, the tile's
     `rows` weight rows (all halves), then max_batch input rows."""
     return O.GEMV_SCRATCH_BYTES + rows * K * elt + max_batch * K * elt
 
@@ -169,7 +169,7 @@ class ModelPlan:
 
     # ---- smem -----------------------------------------------------------------------------------------------------
     def smem_bytes(self) -> int:
-        """Dynamic shared memory of the kernel (its task kinds' layouts are in csrc/mk_kernel.cu, described by
+        """Dynamic shared memory of the kernel (its task kinds' layouts are in csrc/mk_*.cuh, described by
         `smem_bytes` above from this plan's tiles)."""
         return smem_bytes(self.gemv_tiles, self.max_batch, self.d, self.g, self.E, self.H)
 

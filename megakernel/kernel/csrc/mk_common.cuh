@@ -173,3 +173,66 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
     for (int w = 0; w < MK_NUM_WARPS; w++) s += red[w];
     return s;
 }
+
+// ---- shared by every task kind ----------------------------------------------------------------------------------
+#define NT MK_NUM_THREADS
+#define NW MK_NUM_WARPS
+#define MB MK_MAX_BATCH
+
+extern __shared__ __align__(16) unsigned char smem[];
+
+// ---- small accessors -----------------------------------------------------------------------------------------
+__device__ __forceinline__ const int* layer_info(const Params& P, int l) {
+    return PP(const int*, layer_info) + l * MK_LAYER_INFO_INTS;
+}
+__device__ __forceinline__ const long long* layer_wptr(const Params& P, int l) {
+    return PP(const long long*, wptrs) + l * MK_WPTR_INTS;
+}
+__device__ __forceinline__ const int* step_in(const Params& P) { return PP(const int*, step); }
+
+// Waits of the record (thread 0 spins; everyone gets the verdict).
+__device__ __forceinline__ bool wait_rec(const Params& P, const int* rec, int ticket) {
+    int ok = 1;
+    if (threadIdx.x == 0) {
+        for (int k = 0; k < MK_MAX_WAITS && ok; k++) {
+            const int c = rec[RF_W0C + 2 * k];
+            if (c >= 0) ok = wait_counter(P, c, rec[RF_W0T + 2 * k], ticket) ? 1 : 0;
+        }
+    }
+    prof_mark(PS_WAITED);
+    return __syncthreads_and(ok) != 0;
+}
+
+// Slot of sequence s's token at key position kp in group g: pointer to its K row (V is bs*KVs further).
+__device__ __forceinline__ bf16* kv_slot(const Params& P, int g, int lig, int s, int kp) {
+    const int Bm = PI(Bm), G = PI(n_groups), bs = PI(block_size);
+    const int KVs = PI(n_kv) * PI(head_dim);
+    const int* st = step_in(P);
+    const int toff = st[2 * Bm + s * G + g], tbase = st[2 * Bm + Bm * G + s * G + g];
+    const int blk = PP(const int*, tables)[toff + kp / bs - tbase];
+    bf16* base = g == 0 ? PP(bf16*, kv0) : PP(bf16*, kv1);
+    const long long nblk = g == 0 ? PL(nblk0) : PL(nblk1);
+    const size_t lstride = (size_t)nblk * 2 * bs * KVs;
+    return base + lig * lstride + ((size_t)blk * 2 * bs + (kp % bs)) * KVs;
+}
+
+// ---- profiling records (thread 0) -----------------------------------------------------------------------------
+__device__ __forceinline__ void prof_record(long long* r, int op, int layer, long long arg) {
+#if MK_PROFILE
+    if (threadIdx.x != 0) return;
+    if (s_prof[PS_LANDED] < s_prof[PS_WAITED]) s_prof[PS_LANDED] = s_prof[PS_WAITED];   // tasks that stage nothing
+    if (s_prof[PS_LANDED] < s_prof[PS_ISSUED]) s_prof[PS_LANDED] = s_prof[PS_ISSUED];
+    r[PF_BLOCK] = blockIdx.x; r[PF_SM] = smid(); r[PF_OP] = op; r[PF_LAYER] = layer; r[PF_ARG] = arg;
+    r[PF_CLAIM] = s_prof[PS_CLAIM]; r[PF_ISSUED] = s_prof[PS_ISSUED]; r[PF_WAITED] = s_prof[PS_WAITED];
+    r[PF_LANDED] = s_prof[PS_LANDED]; r[PF_END] = s_prof[PS_END];
+#endif
+}
+
+__device__ __forceinline__ void prof_reset() {
+#if MK_PROFILE
+    if (threadIdx.x == 0) {
+        const long long t = prof_now();
+        for (int k = 0; k < 5; k++) s_prof[k] = t;
+    }
+#endif
+}

@@ -1,0 +1,283 @@
+// Decode attention: one split of one (sequence, kv head) on tensor cores, and the combine of its splits.
+#pragma once
+#include "mk_common.cuh"
+
+// ---- attention: one split of one (sequence, kv head), on tensor cores ------------------------------------------
+// K/V stream through a ring of `attn_stages` chunks of CH keys (any block boundaries inside a chunk). Each of the
+// ATTN_WARPS computing warps owns one 16-key slice of every chunk and runs its own online softmax over its slices:
+// S = Q K^T with mma.m16n8k16 (the kv head's <= 8 query heads as rows 0-7 of the 16-row tile, rows 8-15 zero), P
+// rounded to bf16 as the A operand of O += P V (V through ldmatrix.trans), fp32 accumulation. After the last chunk
+// the warps' (max, sum, output) merge through shared memory into the split's partial output and log-sum-exp.
+// Layout: sK [AST][CH][d+8] bf16 | sV [AST][CH][d+8] bf16 | sQ [g][d] bf16; after the loop: sOw [ATTN_WARPS][g][d] f32 | sMw, sLw
+// [ATTN_WARPS][ATTN_MAX_GROUP] f32 (schedule.attn_smem_bytes).
+#define CH MK_ATTN_CHUNK
+#define AST MK_ATTN_MAX_STAGES
+#define AWARPS MK_ATTN_WARPS
+static_assert(AWARPS * 16 == CH && AWARPS <= NW, "one 16-key slice per computing warp");
+static_assert(AST <= 4, "cp_async_wait_pending covers up to 3 pending groups");
+
+// Waits until at most `pending` of this thread's newest cp.async groups are still in flight.
+__device__ __forceinline__ void cp_async_wait_pending(int pending) {
+    switch (pending) {
+        case 0: cp_async_wait_group<0>(); break;
+        case 1: cp_async_wait_group<1>(); break;
+        case 2: cp_async_wait_group<2>(); break;
+        default: cp_async_wait_group<3>(); break;
+    }
+}
+
+// c[0..1] += A B for rows g (0-7) of a m16n8k16 bf16 MMA whose rows 8-15 are zero: a0/a2 hold row g's columns
+// (2t, 2t+1) and (2t+8, 2t+9); the pad rows' outputs are dropped.
+__device__ __forceinline__ void mma_rows8(float* c, unsigned a0, unsigned a2, unsigned b0, unsigned b1) {
+    float d2 = 0.f, d3 = 0.f;
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(d2), "+f"(d3)
+        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldsm_x4_trans(unsigned* r, const bf16* p) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+}
+
+__device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const unsigned*>(&v);
+}
+
+// KS = head_dim / 16: the MMA k-steps of Q K^T and the 16-dim pairs of P V, fixed per instantiation.
+template <int KS>
+__device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ticket) {
+    const int l = rec[RF_LAYER], s = rec[RF_A0], kvh = rec[RF_A1], j = rec[RF_A2], pbase = rec[RF_A3];
+    const int* li = layer_info(P, l);
+    const int grp = li[LI_GROUP], lig = li[LI_LIG], W = li[LI_WINDOW];
+    const int d = PI(head_dim), nkv = PI(n_kv), gq = PI(n_heads) / nkv, KVs = nkv * d, Q = PI(n_heads) * d;
+    const int Bm = PI(Bm), bs = PI(block_size), S = PI(split_tokens);
+    const int nst = min(max(PI(attn_stages), 2), AST);
+    const int p = step_in(P)[Bm + s];
+    const int lo = W > 0 ? max(0, p - W + 1) : 0;
+    const int k0 = lo + j * S, k1 = min(p + 1, k0 + S);
+    const int rowp = d + 8;
+    bf16* sK = reinterpret_cast<bf16*>(smem);
+    bf16* sV = sK + AST * CH * rowp;
+    const float scale = PF(attn_scale);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t4 = lane & 3;     // MMA fragment coordinates: row group and thread in group
+
+    auto chunk_len = [&](int t0) { return min(k1 - t0, CH); };
+    // Keys t0 .. t0+n-1 into `stage`, one KV block segment at a time; V rows n .. n+15 of a short chunk are zeroed
+    // (P is 0 there, but stale shared memory could hold NaN bit patterns and 0 * NaN is NaN).
+    auto load_chunk = [&](int t0, int n, int stage) {
+        const int per = d >> 3;
+        for (int t = 0; t < n;) {
+            const int ts = t0 + t, len = min(n - t, bs - ts % bs);
+            const bf16* kb = kv_slot(P, grp, lig, s, ts) + kvh * d;
+            const bf16* vb = kb + (size_t)bs * KVs;
+            for (int u = threadIdx.x; u < len * per; u += NT) {
+                const int r = u / per, c = u - r * per;
+                cp_async16(sK + (size_t)(stage * CH + t + r) * rowp + c * 8, kb + (size_t)r * KVs + c * 8);
+                cp_async16(sV + (size_t)(stage * CH + t + r) * rowp + c * 8, vb + (size_t)r * KVs + c * 8);
+            }
+            t += len;
+        }
+        const int pad = min(CH, (n + 15) / 16 * 16) - n;
+        for (int u = threadIdx.x; u < pad * per; u += NT) {
+            const int r = n + u / per, c = u % per;
+            *reinterpret_cast<uint4*>(sV + (size_t)(stage * CH + r) * rowp + c * 8) = make_uint4(0, 0, 0, 0);
+        }
+        cp_async_commit();                     // every thread commits: the group counts stay uniform
+    };
+    int t_issue = k0, n_issued = 0;            // the next chunk to load, and how many were issued
+    auto issue_next = [&]() {
+        const int n = chunk_len(t_issue);
+        load_chunk(t_issue, n, n_issued % nst);
+        t_issue += n;
+        n_issued++;
+    };
+    // Keys before this step's position were written by earlier launches: load them before waiting.
+    while (n_issued < nst - 1 && t_issue < k1 && t_issue + chunk_len(t_issue) <= p) issue_next();
+    const bool pre = n_issued > 0;
+    if (pre) prof_mark(PS_ISSUED);
+    if (!wait_rec(P, rec, ticket)) { cp_async_wait_all(); return false; }
+    while (n_issued < nst - 1 && t_issue < k1) issue_next();
+    if (!pre) prof_mark(PS_ISSUED);
+    // Q of the kv head's query heads, bf16 [gq][d], after the ring: row g of the MMA's A operand
+    bf16* sQ = sV + AST * CH * rowp;
+    const bf16* qg = PP(const bf16*, q) + ((size_t)l * Bm + s) * Q + (size_t)kvh * gq * d;
+    for (int i = threadIdx.x; i < gq * d / 2; i += NT)
+        reinterpret_cast<unsigned*>(sQ)[i] = __ldcg(reinterpret_cast<const unsigned*>(qg) + i);
+    float m_run = -INFINITY, l_run = 0.f;      // row g's running max (scaled scores) and this thread's partial sum
+    float o[2 * KS][2];                        // row g, dims nt*8 + 2t4 (+1)
+#pragma unroll
+    for (int nt = 0; nt < 2 * KS; nt++) o[nt][0] = o[nt][1] = 0.f;
+    int t0 = k0, c = 0;
+    while (t0 < k1) {
+        const int n = chunk_len(t0), stage = c % nst;
+        // the next chunk goes into the stage chunk c - 1 used: every thread left it at the barrier ending c - 1
+        if (t_issue < k1) issue_next();
+        cp_async_wait_pending(n_issued - c - 1);
+        __syncthreads();
+        if (c == 0) prof_mark(PS_LANDED);      // the first chunk of K/V is in shared memory
+        const int kb = warp * 16;              // this warp's slice of the chunk
+        if (warp < AWARPS && kb < n) {
+            const bf16* kst = sK + (size_t)(stage * CH + kb) * rowp;
+            float sc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};   // keys kb + nt*8 + 2t4 (+1)
+#pragma unroll 2
+            for (int ks = 0; ks < KS; ks++) {
+                {
+                    const bf16* qr = sQ + (size_t)g * d + ks * 16 + 2 * t4;
+                    const unsigned qa0 = g < gq ? *reinterpret_cast<const unsigned*>(qr) : 0u;
+                    const unsigned qa2 = g < gq ? *reinterpret_cast<const unsigned*>(qr + 8) : 0u;
+#pragma unroll
+                    for (int nt = 0; nt < 2; nt++) {
+                        const bf16* kr = kst + (size_t)(nt * 8 + g) * rowp + ks * 16 + 2 * t4;
+                        mma_rows8(sc[nt], qa0, qa2, *reinterpret_cast<const unsigned*>(kr),
+                                  *reinterpret_cast<const unsigned*>(kr + 8));
+                    }
+                }
+            }
+            float v[4], mx = -INFINITY;
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = kb + (e >> 1) * 8 + 2 * t4 + (e & 1);
+                v[e] = key < n ? sc[e >> 1][e & 1] * scale : -INFINITY;
+                mx = fmaxf(mx, v[e]);
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m_run, mx);           // finite: key kb < n is in the slice
+            const float alpha = expf(m_run - m_new);
+            float pr[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) pr[e] = expf(v[e] - m_new);
+            l_run = l_run * alpha + (pr[0] + pr[1] + pr[2] + pr[3]);
+            m_run = m_new;
+            const unsigned pa0 = pack_bf16x2(pr[0], pr[1]), pa2 = pack_bf16x2(pr[2], pr[3]);
+            const bf16* vrow = sV + (size_t)(stage * CH + kb + (lane & 7) + ((lane >> 3) & 1) * 8) * rowp + (lane >> 4) * 8;
+#pragma unroll
+            for (int np = 0; np < KS; np++) {
+                {
+                    unsigned bv[4];
+                    ldsm_x4_trans(bv, vrow + np * 16);
+                    o[2 * np][0] *= alpha; o[2 * np][1] *= alpha;
+                    o[2 * np + 1][0] *= alpha; o[2 * np + 1][1] *= alpha;
+                    mma_rows8(o[2 * np], pa0, pa2, bv[0], bv[1]);
+                    mma_rows8(o[2 * np + 1], pa0, pa2, bv[2], bv[3]);
+                }
+            }
+        }
+        __syncthreads();
+        t0 += n;
+        c++;
+    }
+    // merge the computing warps (a warp that never had a key keeps max -inf, sum 0, output 0)
+    float* sOw = reinterpret_cast<float*>(smem);
+    float* sMw = sOw + AWARPS * gq * d;
+    float* sLw = sMw + AWARPS * MK_ATTN_MAX_GROUP;
+    if (warp < AWARPS) {
+        l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
+        l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
+        if (g < gq) {
+            if (t4 == 0) { sMw[warp * MK_ATTN_MAX_GROUP + g] = m_run; sLw[warp * MK_ATTN_MAX_GROUP + g] = l_run; }
+            float* ow = sOw + (size_t)(warp * gq + g) * d + 2 * t4;
+#pragma unroll
+            for (int nt = 0; nt < 2 * KS; nt++)
+                *reinterpret_cast<float2*>(ow + nt * 8) = make_float2(o[nt][0], o[nt][1]);
+        }
+    }
+    __syncthreads();
+    float* po = PP(float*, part_o) + (size_t)(pbase + j) * gq * d;
+    for (int i = threadIdx.x; i < gq * d; i += NT) {
+        const int h = i / d, dd = i - h * d;
+        float M = -INFINITY;
+        for (int w = 0; w < AWARPS; w++) M = fmaxf(M, sMw[w * MK_ATTN_MAX_GROUP + h]);
+        float L = 0.f, acc = 0.f;
+        for (int w = 0; w < AWARPS; w++) {
+            const float e = expf(sMw[w * MK_ATTN_MAX_GROUP + h] - M);
+            L += sLw[w * MK_ATTN_MAX_GROUP + h] * e;
+            acc += sOw[(size_t)(w * gq + h) * d + dd] * e;
+        }
+        po[i] = acc / L;
+        if (dd == 0) PP(float*, part_lse)[(size_t)(pbase + j) * gq + h] = M + logf(L);
+    }
+    block_signal(P, rec[RF_SIG]);
+    return true;
+}
+
+__device__ bool task_attn(const Params& P, const int* rec, int ticket) {
+    static_assert(MK_ATTN_MAX_HEAD_DIM == 128, "one instantiation per 16 dims up to 128");
+    switch (PI(head_dim) >> 4) {           // check_supported: head_dim a multiple of 16, <= 128
+        case 1: return task_attn_d<1>(P, rec, ticket);
+        case 2: return task_attn_d<2>(P, rec, ticket);
+        case 3: return task_attn_d<3>(P, rec, ticket);
+        case 4: return task_attn_d<4>(P, rec, ticket);
+        case 5: return task_attn_d<5>(P, rec, ticket);
+        case 6: return task_attn_d<6>(P, rec, ticket);
+        case 7: return task_attn_d<7>(P, rec, ticket);
+        default: return task_attn_d<8>(P, rec, ticket);
+    }
+}
+
+// ---- attention combine: merge the splits of one (sequence, kv head) ---------------------------------------------
+__device__ bool task_combine(const Params& P, const int* rec, int ticket) {
+    if (!wait_rec(P, rec, ticket)) return false;
+    const int l = rec[RF_LAYER], s = rec[RF_A0], kvh = rec[RF_A1], n = rec[RF_A2], pbase = rec[RF_A3];
+    const int d = PI(head_dim), nkv = PI(n_kv), gq = PI(n_heads) / nkv, Q = PI(n_heads) * d, Bm = PI(Bm);
+    const float* lse = PP(const float*, part_lse) + (size_t)pbase * gq;
+    const float* po = PP(const float*, part_o) + (size_t)pbase * gq * d;
+    float* sMx = reinterpret_cast<float*>(smem);
+    float* sDen = sMx + MK_MAX_GROUP;
+    float* sWt = sDen + MK_MAX_GROUP;          // [MAXS][gq]
+    const int MAXS = 256;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int h = warp; h < gq; h += NW) {
+        float mx = -INFINITY;
+        for (int j = lane; j < n; j += 32) mx = fmaxf(mx, ldcg_f(lse + (size_t)j * gq + h));
+        mx = warp_max(mx);
+        float den = 0.f;
+        for (int j = lane; j < n; j += 32) den += expf(ldcg_f(lse + (size_t)j * gq + h) - mx);
+        den = warp_sum(den);
+        if (lane == 0) { sMx[h] = mx; sDen[h] = den; }
+    }
+    __syncthreads();
+    float acc[MK_ATTN_OUT_PER_THREAD];
+#pragma unroll
+    for (int k = 0; k < MK_ATTN_OUT_PER_THREAD; k++) acc[k] = 0.f;
+    for (int j0 = 0; j0 < n; j0 += MAXS) {
+        const int jn = min(MAXS, n - j0);
+        for (int i = threadIdx.x; i < jn * gq; i += NT) {
+            const int h = i % gq;
+            sWt[i] = expf(ldcg_f(lse + (size_t)j0 * gq + i) - sMx[h]) / sDen[h];
+        }
+        __syncthreads();
+        // 8 splits' partial outputs loaded before any is used: the L2 round trips overlap instead of chaining
+        for (int jj = 0; jj < jn; jj += 8) {
+#pragma unroll
+            for (int k = 0; k < MK_ATTN_OUT_PER_THREAD; k++) {
+                const int o = threadIdx.x + k * NT;
+                if (o < gq * d) {
+                    const int h = o / d;
+                    float v[8];
+#pragma unroll
+                    for (int u = 0; u < 8; u++)
+                        v[u] = jj + u < jn ? ldcg_f(po + (size_t)(j0 + jj + u) * gq * d + o) : 0.f;
+                    float a = acc[k];
+#pragma unroll
+                    for (int u = 0; u < 8; u++)
+                        if (jj + u < jn) a = fmaf(sWt[(jj + u) * gq + h], v[u], a);
+                    acc[k] = a;
+                }
+            }
+        }
+        __syncthreads();
+    }
+    bf16* out = PP(bf16*, attn) + ((size_t)l * Bm + s) * Q + (size_t)kvh * gq * d;
+#pragma unroll
+    for (int k = 0; k < MK_ATTN_OUT_PER_THREAD; k++) {
+        const int o = threadIdx.x + k * NT;
+        if (o < gq * d) out[o] = f2bf(acc[k]);
+    }
+    block_signal(P, rec[RF_SIG]);
+    return true;
+}

@@ -1,0 +1,192 @@
+// Routed experts: TOPK (routing of one MoE layer and its expert queue) and MOE_WORKER (claims the queue's
+// gate/up and down items until it is empty).
+#pragma once
+#include "mk_common.cuh"
+#include "mk_gemv.cuh"      // the experts' tiles run on the GEMV core
+
+// ---- TOPK: routing of every row of one MoE layer, and the layer's expert queue ----------------------------------
+__device__ bool task_topk(const Params& P, const int* rec, int ticket) {
+    if (!wait_rec(P, rec, ticket)) return false;
+    const int m = rec[RF_A0];
+    const int B = PI(B), Bm = PI(Bm), E = PI(E), k = PI(topk);
+    const float* rl = PP(const float*, rlog) + (size_t)m * Bm * E;
+    int* route = PP(int*, route) + (size_t)m * PI(r_stride);
+    float* sL = reinterpret_cast<float*>(smem);                    // [B][E]
+    int* sId = reinterpret_cast<int*>(sL + MB * E);                // [B][k]
+    float* sSc = reinterpret_cast<float*>(sId + MB * MK_MAX_TOPK); // [B][k]
+    int* sCnt = reinterpret_cast<int*>(sSc + MB * MK_MAX_TOPK);    // [E]
+    int* sSlot = sCnt + E;                                         // [E]
+    int* sStart = sSlot + E;                                       // [E]
+    for (int i = threadIdx.x; i < B * E; i += NT) sL[i] = ldcg_f(rl + i);
+    for (int i = threadIdx.x; i < E; i += NT) sCnt[i] = 0;
+    __syncthreads();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int sel = PI(sel_fn), norm = PI(norm_topk);
+    for (int b = warp; b < B; b += NW) {
+        float* row = sL + b * E;
+        for (int kk = 0; kk < k; kk++) {
+            float bv = -INFINITY;
+            int bi = 0x7fffffff;
+            for (int e = lane; e < E; e += 32) {
+                const float v = row[e];
+                if (v > bv || (v == bv && e < bi)) { bv = v; bi = e; }
+            }
+            warp_argmax(bv, bi);
+            if (bi == 0x7fffffff) bi = kk;   // all -inf / NaN: keep the queue well formed
+            if (lane == 0) { sId[b * MK_MAX_TOPK + kk] = bi; sSc[b * MK_MAX_TOPK + kk] = row[bi]; row[bi] = -INFINITY; }
+            __syncwarp();
+        }
+        if (lane == 0) {
+            float* sc = sSc + b * MK_MAX_TOPK;
+            if (sel == MK_SEL_SOFTMAX) {
+                float mx = sc[0];
+                for (int kk = 1; kk < k; kk++) mx = fmaxf(mx, sc[kk]);
+                float sum = 0.f;
+                for (int kk = 0; kk < k; kk++) sum += expf(sc[kk] - mx);
+                for (int kk = 0; kk < k; kk++) sc[kk] = rbf(expf(sc[kk] - mx) / sum);
+            } else {
+                float sum = 0.f;
+                for (int kk = 0; kk < k; kk++) { sc[kk] = rbf(1.f / (1.f + expf(-sc[kk]))); sum += sc[kk]; }
+                if (norm) {
+                    sum = rbf(sum);
+                    for (int kk = 0; kk < k; kk++) sc[kk] = rbf(sc[kk] / sum);
+                }
+            }
+        }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += NT) {
+        int c = 0;
+        for (int i = 0; i < B * k; i++) c += sId[(i / k) * MK_MAX_TOPK + i % k] == e;
+        sCnt[e] = c;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int na = 0, acc = 0;
+        for (int e = 0; e < E; e++) {
+            sSlot[e] = -1;
+            if (sCnt[e]) {
+                sSlot[e] = na;
+                sStart[e] = acc;
+                route[PI(r_slot_expert) + na] = e;
+                route[PI(r_slot_start) + na] = acc;
+                route[PI(r_slot_cnt) + na] = sCnt[e];
+                acc += sCnt[e];
+                na++;
+            }
+        }
+        route[0] = na;
+        route[1] = na * (PI(gu_tiles) + PI(dn_tiles));
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < B * k; i += NT) {
+        const int b = i / k, kk = i - b * k;
+        const int e = sId[b * MK_MAX_TOPK + kk];
+        int before = 0;                                   // earlier rows that chose e
+        for (int b2 = 0; b2 < b; b2++)
+            for (int k2 = 0; k2 < k; k2++) before += sId[b2 * MK_MAX_TOPK + k2] == e;
+        int rank = 0;                                     // position of e among this row's experts, ascending
+        for (int k2 = 0; k2 < k; k2++) rank += sId[b * MK_MAX_TOPK + k2] < e;
+        const int pi = sStart[e] + before;
+        route[PI(r_pair_row) + pi] = b;
+        route[PI(r_pair_rank) + pi] = rank;
+        route[PI(r_pair_w) + pi] = __float_as_int(sSc[b * MK_MAX_TOPK + kk]);
+        route[PI(r_topk_ids) + b * k + kk] = e;
+    }
+    block_signal(P, rec[RF_SIG]);
+    return true;
+}
+
+// ---- MOE_WORKER: claims expert work items of one layer until the queue is empty --------------------------------
+__device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
+    if (!wait_rec(P, rec, ticket)) return false;
+#if MK_PROFILE
+    const long long task_claim = s_prof[PS_CLAIM], task_waited = s_prof[PS_WAITED];   // thread 0's copies
+#endif
+    const int l = rec[RF_LAYER], m = rec[RF_A0];
+    const int H = PI(H), I = PI(I), Bm = PI(Bm), topk = PI(topk), np = PI(n_pairs);
+    const int gu_rows = PI(gu_rows), gu_tiles = PI(gu_tiles), dn_rows = PI(dn_rows);
+    const int* route = PP(const int*, route) + (size_t)m * PI(r_stride);
+    const long long* wp = layer_wptr(P, l);
+    const bf16* egu = reinterpret_cast<const bf16*>(wp[WP_E_GU]);
+    const bf16* edn = reinterpret_cast<const bf16*>(wp[WP_E_DOWN]);
+    __shared__ int s_w[4];
+    if (threadIdx.x == 0) { s_w[0] = ldcg_i(route); s_w[1] = ldcg_i(route + 1); }
+    __syncthreads();
+    const int n_active = s_w[0], n_items = s_w[1];
+    const int n_gu = n_active * gu_tiles;
+    int* work = PP(int*, moe_work) + m;
+    while (true) {
+        __syncthreads();
+        if (threadIdx.x == 0) s_w[2] = atomicAdd(work, 1);
+        __syncthreads();
+        const int item = s_w[2];
+        if (item >= n_items) break;
+        prof_reset();
+        const bool down = item >= n_gu;
+        int slot, t;
+        if (!down) { slot = item / gu_tiles; t = item - slot * gu_tiles; }
+        else { slot = (item - n_gu) / PI(dn_tiles); t = (item - n_gu) - slot * PI(dn_tiles); }
+        const int e = ldcg_i(route + PI(r_slot_expert) + slot);
+        const int st = ldcg_i(route + PI(r_slot_start) + slot), cnt = ldcg_i(route + PI(r_slot_cnt) + slot);
+        Tile T;
+        int r0, nr;
+        if (!down) {
+            r0 = t * gu_rows; nr = min(gu_rows, I - r0);
+            T.K = H; T.n0 = nr; T.n1 = nr;
+            T.w0 = egu + ((size_t)e * 2 * I + r0) * H;
+            T.w1 = egu + ((size_t)e * 2 * I + I + r0) * H;
+        } else {
+            r0 = t * dn_rows; nr = min(dn_rows, H - r0);
+            T.K = I; T.n0 = nr; T.n1 = 0; T.w1 = nullptr;
+            T.w0 = edn + ((size_t)e * H + r0) * I;
+        }
+        issue_weights(T);
+        const int gu_ctr = l * PI(cpl) + PI(c_gu) + slot;
+        if (down && !block_wait(P, gu_ctr, gu_tiles, ticket)) { cp_async_wait_all(); return false; }
+        prof_mark(PS_WAITED);
+        if (threadIdx.x < cnt) {
+            const int i = threadIdx.x;
+            s_xrow[i] = down ? PP(const bf16*, eact) + ((size_t)m * np + st + i) * I
+                             : PP(const bf16*, x) + ((size_t)l * Bm + ldcg_i(route + PI(r_pair_row) + st + i)) * H;
+        }
+        __syncthreads();
+        load_x_and_wait(cnt, T.K, T.n0 + T.n1);
+        gemv(T.n0 + T.n1, T.K, cnt);
+        const float* sOut = reinterpret_cast<const float*>(smem + SM_OUT);
+        if (!down) {
+            bf16* out = PP(bf16*, eact) + ((size_t)m * np + st) * I;
+            for (int i = threadIdx.x; i < nr * cnt; i += NT) {
+                const int r = i / cnt, b = i - r * cnt;
+                const float g = rbf(sOut[r * MB + b]), u = rbf(sOut[(nr + r) * MB + b]);
+                out[(size_t)b * I + r0 + r] = f2bf(rbf(g / (1.f + expf(-g))) * u);
+            }
+            block_signal(P, gu_ctr);
+            prof_record(PP(long long*, prof_items) + ((size_t)m * PI(prof_items_per_layer) + item) * MK_PROF_INTS,
+                        MK_PROF_ITEM_GU, l, ((long long)e << 16) | item);
+        } else {
+            bf16* y = PP(bf16*, y) + (size_t)m * Bm * topk * H;
+            for (int i = threadIdx.x; i < nr * cnt; i += NT) {
+                const int r = i / cnt, b = i - r * cnt;
+                const int pi = st + b;
+                const float w = __int_as_float(ldcg_i(route + PI(r_pair_w) + pi));
+                const int row = ldcg_i(route + PI(r_pair_row) + pi), rank = ldcg_i(route + PI(r_pair_rank) + pi);
+                y[((size_t)row * topk + rank) * H + r0 + r] = f2bf(rbf(sOut[r * MB + b]) * w);
+            }
+#if MK_PROFILE
+            __syncthreads();
+            prof_mark(PS_END);
+            prof_record(PP(long long*, prof_items) + ((size_t)m * PI(prof_items_per_layer) + item) * MK_PROF_INTS,
+                        MK_PROF_ITEM_DN, l, ((long long)e << 16) | item);
+#endif
+        }
+    }
+#if MK_PROFILE
+    if (threadIdx.x == 0) {
+        s_prof[PS_CLAIM] = task_claim;
+        s_prof[PS_ISSUED] = s_prof[PS_WAITED] = s_prof[PS_LANDED] = task_waited;
+    }
+#endif
+    block_signal(P, rec[RF_SIG]);
+    return true;
+}

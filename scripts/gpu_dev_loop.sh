@@ -14,7 +14,7 @@ for s in ${STAGES:-variants tests prefill tune}; do
   echo "=== $s at $(($(date +%s) - t0)) s"
   case $s in
     variants) timeout ${VARIANTS_TIMEOUT:-200} python3 benchmarks/megakernel_variants.py \
-        --points ${POINTS:-1x8192,8x8192,1x32768} --variants ${VARIANTS:-512/2,512/4,256/4,128/4} --steps 30 \
+        --points ${POINTS:-1x8192,8x8192,1x32768} --variants "${VARIANTS:-default}" --steps 30 \
         --json "$OUT/variants.json" 2>&1 | tee "$OUT/variants.log" | grep -vE "^\s*$|Warning" | tail -20 ;;
     tests) timeout ${TESTS_TIMEOUT:-280} python3 -m pytest -q -rfE -m gpu ${PYTEST_FLAGS:--x} ${TESTS:-tests} 2>&1 \
         | tee "$OUT/gpu_tests.log" | tail -25 ;;

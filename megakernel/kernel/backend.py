@@ -61,11 +61,11 @@ def megakernel_available(device: torch.device | str | None = None) -> tuple[bool
     return True, ""
 
 
-TUNING_KEYS = ("split_tokens", "attn_stages")
+TUNING_KEYS = ("split_tokens", "attn_stages", "n_workers", "oproj_first")
 
 
 def tuning_from_env() -> dict[str, int]:
-    """Plan overrides for measurements: MEGAKERNEL_MK_TUNING="split_tokens=256,attn_stages=3" (keys: TUNING_KEYS)."""
+    """Plan overrides for measurements: MEGAKERNEL_MK_TUNING="split_tokens=256,n_workers=100" (keys: TUNING_KEYS)."""
     text = os.environ.get("MEGAKERNEL_MK_TUNING", "").strip()
     out: dict[str, int] = {}
     for item in filter(None, (x.strip() for x in text.split(","))):
@@ -110,7 +110,10 @@ class MegakernelBackend(DecodeBackend):
         tuning = tuning_from_env()
         if split_tokens is not None:
             tuning["split_tokens"] = split_tokens
-        self.plan = ModelPlan(cfg, layout, max_batch, n_workers=n_workers or self.grid, **tuning)
+        if n_workers is not None:
+            tuning["n_workers"] = n_workers
+        tuning.setdefault("n_workers", self.grid)
+        self.plan = ModelPlan(cfg, layout, max_batch, **tuning)
         self.plan.check_supported()
         self.smem = self.plan.smem_bytes()
         if self.smem > self.smem_optin - 1024:

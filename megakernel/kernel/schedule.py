@@ -85,6 +85,7 @@ class ModelPlan:
     n_workers: int = 132                 # MOE_WORKER tasks per MoE layer (the grid size on the GPU)
     split_tokens: int | None = None      # keys per attention split (None: DEFAULT_SPLIT_TOKENS, grown for long ctx)
     attn_stages: int = O.DEFAULT_ATTN_STAGES   # K/V chunks in the attention ring (2..ATTN_MAX_STAGES)
+    oproj_first: int = 0                 # 1: each layer's O-projection tiles listed ahead of its MoE workers
 
     def __post_init__(self) -> None:
         cfg = self.cfg
@@ -408,6 +409,17 @@ def build_tasks(plan: ModelPlan, B: int, nsplit: np.ndarray) -> TaskList:
         cs = comb
         em.emit(Op.ATTN_COMBINE, l, len(cs), sig=c_comb, waits=[(cs[:, 4], cs[:, 2])],
                 a0=cs[:, 0], a1=cs[:, 1], a2=cs[:, 2], a3=cs[:, 3])
+
+        def emit_oproj() -> int:
+            """This layer's O-projection tiles. Listed after the MoE workers by default: a block that claims one
+            waits for the combines, and listed first, up to 128 such blocks would hold SMs the experts need
+            (`oproj_first` measures that trade)."""
+            r0, nr = _tiles(H, plan.o_rows)
+            c = ctr(l, plan.c_o, "o-proj tiles", n_o_tiles)
+            em.emit(Op.OPROJ, l, len(r0), sig=c, waits=[(c_comb, B * nkv)], a0=r0, a1=nr)
+            return c
+
+        c_o = emit_oproj() if plan.oproj_first else -1
         # 8. MoE workers
         mlp_target = 0
         c_mlp = l * cpl + plan.c_mlp
@@ -420,10 +432,9 @@ def build_tasks(plan: ModelPlan, B: int, nsplit: np.ndarray) -> TaskList:
             em.emit(Op.MLP_DOWN, l, len(r0), sig=c_mlp, waits=[(c_mgu, n_mgu)], a0=r0, a1=nr)
             mlp_target += n_mdn
         ctr(l, plan.c_mlp, "mlp (workers + down tiles)", mlp_target)
-        # 10. output projection
-        r0, nr = _tiles(H, plan.o_rows)
-        c_o = ctr(l, plan.c_o, "o-proj tiles", n_o_tiles)
-        em.emit(Op.OPROJ, l, len(r0), sig=c_o, waits=[(c_comb, B * nkv)], a0=r0, a1=nr)
+        # 10. output projection (unless listed before the workers)
+        if not plan.oproj_first:
+            c_o = emit_oproj()
         prev_done = [(c_o, n_o_tiles), (c_mlp, mlp_target)]
     # final norm, LM head, argmax
     targets[plan.c_xf] = B

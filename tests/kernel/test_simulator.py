@@ -71,6 +71,22 @@ def test_simulator_several_steps_and_default_split(B):
     _check_step(cfg, w, st, nxt, plan, seeds=[1], steps=3)
 
 
+@pytest.mark.parametrize("B", [1, 5])
+def test_simulator_with_oproj_listed_before_the_workers(B):
+    """The `oproj_first` ordering (a measurement knob) keeps the list topological and the step exact."""
+    cfg, w, st, nxt = _setup("north_like", B, seed=B)
+    plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=1 + B, split_tokens=4, oproj_first=1)
+    batch = decode_batch(st, nxt)
+    si = step_inputs(plan, batch.input_ids.tolist(), batch.positions.tolist(), batch.block_tables)
+    rec = build_tasks(plan, si.B, si.nsplit).records
+    moe_layers = [l for l in range(cfg.num_layers) if cfg.is_moe(l)]
+    assert moe_layers
+    for l in moe_layers:
+        at = lambda op: int(np.nonzero((rec[:, 0] == int(op)) & (rec[:, 1] == l))[0][0])
+        assert at(O.Op.OPROJ) < at(O.Op.MOE_WORKER), f"layer {l}: O projection not ahead of the workers"
+    _check_step(cfg, w, st, nxt, plan, seeds=[B, B + 7])
+
+
 def _find(tl, op):
     return [i for i in range(len(tl.records)) if int(tl.records[i, 0]) == int(op)]
 

@@ -36,7 +36,8 @@ class ForwardBatch:
 class ForwardTrace:
     """Optional record of internals, for comparing backends: the chosen experts per MoE layer and, when `hidden`
     is a list, the residual stream after the embedding and after every layer; when `router_logits` is a list, each
-    MoE layer's router logits (backends that can record them: the graph backend's uncaptured step)."""
+    MoE layer's router logits (the PyTorch path and the graph backend's uncaptured step record them; the megakernel's
+    tests read its scratch)."""
 
     experts: list[torch.Tensor] = field(default_factory=list)
     hidden: list[torch.Tensor] | None = None

@@ -147,7 +147,7 @@ class Cohere2MoeModel:
         attn = F.linear(attn, lw.o, lw.o_bias)
         if lw.moe is not None:
             mlp = L.moe(x, lw.moe, cfg, trace.experts if trace is not None else None,
-                        grouped=fast and x.shape[0] > 1)
+                        grouped=fast and x.shape[0] > 1, logits_out=trace.router_logits if trace is not None else None)
         else:
             mlp = L.swiglu(x, lw.dense)
         return h + attn + mlp

@@ -57,9 +57,13 @@ def swiglu(x: torch.Tensor, w: MLPWeights) -> torch.Tensor:
     return F.linear(F.silu(gate) * up, w.down)
 
 
-def route(x: torch.Tensor, router: torch.Tensor, cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k experts per token and their weights (in x's dtype), as transformers' Cohere2MoeTopKRouter."""
+def route(x: torch.Tensor, router: torch.Tensor, cfg: ModelConfig, logits_out: list | None = None
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k experts per token and their weights (in x's dtype), as transformers' Cohere2MoeTopKRouter. The router
+    logits are appended to `logits_out` when given (for judging near ties between backends)."""
     logits = F.linear(x, router)
+    if logits_out is not None:
+        logits_out.append(logits)
     scores, experts = torch.topk(logits, cfg.num_experts_per_tok, dim=-1)
     if cfg.expert_selection_fn == "softmax":
         scores = F.softmax(scores, dim=1, dtype=torch.float)
@@ -71,10 +75,10 @@ def route(x: torch.Tensor, router: torch.Tensor, cfg: ModelConfig) -> tuple[torc
 
 
 def moe(x: torch.Tensor, w: MoEWeights, cfg: ModelConfig, trace: list | None = None,
-        grouped: bool = False) -> torch.Tensor:
+        grouped: bool = False, logits_out: list | None = None) -> torch.Tensor:
     """Routed experts (+ shared). `grouped`: one grouped GEMM per projection over the tokens sorted by expert,
     with no host sync (CUDA); else a loop over the hit experts, the exact path transformers' loop takes."""
-    experts, scores = route(x, w.router, cfg)
+    experts, scores = route(x, w.router, cfg, logits_out)
     if trace is not None:
         trace.append(experts)
     out = None

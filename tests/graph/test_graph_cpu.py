@@ -33,7 +33,7 @@ def _run(variant: str, B: int, steps: int = 6) -> int:
     for _ in range(steps):                   # crosses the window (8) for every sequence
         batch = decode_batch(st, nxt)
         c_graph = clone_cache(st.cache)
-        tr_ref, tr_graph = ForwardTrace(), ForwardTrace(router_logits=[])
+        tr_ref, tr_graph = ForwardTrace(router_logits=[]), ForwardTrace(router_logits=[])
         ref = model.forward(batch, st.cache, tr_ref)
         buf.logits.fill_(float("nan"))
         upload_step(buf, c_graph, batch, 0, B, batch.host_positions())

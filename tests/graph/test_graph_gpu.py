@@ -30,7 +30,7 @@ def test_graph_matches_torch(variant, B, tiles):
     for _ in range(6):                        # crosses the window (8) for every sequence
         batch = decode_batch(st, nxt, device="cuda")
         c_ref = clone_cache(st.cache)
-        tr_ref, tr_graph = ForwardTrace(), ForwardTrace(router_logits=[])
+        tr_ref, tr_graph = ForwardTrace(router_logits=[]), ForwardTrace(router_logits=[])
         ref = model.forward(batch, c_ref, tr_ref)
         be.buf.logits.fill_(float("nan"))
         out = be.decode(batch, st.cache, trace=tr_graph)

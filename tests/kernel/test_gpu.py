@@ -48,7 +48,7 @@ def test_tiny_matches_torch(variant, B):
     for step in range(6):                     # crosses the window (8) for every sequence
         batch = decode_batch(st, nxt, device="cuda")
         c_mk = clone_cache(st.cache)
-        tr_ref, tr_mk = ForwardTrace(), ForwardTrace()
+        tr_ref, tr_mk = ForwardTrace(router_logits=[]), ForwardTrace()
         ref = model.forward(batch, st.cache, tr_ref)
         out = be.decode(batch, c_mk, trace=tr_mk)
         assert torch.equal(be.last_tokens.long(), out.argmax(-1))

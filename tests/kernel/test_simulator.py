@@ -189,3 +189,16 @@ def test_header_is_generated_from_opcodes():
         assert name in O.Op.__members__, name
     for name in set(re.findall(r"PRM_##name|P[ILPF]\(([a-z_0-9]+)\)", src)) - {"", "name"}:   # "name": the macros
         assert name in O.P, name
+
+
+def test_torch_path_records_router_logits():
+    """ForwardTrace(router_logits=[]) gets each MoE layer's router logits from the PyTorch path (the backends'
+    tests judge near ties on them too): one [rows, experts] tensor per MoE layer whose top-k are the traced experts."""
+    cfg, w, st, nxt = _setup("north_like", 3, seed=3)
+    tr = ForwardTrace(router_logits=[])
+    Cohere2MoeModel(cfg, w).forward(decode_batch(st, nxt), clone_cache(st.cache), tr)
+    assert len(tr.router_logits) == len(tr.experts) == sum(cfg.is_moe(l) for l in range(cfg.num_layers))
+    for lg, ex in zip(tr.router_logits, tr.experts):
+        assert lg.shape == (3, cfg.num_experts)
+        top = lg.topk(cfg.num_experts_per_tok, dim=-1).indices
+        assert torch.equal(top.sort(-1).values, ex.sort(-1).values)

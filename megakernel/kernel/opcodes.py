@@ -116,11 +116,13 @@ P = {name: i for i, name in enumerate(PARAM_FIELDS)}
 # One record per executed task (at its ticket) and per MoE work item. Stamps are %globaltimer (ns, one time base on
 # every SM); the per-block (globaltimer, stamp) pairs at the block's start and end map stamps to ns (the identity
 # for these stamps; records of the older clock64 builds still map through them). claim: the block starts the task; issued: its weight (or K/V) loads are issued;
-# waited: its dependency wait is over; landed: its weights and inputs are in shared memory; end: its work is done,
-# taken just before it signals its counter (so a consumer's `waited` can never precede a producer's `end`).
-PROF_FIELDS = ("block", "sm", "op", "layer", "arg", "claim", "issued", "waited", "landed", "end")
+# waited: its dependency wait is over; landed: its weights and inputs are in shared memory; computed: the GEMV core
+# is done (projections and MoE items; = end for tasks without one), so computed -> end is the epilogue and the
+# signal; end: its work is done, taken just before it signals its counter (so a consumer's `waited` can never
+# precede a producer's `end`).
+PROF_FIELDS = ("block", "sm", "op", "layer", "arg", "claim", "issued", "waited", "landed", "computed", "end")
 PROF_INTS = len(PROF_FIELDS)
-PROF_STAMPS = ("claim", "issued", "waited", "landed", "end")
+PROF_STAMPS = ("claim", "issued", "waited", "landed", "computed", "end")
 PROF_BLOCK_FIELDS = ("g_start", "c_start", "g_end", "c_end", "timer_step_ns", "sm")
 PROF_BLOCK_INTS = len(PROF_BLOCK_FIELDS)
 PROF_ITEM_GU, PROF_ITEM_DN = 100, 101      # pseudo-opcodes of MoE work items (gate/up tile, down tile)
@@ -155,7 +157,7 @@ def generate_header() -> str:
                   ERR_WATCHDOG=ERR_WATCHDOG, ERR_BAD_OPCODE=ERR_BAD_OPCODE,
                   MLP_NONE=MLP_NONE, MLP_DENSE=MLP_DENSE, MLP_SHARED=MLP_SHARED,
                   NORM_RMS=NORM_RMS, NORM_LAYER=NORM_LAYER, SEL_SIGMOID=SEL_SIGMOID, SEL_SOFTMAX=SEL_SOFTMAX,
-                  COMB_SUM=COMB_SUM, COMB_AVERAGE=COMB_AVERAGE, PROF_INTS=PROF_INTS,
+                  COMB_SUM=COMB_SUM, COMB_AVERAGE=COMB_AVERAGE, PROF_INTS=PROF_INTS, PROF_N_STAMPS=len(PROF_STAMPS),
                   PROF_BLOCK_INTS=PROF_BLOCK_INTS, PROF_ITEM_GU=PROF_ITEM_GU, PROF_ITEM_DN=PROF_ITEM_DN)
     lines += [f"#define MK_{k} {v}" for k, v in consts.items()]
     lines.append("")

@@ -79,6 +79,7 @@ class Events:
     issued: np.ndarray
     waited: np.ndarray
     landed: np.ndarray
+    computed: np.ndarray
     end: np.ndarray
     nbytes: np.ndarray
 
@@ -95,6 +96,8 @@ def to_timeline(raw: RawProfile) -> Timeline:
     origin = g0.min()
 
     def events(rows: np.ndarray, nbytes: np.ndarray) -> Events:
+        if rows.shape[1] == O.PROF_INTS - 1:     # records from before the `computed` stamp: computed = end
+            rows = np.insert(rows, F["computed"], rows[:, -1], axis=1)
         blk = rows[:, F["block"]].astype(np.int64)
         cols = {}
         for k in STAMPS:
@@ -141,7 +144,7 @@ def check_invariants(raw: RawProfile, tl: Timeline, tol_ns: float | None = None)
     for name, ev in (("task", t), ("item", tl.items)):
         start = ev.claim
         order = [(start <= ev.issued), (start <= ev.waited), (np.maximum(ev.issued, ev.waited) <= ev.landed),
-                 (ev.landed <= ev.end)]
+                 (ev.landed <= ev.computed), (ev.computed <= ev.end)]
         ok = np.logical_and.reduce(order) if len(ev) else np.ones(0, bool)
         if not ok.all():
             i = int(np.flatnonzero(~ok)[0])
@@ -201,12 +204,14 @@ def summarize(tl: Timeline) -> dict:
     def add(ev: Events, mask: np.ndarray, name: str) -> None:
         if not mask.any():
             return
-        d = per_op.setdefault(name, dict(count=0, busy=0.0, dep_wait=0.0, load_wait=0.0, compute=0.0, bytes=0.0))
+        d = per_op.setdefault(name, dict(count=0, busy=0.0, dep_wait=0.0, load_wait=0.0, compute=0.0, epilogue=0.0,
+                                         bytes=0.0))
         d["count"] += int(mask.sum())
         d["busy"] += float((ev.end - ev.claim)[mask].sum()) / 1e3
         d["dep_wait"] += float((ev.waited - ev.claim)[mask].sum()) / 1e3
         d["load_wait"] += float((ev.landed - np.maximum(ev.waited, ev.claim))[mask].sum()) / 1e3
         d["compute"] += float((ev.end - ev.landed)[mask].sum()) / 1e3
+        d["epilogue"] += float((ev.end - ev.computed)[mask].sum()) / 1e3     # of compute: after the GEMV core
         d["bytes"] += float(ev.nbytes[mask].sum())
 
     for op in np.unique(t.op):
@@ -237,7 +242,8 @@ def summarize(tl: Timeline) -> dict:
     sm_us = {
         "dependency waits": float((t.waited - t.claim).sum()) / 1e3,
         "weights landing": float((t.landed - np.maximum(t.waited, t.claim)).sum()) / 1e3,
-        "compute and epilogues": float((t.end - t.landed).sum()) / 1e3,
+        "compute (GEMV core, attention, norms, routing)": float((t.computed - t.landed).sum()) / 1e3,
+        "epilogues and signals (after a GEMV core)": float((t.end - t.computed).sum()) / 1e3,
         "start-up (before the first task)": float(head.sum()) / 1e3,
         "idle tail (after the last task)": float(tail.sum()) / 1e3,
         "between tasks (claim, record fetch)": float(gaps.sum()) / 1e3,
@@ -258,10 +264,11 @@ def format_summary(s: dict) -> str:
     lines = [f"megakernel step: {s['step_us']:.1f} us on {s['n_blocks']} blocks, {s['n_tasks']} tasks + "
              f"{s['n_items']} MoE items (global timer step {s['timer_step_ns']:.0f} ns)"]
     lines.append(f"{'opcode':<14}{'count':>8}{'busy SM-us':>12}{'dep wait':>10}{'landing':>10}{'compute':>10}"
-                 f"{'MB':>9}{'GB/s/SM':>9}{'GB/s':>7}")
+                 f"{'epilogue':>10}{'MB':>9}{'GB/s/SM':>9}{'GB/s':>7}")
     for name, d in sorted(s["per_op"].items(), key=lambda kv: -kv[1]["busy"]):
         lines.append(f"{name:<14}{d['count']:>8}{d['busy']:>12.0f}{d['dep_wait']:>10.0f}{d['load_wait']:>10.0f}"
-                     f"{d['compute']:>10.0f}{d['bytes'] / 1e6:>9.1f}{d['gb_per_s_per_sm']:>9.1f}"
+                     f"{d['compute']:>10.0f}{d.get('epilogue', 0.0):>10.0f}{d['bytes'] / 1e6:>9.1f}"
+                     f"{d['gb_per_s_per_sm']:>9.1f}"
                      f"{d['gb_per_s_of_step']:>7.0f}")
     cp = s["critical_path"]
     lines.append(f"critical path: {cp['us']:.1f} us through {cp['tasks']} tasks; by opcode (us): "
@@ -296,6 +303,9 @@ def chrome_trace(tl: Timeline) -> dict:
         if e.landed[i] > lo:
             ev.append(dict(ph="X", pid=0, tid=b, name="wait: weights landing", ts=us(lo), dur=us(e.landed[i] - lo),
                            cname="yellow"))
+        if e.end[i] > e.computed[i] > e.landed[i]:
+            ev.append(dict(ph="X", pid=0, tid=b, name="epilogue + signal", ts=us(e.computed[i]),
+                           dur=us(e.end[i] - e.computed[i]), cname="olive"))
 
     t = tl.tasks
     for i in range(len(t)):
@@ -453,9 +463,10 @@ def emulate(records: np.ndarray, nbytes: np.ndarray, n_blocks: int, *, task_ns: 
         issued = claim + 50.0
         landed = max(ready, issued + load_ns)
         end[i] = landed + task_ns * rng.uniform(0.8, 1.2)
+        computed = landed + 0.75 * (end[i] - landed)
         free[b] = end[i] + 200.0
         rows[i] = [b, b, int(records[i, O.R["op"]]), int(records[i, O.R["layer"]]), i,
-                   clk(b, claim), clk(b, issued), clk(b, ready), clk(b, landed), clk(b, end[i])]
+                   clk(b, claim), clk(b, issued), clk(b, ready), clk(b, landed), clk(b, computed), clk(b, end[i])]
     blocks = np.zeros((n_blocks, O.PROF_BLOCK_INTS), dtype=np.int64)
     step_end = free.max()
     for b in range(n_blocks):

@@ -76,7 +76,7 @@ __device__ __forceinline__ unsigned smid() {
 __device__ __forceinline__ long long prof_now() { return (long long)globaltimer(); }
 
 // Stamps of the task this block is running (PS_* slots, prof_now()), written by thread 0 only.
-__shared__ long long s_prof[5];
+__shared__ long long s_prof[MK_PROF_N_STAMPS];
 __device__ __forceinline__ void prof_mark(int slot) {
 #if MK_PROFILE
     if (threadIdx.x == 0) s_prof[slot] = prof_now();
@@ -222,9 +222,10 @@ __device__ __forceinline__ void prof_record(long long* r, int op, int layer, lon
     if (threadIdx.x != 0) return;
     if (s_prof[PS_LANDED] < s_prof[PS_WAITED]) s_prof[PS_LANDED] = s_prof[PS_WAITED];   // tasks that stage nothing
     if (s_prof[PS_LANDED] < s_prof[PS_ISSUED]) s_prof[PS_LANDED] = s_prof[PS_ISSUED];
+    if (s_prof[PS_COMPUTED] < 0) s_prof[PS_COMPUTED] = s_prof[PS_END];
     r[PF_BLOCK] = blockIdx.x; r[PF_SM] = smid(); r[PF_OP] = op; r[PF_LAYER] = layer; r[PF_ARG] = arg;
     r[PF_CLAIM] = s_prof[PS_CLAIM]; r[PF_ISSUED] = s_prof[PS_ISSUED]; r[PF_WAITED] = s_prof[PS_WAITED];
-    r[PF_LANDED] = s_prof[PS_LANDED]; r[PF_END] = s_prof[PS_END];
+    r[PF_LANDED] = s_prof[PS_LANDED]; r[PF_COMPUTED] = s_prof[PS_COMPUTED]; r[PF_END] = s_prof[PS_END];
 #endif
 }
 
@@ -232,7 +233,8 @@ __device__ __forceinline__ void prof_reset() {
 #if MK_PROFILE
     if (threadIdx.x == 0) {
         const long long t = prof_now();
-        for (int k = 0; k < 5; k++) s_prof[k] = t;
+        for (int k = 0; k < MK_PROF_N_STAMPS; k++) s_prof[k] = t;
+        s_prof[PS_COMPUTED] = -1;       // set by the GEMV core; tasks without one get their end stamp
     }
 #endif
 }

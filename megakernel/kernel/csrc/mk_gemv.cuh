@@ -102,6 +102,7 @@ __device__ __noinline__ void gemv(int R, int K, int nb) {
     else if (nb <= 4) gemv_core<4>(R, K, nb);
     else if (nb <= 8) gemv_core<8>(R, K, nb);
     else gemv_core<16>(R, K, nb);
+    prof_mark(PS_COMPUTED);                 // after gemv_core's closing barrier: every partial sum is in sOut
 }
 
 // ---- static GEMV tasks ---------------------------------------------------------------------------------------

@@ -185,6 +185,7 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
     if (threadIdx.x == 0) {
         s_prof[PS_CLAIM] = task_claim;
         s_prof[PS_ISSUED] = s_prof[PS_WAITED] = s_prof[PS_LANDED] = task_waited;
+        s_prof[PS_COMPUTED] = -1;           // the worker task itself: its end
     }
 #endif
     block_signal(P, rec[RF_SIG]);

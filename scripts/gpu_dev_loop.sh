@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One device call of the speed loop: the megakernel's knob sweep (benchmarks/megakernel_variants.py), every
-# gpu-marked test, the prefill bench up to 32K with the stream gap, and (if present) the prefill-attention tuner.
-# Logs and JSON under $OUT. STAGES picks a subset: variants tests prefill tune (default: all).
+# gpu-marked test, the prefill bench up to 32K with the stream gap, and (if present) the prefill-attention tuner;
+# on request the SM timeline of batch 1 at 8K (trace) and compute-sanitizer memcheck + racecheck on a tiny config
+# (sanitizer). Logs and JSON under $OUT. STAGES picks: variants tests prefill tune trace sanitizer (default: the
+# first four).
 #   run(command="MEGAKERNEL_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu_dev_loop.sh", timeout_s=600)
 set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
@@ -20,6 +22,9 @@ for s in ${STAGES:-variants tests prefill tune}; do
         | tee "$OUT/gpu_tests.log" | tail -25 ;;
     prefill) timeout ${PREFILL_TIMEOUT:-150} python3 -m megakernel bench --prefill --max-context ${PREFILL_MAX:-32768} \
         --json "$OUT/prefill.json" 2>&1 | tee "$OUT/prefill.log" | grep -E "prefill|gap|Error|error" ;;
+    trace) timeout ${TRACE_TIMEOUT:-150} python3 -m megakernel bench --random-north --backend megakernel --batch-size 1 \
+        --context 8192 --steps 20 --trace "$OUT/tl_b1.json.gz" 2>&1 | tee "$OUT/trace.log" | grep -vE "^\s*$" | tail -24 ;;
+    sanitizer) OUT=$OUT bash scripts/gpu_kernel_check.sh sanitizer 2>&1 | tail -30 ;;
     tune) [ -f benchmarks/prefill_attention_tune.py ] && timeout ${TUNE_TIMEOUT:-120} python3 \
         benchmarks/prefill_attention_tune.py --json "$OUT/prefill_tune.json" 2>&1 | tee "$OUT/prefill_tune.log" | tail -20 ;;
   esac

@@ -373,4 +373,10 @@ class MegakernelBackend(DecodeBackend):
                 f"decode megakernel watchdog: task {task} ({op}) waited {self.watchdog_ns / 1e9:.1f}s on "
                 f"{tl.names.get(c, f'counter {c}')} (counter {c}) at {val}, needs {tgt}. Counters short of their "
                 f"targets: {'; '.join(short)}")
-        raise MegakernelFailure(f"decode megakernel error code {code} at task {ctrl[C['err_task']]}")
+        task = ctrl[C["err_task"]]
+        op = O.Op(int(tl.records[task, 0])).name if 0 <= task < len(tl.records) else "?"
+        if code == O.ERR_SMEM:
+            raise MegakernelFailure(
+                f"decode megakernel: task {task} ({op}) needs {ctrl[C['err_value']]} B of shared memory, the launch "
+                f"gave {ctrl[C['err_target']]} B: the plan's layout (schedule.smem_bytes) and the kernel's disagree")
+        raise MegakernelFailure(f"decode megakernel error code {code} at task {task} ({op})")

@@ -75,6 +75,7 @@ CTRL_FIELDS = ("ticket", "abort", "err_code", "err_task", "err_counter", "err_va
 CTRL_INTS = len(CTRL_FIELDS)
 ERR_WATCHDOG = 1
 ERR_BAD_OPCODE = 2
+ERR_SMEM = 3          # a task's shared-memory layout needs more than the launch gave (err_value / err_target)
 
 # ---- kernel parameters: NUM_PARAMS int64 slots passed by value ----------------------------------------------------
 PARAM_FIELDS = (
@@ -154,7 +155,7 @@ def generate_header() -> str:
                   MAX_HEAD_DIM=MAX_HEAD_DIM, MAX_GROUP=MAX_GROUP, MAX_EXPERTS=MAX_EXPERTS, MAX_TOPK=MAX_TOPK,
                   REC_INTS=REC_INTS, MAX_WAITS=MAX_WAITS, CTRL_INTS=CTRL_INTS, NUM_PARAMS=NUM_PARAMS,
                   LAYER_INFO_INTS=LAYER_INFO_INTS, WPTR_INTS=WPTR_INTS,
-                  ERR_WATCHDOG=ERR_WATCHDOG, ERR_BAD_OPCODE=ERR_BAD_OPCODE,
+                  ERR_WATCHDOG=ERR_WATCHDOG, ERR_BAD_OPCODE=ERR_BAD_OPCODE, ERR_SMEM=ERR_SMEM,
                   MLP_NONE=MLP_NONE, MLP_DENSE=MLP_DENSE, MLP_SHARED=MLP_SHARED,
                   NORM_RMS=NORM_RMS, NORM_LAYER=NORM_LAYER, SEL_SIGMOID=SEL_SIGMOID, SEL_SOFTMAX=SEL_SOFTMAX,
                   COMB_SUM=COMB_SUM, COMB_AVERAGE=COMB_AVERAGE, PROF_INTS=PROF_INTS, PROF_N_STAMPS=len(PROF_STAMPS),

@@ -60,3 +60,28 @@ def test_poison_scratch_fills_every_buffer_before_each_launch():
     assert tasks == "tasks"
     assert bool((be.scratch_bytes == 0xFF).all()) and bool(be.part_o.isnan().all()) and bool(be.part_lse.isnan().all())
     assert bool(logits.isnan().all())
+
+
+def test_shared_memory_error_names_the_task_and_both_sizes():
+    """A task whose layout needs more shared memory than the launch gave stops the step with ERR_SMEM; the host
+    turns the control block into an error naming the task, its opcode and both sizes (the check the kernel makes
+    before any task touches shared memory)."""
+    import pytest
+
+    from megakernel.kernel.backend import MegakernelBackend, MegakernelFailure
+
+    si, tl = _task_list()
+    task = int(np.flatnonzero(tl.records[:, O.R["op"]] == O.Op.ATTN)[0])
+    C = {n: i for i, n in enumerate(O.CTRL_FIELDS)}
+    sync = torch.zeros(O.CTRL_INTS + len(tl.targets) + 64, dtype=torch.int32)
+    sync[C["err_code"]], sync[C["err_task"]] = O.ERR_SMEM, task
+    sync[C["err_value"]], sync[C["err_target"]] = 240000, 232448
+
+    class _Done:
+        def query(self) -> bool:
+            return True
+
+    fake = type("FakeBackend", (), {"watchdog_ns": int(1e9)})()
+    with pytest.raises(MegakernelFailure, match=rf"task {task} \(ATTN\) needs 240000 B of shared memory, the launch "
+                                                r"gave 232448 B"):
+        MegakernelBackend._wait(fake, _Done(), tl, sync)

@@ -62,6 +62,9 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
     bf16* sK = reinterpret_cast<bf16*>(smem);
     bf16* sV = sK + AST * CH * rowp;
     const float scale = PF(attn_scale);
+    const size_t ring = (size_t)2 * AST * CH * rowp * 2 + (size_t)gq * d * 2;
+    const size_t merge = (size_t)AWARPS * gq * d * 4 + (size_t)2 * AWARPS * MK_ATTN_MAX_GROUP * 4;
+    if (!smem_fits(P, ring > merge ? ring : merge, ticket)) return false;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t4 = lane & 3;     // MMA fragment coordinates: row group and thread in group
 
@@ -226,10 +229,11 @@ __device__ bool task_combine(const Params& P, const int* rec, int ticket) {
     const int d = PI(head_dim), nkv = PI(n_kv), gq = PI(n_heads) / nkv, Q = PI(n_heads) * d, Bm = PI(Bm);
     const float* lse = PP(const float*, part_lse) + (size_t)pbase * gq;
     const float* po = PP(const float*, part_o) + (size_t)pbase * gq * d;
+    const int MAXS = 256;
+    if (!smem_fits(P, (size_t)(2 * MK_MAX_GROUP + MAXS * gq) * 4, ticket)) return false;
     float* sMx = reinterpret_cast<float*>(smem);
     float* sDen = sMx + MK_MAX_GROUP;
     float* sWt = sDen + MK_MAX_GROUP;          // [MAXS][gq]
-    const int MAXS = 256;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int h = warp; h < gq; h += NW) {
         float mx = -INFINITY;

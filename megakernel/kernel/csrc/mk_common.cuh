@@ -141,6 +141,30 @@ __device__ __forceinline__ void record_error(const Params& P, int code, int task
     atomicExch(ctrl + CTRL_ABORT, 1);
 }
 
+// Every task kind checks its shared-memory layout against the launch's dynamic shared memory before using it
+// (uniform over the block): a host/kernel layout mismatch is ERR_SMEM with both sizes, never a silent overflow.
+__device__ __forceinline__ unsigned dynamic_smem_bytes() {
+    unsigned r;
+    asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ bool smem_fits(const Params& P, size_t need, int task) {
+    const unsigned have = dynamic_smem_bytes();
+    if (need <= have) return true;
+    if (threadIdx.x == 0) {
+        int* ctrl = PP(int*, ctrl);
+        if (atomicCAS(ctrl + CTRL_ERR_CODE, 0, MK_ERR_SMEM) == 0) {
+            ctrl[CTRL_ERR_TASK] = task;
+            ctrl[CTRL_ERR_VALUE] = (int)need;
+            ctrl[CTRL_ERR_TARGET] = (int)have;
+            ctrl[CTRL_ERR_BLOCK] = blockIdx.x;
+        }
+        __threadfence();
+        atomicExch(ctrl + CTRL_ABORT, 1);
+    }
+    return false;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -150,6 +150,7 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket) {
             xin = PP(const bf16*, x) + (size_t)L * Bm * H; xpitch = H;
             break;
     }
+    if (!smem_fits(P, sm_x(T.n0 + T.n1, T.K) + (size_t)B * T.K * 2, ticket)) return false;
     issue_weights(T);
     if (threadIdx.x < B) s_xrow[threadIdx.x] = xin + (size_t)threadIdx.x * xpitch;
     if (!wait_rec(P, rec, ticket)) { cp_async_wait_all(); return false; }

@@ -141,6 +141,7 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
             T.K = I; T.n0 = nr; T.n1 = 0; T.w1 = nullptr;
             T.w0 = edn + ((size_t)e * H + r0) * I;
         }
+        if (!smem_fits(P, sm_x(T.n0 + T.n1, T.K) + (size_t)cnt * T.K * 2, ticket)) return false;
         issue_weights(T);
         const int gu_ctr = l * PI(cpl) + PI(c_gu) + slot;
         if (down && !block_wait(P, gu_ctr, gu_tiles, ticket)) { cp_async_wait_all(); return false; }

@@ -7,6 +7,7 @@ __device__ bool task_norm(const Params& P, const int* rec, int ticket) {
     if (!wait_rec(P, rec, ticket)) return false;
     const int l = rec[RF_LAYER], row = rec[RF_A0];
     const int H = PI(H), L = PI(L), Bm = PI(Bm), topk = PI(topk);
+    if (!smem_fits(P, (size_t)(H + NW) * 4, ticket)) return false;
     float* sH = reinterpret_cast<float*>(smem);
     float* red = sH + H;
     bf16* hb = PP(bf16*, h);

@@ -107,16 +107,34 @@ def build(arch: str = "sm_90a", extra_flags: tuple[str, ...] = (), verbose: bool
 
 
 PROFILE_FLAGS = ("-DMK_PROFILE=1",)     # the profiling build: every task stamped (kernel/timeline.py)
+# Compile-time switches of the kernel sources a measurement may flip, with their defaults (the sources say what each
+# does). $MEGAKERNEL_KERNEL_DEFINES="MK_SIGNAL_FENCE=0" overrides them; they are nvcc flags, so part of the hash.
+KERNEL_SWITCHES = {"MK_SIGNAL_FENCE": 1}
+
+
+def switch_flags() -> tuple[str, ...]:
+    """-D flags for the switches that $MEGAKERNEL_KERNEL_DEFINES sets away from their defaults."""
+    text = os.environ.get("MEGAKERNEL_KERNEL_DEFINES", "").strip()
+    flags = []
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        name, _, val = item.partition("=")
+        if name not in KERNEL_SWITCHES or not val.strip().lstrip("-").isdigit():
+            raise BuildError(f"MEGAKERNEL_KERNEL_DEFINES: bad item {item!r} (want NAME=INT, NAME in "
+                             f"{', '.join(KERNEL_SWITCHES)})")
+        if int(val) != KERNEL_SWITCHES[name]:
+            flags.append(f"-D{name}={int(val)}")
+    return tuple(flags)
 
 
 def load(arch: str = "sm_90a", profile: bool = False) -> ctypes.CDLL:
     """Build if needed and load the library (once per process per build). `profile`: the profiling build, a
     separate library (its flags are part of the build hash)."""
-    key = f"{arch}{'-profile' if profile else ''}"
+    flags = (PROFILE_FLAGS if profile else ()) + switch_flags()
+    key = f"{arch}{' '.join(flags)}"
     with _lock:
         if key in _loaded:
             return _loaded[key]
-        lib = ctypes.CDLL(str(build(arch, PROFILE_FLAGS if profile else ())))
+        lib = ctypes.CDLL(str(build(arch, flags)))
         lib.mk_launch.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_longlong), ctypes.c_int, ctypes.c_int,
                                   ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p]
         lib.mk_launch.restype = ctypes.c_int

@@ -28,3 +28,20 @@ def test_key_changes_with_header(monkeypatch):
     monkeypatch.setattr(build.opcodes, "generate_header", lambda: "// other\n")
     assert build.build_key("sm_90a", "v") != k1
     assert build.build_key("sm_90", "v") != build.build_key("sm_90a", "v")
+
+
+def test_kernel_switches_from_the_environment(monkeypatch):
+    """$MEGAKERNEL_KERNEL_DEFINES turns a known switch into an nvcc -D flag (part of the build hash) only when it
+    differs from the default; an unknown name or a non-integer is refused by name."""
+    import pytest
+
+    from megakernel.kernel import build
+
+    monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_SIGNAL_FENCE=0")
+    assert build.switch_flags() == ("-DMK_SIGNAL_FENCE=0",)
+    monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_SIGNAL_FENCE=1")
+    assert build.switch_flags() == ()
+    for bad in ("MK_NOPE=1", "MK_SIGNAL_FENCE=yes"):
+        monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", bad)
+        with pytest.raises(build.BuildError, match="MEGAKERNEL_KERNEL_DEFINES"):
+            build.switch_flags()

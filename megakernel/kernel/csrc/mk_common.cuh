@@ -11,6 +11,11 @@ typedef __nv_bfloat16 bf16;
 #ifndef MK_PROFILE
 #define MK_PROFILE 0
 #endif
+// MK_SIGNAL_FENCE (build.KERNEL_SWITCHES): a __threadfence() before each counter release. The release after the
+// block barrier may already publish the block's writes (CUTLASS's barrier releases without a fence); 0 measures that.
+#ifndef MK_SIGNAL_FENCE
+#define MK_SIGNAL_FENCE 1
+#endif
 
 struct Params {
     long long v[MK_NUM_PARAMS];
@@ -126,7 +131,9 @@ __device__ __forceinline__ void block_signal(const Params& P, int c) {
     __syncthreads();
     prof_mark(PS_END);
     if (c >= 0 && threadIdx.x == 0) {
+#if MK_SIGNAL_FENCE
         __threadfence();
+#endif
         red_release(PP(int*, counters) + c, 1);
     }
 }

@@ -47,7 +47,8 @@ class EngineArgs:
     prefill_with_decodes: int | None = None  # prefill tokens of a step that also decodes; None = 2048 with the
                                              # fast prefill (streams get a token every ~0.15 s), else no cap
     block_size: int = 64
-    kv_cache_memory: int | None = None       # bytes for the KV pool; None = 1 GiB on CPU, 85% of free on GPU
+    kv_cache_memory: int | None = None       # bytes for the KV pool (on a GPU, what a step needs beside it must
+                                             # fit too); None = 1 GiB on CPU, 85% of free on GPU less that
     num_kv_blocks: list[int] | None = None   # exact blocks per KV group (overrides kv_cache_memory)
     enable_prefix_caching: bool = True
     seed: int = 0
@@ -113,17 +114,25 @@ class LLMEngine:
         if args.num_kv_blocks is not None:
             num_blocks = list(args.num_kv_blocks)
         else:
-            if args.kv_cache_memory:           # the pool's size, as asked (what else runs is the caller's care)
-                budget = args.kv_cache_memory
-            else:                              # free memory less what the step needs beside the pool
-                budget = self._default_kv_budget()
-                if backend == "graph":         # its static buffers and graph pools live beside the KV pool
+            beside = 0                         # what a step needs beside the pool on the GPU
+            if self.device.type == "cuda":
+                if backend == "graph":         # its static buffers and graph pools
                     from megakernel.graph.backend import reserved_bytes
 
-                    budget -= reserved_bytes(config, args.max_num_seqs)
-                if self.device.type == "cuda":  # the largest chunk's activations, so no accepted prompt runs out
-                    budget -= prefill_reserve_bytes(config, self.chunk_tokens, self.max_model_len,
-                                                    self.model.fast_prefill)
+                    beside += reserved_bytes(config, args.max_num_seqs)
+                # the largest chunk's activations, so no accepted prompt runs out of memory
+                beside += prefill_reserve_bytes(config, self.chunk_tokens, self.max_model_len, self.model.fast_prefill)
+            if args.kv_cache_memory:           # the pool's size, as asked; what it needs beside must still fit
+                budget = args.kv_cache_memory
+                if self.device.type == "cuda":
+                    free = torch.cuda.mem_get_info(self.device)[0]
+                    if budget + beside > free:
+                        raise ConfigError(
+                            f"kv_cache_memory {budget / 2**30:.2f} GiB and the {beside / 2**30:.2f} GiB a "
+                            f"{self.chunk_tokens}-token step needs beside it exceed the {free / 2**30:.2f} GiB free: "
+                            f"lower --kv-cache-memory or --max-num-batched-tokens")
+            else:
+                budget = self._default_kv_budget() - beside
                 if budget <= 0:
                     raise ConfigError(f"no GPU memory is left for the KV cache after the weights and a "
                                       f"{self.chunk_tokens}-token prefill chunk: lower --max-num-batched-tokens or "

@@ -86,6 +86,7 @@ class ModelPlan:
     split_tokens: int | None = None      # keys per attention split (None: DEFAULT_SPLIT_TOKENS, grown for long ctx)
     attn_stages: int = O.DEFAULT_ATTN_STAGES   # K/V chunks in the attention ring (2..ATTN_MAX_STAGES)
     oproj_first: int = 0                 # 1: each layer's O-projection tiles listed ahead of its MoE workers
+    qkv_by_head: int = 0                 # 1: QKV tiles listed kv head by head (its K, V, then Q tiles), not Q, K, V
 
     def __post_init__(self) -> None:
         cfg = self.cfg
@@ -363,6 +364,10 @@ def build_tasks(plan: ModelPlan, B: int, nsplit: np.ndarray) -> TaskList:
         # 2. QKV tiles, grouped by the kv head whose counter they feed
         r0, nr = _tiles(Q + 2 * KV, plan.qkv_rows)
         head = np.where(r0 < Q, r0 // d // g, np.where(r0 < Q + KV, (r0 - Q) // d, (r0 - Q - KV) // d))
+        if plan.qkv_by_head:     # a head's attention waits for all its tiles: list them together, K/V first, so
+            region = np.where(r0 < Q, 2, np.where(r0 < Q + KV, 0, 1))    # the first heads' attention starts
+            order = np.lexsort((r0, region, head))                        # before the last tiles are claimed
+            r0, nr, head = r0[order], nr[order], head[order]
         qkv_c = [ctr(l, plan.c_qkv + h, f"qkv (kv head {h})", int((head == h).sum())) for h in range(nkv)]
         em.emit(Op.QKV, l, len(r0), sig=np.asarray(qkv_c, np.int32)[head], waits=[(c_x, B)], a0=r0, a1=nr)
         # 3. router tiles

@@ -73,9 +73,10 @@ def test_simulator_several_steps_and_default_split(B):
 
 @pytest.mark.parametrize("B", [1, 5])
 def test_simulator_with_oproj_listed_before_the_workers(B):
-    """The `oproj_first` ordering (a measurement knob) keeps the list topological and the step exact."""
+    """The `oproj_first` and `qkv_by_head` orderings (measurement knobs) keep the list topological and the step
+    exact."""
     cfg, w, st, nxt = _setup("north_like", B, seed=B)
-    plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=1 + B, split_tokens=4, oproj_first=1)
+    plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=1 + B, split_tokens=4, oproj_first=1, qkv_by_head=1)
     batch = decode_batch(st, nxt)
     si = step_inputs(plan, batch.input_ids.tolist(), batch.positions.tolist(), batch.block_tables)
     rec = build_tasks(plan, si.B, si.nsplit).records
@@ -84,6 +85,9 @@ def test_simulator_with_oproj_listed_before_the_workers(B):
     for l in moe_layers:
         at = lambda op: int(np.nonzero((rec[:, 0] == int(op)) & (rec[:, 1] == l))[0][0])
         assert at(O.Op.OPROJ) < at(O.Op.MOE_WORKER), f"layer {l}: O projection not ahead of the workers"
+    qkv = rec[(rec[:, 0] == int(O.Op.QKV)) & (rec[:, 1] == 0)]
+    sig = qkv[:, O.R["sig"]]
+    assert (np.diff(sig) >= 0).all() and len(set(sig.tolist())) == cfg.num_kv_heads, sig   # head by head
     _check_step(cfg, w, st, nxt, plan, seeds=[B, B + 7])
 
 

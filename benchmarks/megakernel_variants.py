@@ -5,7 +5,7 @@ plan's runtime knobs swept in-process, ms/step per point.
         --variants "default split_tokens=1024 n_workers=96 oproj_first=1" --json OUT.json
 
 Each variant is `default` or comma-separated KEY=INT overrides of the plan (keys: kernel/backend.py TUNING_KEYS:
-split_tokens, attn_stages, n_workers, oproj_first), applied on top of the defaults. The task lists are rebuilt for
+split_tokens, attn_stages, n_workers, oproj_first, qkv_by_head, batch_tiles), applied on top of the defaults. The task lists are rebuilt for
 every variant. Compile-time switches (kernel/build.py KERNEL_SWITCHES) are per process: run the script again with
 $MEGAKERNEL_KERNEL_DEFINES, e.g. MEGAKERNEL_KERNEL_DEFINES=MK_SIGNAL_FENCE=0. Prints the achieved bandwidth and % of the roofline measured
 in the same run, as `megakernel bench` does; the full sweep stays `megakernel bench --sweep`.
@@ -53,16 +53,16 @@ def main() -> int:
     peak = measure_read_bandwidth(engine.device) / 1e9
     print(f"peak read bandwidth {peak:.0f} GB/s; smem {be.smem} B; tiles {be.plan.gemv_tiles}", flush=True)
     rows = []
-    defaults = {k: getattr(be.plan, k) for k in TUNING_KEYS}
+    current = lambda: {**{k: getattr(be.plan, k) for k in TUNING_KEYS if k != "batch_tiles"},   # noqa: E731
+                       "batch_tiles": be.batch_tiles}
+    defaults = current()
     for B, ctx in points:
         for var in variants:
-            for k, x in {**defaults, **var}.items():
-                setattr(be.plan, k, x)
-            be._tasks.clear()
+            be.set_tuning(**{**defaults, **var})           # rebuilds the plans; task lists are rebuilt
             label = ",".join(f"{k}={x}" for k, x in var.items()) or "default"
             t0 = time.perf_counter()
             p = _run_point(engine, cfg, B, ctx, args.steps, "synthetic", peak, f"v{len(rows)}-{B}-{ctx}")
-            rows.append(dict(batch_size=B, context=ctx, variant=label, **{k: getattr(be.plan, k) for k in TUNING_KEYS},
+            rows.append(dict(batch_size=B, context=ctx, variant=label, **current(),
                              ms_per_step=p.ms_per_step, tokens_per_s=p.tokens_per_s, gb_per_s=p.gb_per_s,
                              roofline_pct=p.roofline_pct))
             print(f"b{B} ctx {ctx} {label}: {p.ms_per_step:.3f} ms/step, {p.tokens_per_s:.1f} tok/s, "

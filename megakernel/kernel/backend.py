@@ -23,7 +23,8 @@ import torch
 from megakernel.config import ModelConfig
 from megakernel.errors import MegakernelError
 from megakernel.kernel import opcodes as O
-from megakernel.kernel.schedule import ModelPlan, StepInputs, TaskList, build_tasks, step_inputs
+from megakernel.kernel.schedule import (ModelPlan, StepInputs, TaskList, build_tasks, plan_for_rows, step_inputs,
+                                        tiling_plans)
 from megakernel.kv.cache import KVCache, KVLayout
 from megakernel.model.cohere2_moe import ForwardBatch, ForwardTrace
 from megakernel.model.layers import rope_inv_freq
@@ -61,7 +62,7 @@ def megakernel_available(device: torch.device | str | None = None) -> tuple[bool
     return True, ""
 
 
-TUNING_KEYS = ("split_tokens", "attn_stages", "n_workers", "oproj_first", "qkv_by_head")
+TUNING_KEYS = ("split_tokens", "attn_stages", "n_workers", "oproj_first", "qkv_by_head", "batch_tiles")
 
 
 def tuning_from_env() -> dict[str, int]:
@@ -113,11 +114,9 @@ class MegakernelBackend(DecodeBackend):
         if n_workers is not None:
             tuning["n_workers"] = n_workers
         tuning.setdefault("n_workers", self.grid)
-        self.plan = ModelPlan(cfg, layout, max_batch, **tuning)
-        self.plan.check_supported()
-        self.smem = self.plan.smem_bytes()
-        if self.smem > self.smem_optin - 1024:
-            raise ValueError(f"kernel needs {self.smem} B of shared memory, the GPU allows {self.smem_optin}")
+        self.max_batch = max_batch
+        self._tuning: dict[str, int] = {}
+        self.set_tuning(**tuning)
         wd = watchdog_s if watchdog_s is not None else float(os.environ.get("MEGAKERNEL_WATCHDOG_S", "5"))
         self.watchdog_ns = int(wd * 1e9)
         self._alloc_static()
@@ -175,11 +174,35 @@ class MegakernelBackend(DecodeBackend):
         self.embed_ptr, self.final_norm_ptr, self.lm_head_ptr = ptr(w.embed), ptr(w.final_norm), ptr(w.lm_head)
         self.step_dev = torch.zeros(1, dtype=torch.int32, device=dev)
 
+    def set_tuning(self, **tuning: int) -> None:
+        """(Re)build the plans from TUNING_KEYS overrides (measurements; the task lists are rebuilt). `self.plan`
+        (tiles for max_batch rows) sizes the scratch; with batch_tiles=1, launches of fewer rows use a plan whose
+        GEMV tiles are larger where those rows' inputs leave room (e.g. the O projection at <= 11 rows)."""
+        bad = set(tuning) - set(TUNING_KEYS)
+        if bad:
+            raise ValueError(f"unknown tuning keys {sorted(bad)}")
+        self._tuning = tuning = {**self._tuning, **tuning}   # what was set before stays unless given again
+        tuning = dict(tuning)
+        batch_tiles = tuning.pop("batch_tiles", 0)
+        plans = tiling_plans(self.cfg, self.layout, self.max_batch, bool(batch_tiles), **tuning)
+        plan = plans[-1]
+        plan.check_supported()
+        for p in plans:
+            if p.smem_bytes() > self.smem_optin - 1024:
+                raise ValueError(f"kernel needs {p.smem_bytes()} B of shared memory, the GPU allows {self.smem_optin}")
+        self.plan, self.plans, self.batch_tiles = plan, plans, batch_tiles
+        self.smem = plan.smem_bytes()
+        self._tasks = {}
+
+    def _plan_for(self, B: int) -> ModelPlan:
+        return plan_for_rows(self.plans, B)
+
     def _task_list(self, si: StepInputs) -> tuple[TaskList, torch.Tensor]:
-        key = si.signature
+        plan = self._plan_for(si.B)
+        key = (plan.tb, si.signature)
         hit = self._tasks.get(key)
         if hit is None:
-            tl = build_tasks(self.plan, si.B, si.nsplit)
+            tl = build_tasks(plan, si.B, si.nsplit)
             hit = (tl, to_device(torch.from_numpy(tl.records), torch.int32, self.device))
             if len(self._tasks) >= 16:
                 self._tasks.pop(next(iter(self._tasks)))
@@ -260,7 +283,7 @@ class MegakernelBackend(DecodeBackend):
         stream = torch.cuda.current_stream(dev)
         lib = self.lib if prof is None else self._lib_prof
         rc = lib.mk_launch(self.dev_index, params.ctypes.data_as(
-            ctypes.POINTER(ctypes.c_longlong)), self.grid, self.smem,
+            ctypes.POINTER(ctypes.c_longlong)), self.grid, self._plan_for(B).smem_bytes(),
             self.sync.data_ptr(), p.sync_ints * 4, stream.cuda_stream)
         if rc:
             raise MegakernelFailure(f"megakernel launch failed: {self.lib.mk_error_string(rc).decode()}")
@@ -298,14 +321,14 @@ class MegakernelBackend(DecodeBackend):
 
         items = prof["items"].reshape(-1, O.PROF_INTS).cpu().numpy()
         ran = items[items[:, O.PROF_FIELDS.index("op")] >= 0]          # the work items this step had
-        nbytes, item_bytes = task_bytes(self.plan, si, tl.records)
+        nbytes, item_bytes = task_bytes(self._plan_for(si.B), si, tl.records)
         Bm = self.plan.max_batch
         return RawProfile(prof["tasks"].cpu().numpy(), ran, prof["blocks"].cpu().numpy(), tl.records, nbytes,
                           item_bytes, dict(tl.names),
                           meta=dict(batch=si.B, positions=si.step[Bm:Bm + si.B].tolist(), grid=self.grid))
 
     def _params(self, si, tl, tasks, kv, cache, logits, n_step, prof=None) -> np.ndarray:
-        p, cfg = self.plan, self.cfg
+        p, cfg = self._plan_for(si.B), self.cfg       # the launch's tiling; scratch and counters are the same
         v = np.zeros(O.NUM_PARAMS, dtype=np.int64)
         P = O.P
         f2i = lambda x: int(np.float32(x).view(np.int32))

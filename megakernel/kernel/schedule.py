@@ -87,6 +87,8 @@ class ModelPlan:
     attn_stages: int = O.DEFAULT_ATTN_STAGES   # K/V chunks in the attention ring (2..ATTN_MAX_STAGES)
     oproj_first: int = 0                 # 1: each layer's O-projection tiles listed ahead of its MoE workers
     qkv_by_head: int = 0                 # 1: QKV tiles listed kv head by head (its K, V, then Q tiles), not Q, K, V
+    tile_batch: int = 0                  # rows the GEMV tiles leave room for (0: max_batch); launches of at most
+                                         # this many rows may use the larger tiles (the backend's `batch_tiles`)
 
     def __post_init__(self) -> None:
         cfg = self.cfg
@@ -116,13 +118,16 @@ class ModelPlan:
                 self.mlp_width.append(0)
         self.I_mlp = max(self.mlp_width + [8])
         Bm = self.max_batch
+        self.tb = self.tile_batch or Bm
+        if not 1 <= self.tb <= Bm:
+            raise ValueError(f"tile_batch {self.tile_batch} outside 1..max_batch ({Bm})")
         self.n_slots = min(self.E, Bm * self.topk)
         self.n_pairs = Bm * self.topk
         self.groups = self.layout.groups
         self.n_groups = len(self.groups)
         # tiles
         d = self.d
-        rows = lambda K, halves=1: tile_rows(K, halves, max_batch=Bm)
+        rows = lambda K, halves=1: tile_rows(K, halves, max_batch=self.tb)
         r = rows(self.H)
         while r > 1 and d % r:
             r //= 2
@@ -173,7 +178,7 @@ class ModelPlan:
     def smem_bytes(self) -> int:
         """Dynamic shared memory of the kernel (its task kinds' layouts are in csrc/mk_*.cuh, described by
         `smem_bytes` above from this plan's tiles)."""
-        return smem_bytes(self.gemv_tiles, self.max_batch, self.d, self.g, self.E, self.H)
+        return smem_bytes(self.gemv_tiles, self.tb, self.d, self.g, self.E, self.H)
 
     def check_supported(self) -> None:
         """Raise ValueError naming the first dimension the kernel does not handle."""
@@ -240,6 +245,26 @@ class ModelPlan:
             info[l] = [int(self.cfg.uses_rope(l)), g, j, w if w is not None else 0,
                        self.moe_idx.get(l, -1), self.mlp_kind[l], self.mlp_width[l], 0]
         return info
+
+
+def tiling_plans(cfg: ModelConfig, layout: KVLayout, max_batch: int, per_batch: bool, **knobs) -> list[ModelPlan]:
+    """The plans a backend launches, by increasing tile_batch; the last is sized for max_batch rows (and sizes the
+    scratch: every other plan's tiles are at least as large, so it needs no more LM-head maxima or MoE items).
+    per_batch: one plan per distinct tiling over 1..max_batch rows (fewer rows leave room for larger tiles)."""
+    full = ModelPlan(cfg, layout, max_batch, **knobs)
+    if not per_batch:
+        return [full]
+    by_tiles: dict[tuple, ModelPlan] = {}
+    for tb in range(1, max_batch):
+        p = ModelPlan(cfg, layout, max_batch, tile_batch=tb, **knobs)
+        by_tiles[tuple(p.gemv_tiles)] = p                  # the largest tile_batch with this tiling wins
+    by_tiles.pop(tuple(full.gemv_tiles), None)
+    return sorted(by_tiles.values(), key=lambda p: p.tb) + [full]
+
+
+def plan_for_rows(plans: list[ModelPlan], B: int) -> ModelPlan:
+    """The plan a launch of B rows runs: the first (largest tiles) whose tile_batch covers B."""
+    return next(p for p in plans if p.tb >= B)
 
 
 @dataclass

@@ -206,3 +206,30 @@ def test_torch_path_records_router_logits():
         assert lg.shape == (3, cfg.num_experts)
         top = lg.topk(cfg.num_experts_per_tok, dim=-1).indices
         assert torch.equal(top.sort(-1).values, ex.sort(-1).values)
+
+
+def test_per_batch_tilings_on_north_dims():
+    """batch_tiles: at North dims, launches of <= 11 rows get 128 KB O-projection tiles (the inputs of 16 rows of
+    4096 leave room for 64 KB only); every plan fits the shared memory and needs no more scratch than the full one."""
+    from megakernel.config import north_mini_code_config
+    from megakernel.kernel.schedule import plan_for_rows, tiling_plans
+    from megakernel.kv.cache import KVLayout
+
+    cfg = north_mini_code_config()
+    plans = tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, True, n_workers=132)
+    assert [p.tb for p in plans] == [11, 16]
+    assert (plans[0].o_rows, plans[1].o_rows) == (16, 8)
+    assert plan_for_rows(plans, 1) is plans[0] and plan_for_rows(plans, 11) is plans[0]
+    assert plan_for_rows(plans, 12) is plans[1]
+    for p in plans:
+        assert p.smem_bytes() <= O.SMEM_LIMIT
+        assert p.n_lm_tiles <= plans[-1].n_lm_tiles and p.gu_tiles <= plans[-1].gu_tiles
+    assert tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, False)[0].tb == 16
+
+
+@pytest.mark.parametrize("B", [1, 3])
+def test_simulator_with_a_smaller_tile_batch(B):
+    """A plan whose tiles leave room for fewer rows than max_batch runs a step of that many rows exactly."""
+    cfg, w, st, nxt = _setup("north_like", B, seed=11 + B)
+    plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=2, split_tokens=4, tile_batch=B)
+    _check_step(cfg, w, st, nxt, plan, seeds=[B])

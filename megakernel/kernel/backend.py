@@ -62,7 +62,7 @@ def megakernel_available(device: torch.device | str | None = None) -> tuple[bool
     return True, ""
 
 
-TUNING_KEYS = ("split_tokens", "attn_stages", "n_workers", "oproj_first", "qkv_by_head", "batch_tiles")
+TUNING_KEYS = ("split_tokens", "attn_stages", "n_workers", "oproj_first", "qkv_by_head", "fused_norm", "batch_tiles")
 
 
 def tuning_from_env() -> dict[str, int]:

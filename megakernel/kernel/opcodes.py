@@ -64,9 +64,13 @@ class Op(IntEnum):
 #   ARGMAX       a0=number of LM-head tiles
 # sig: counter incremented (release) when the task is done (-1: none). Waits: (counter, target) pairs, -1 unused.
 REC_FIELDS = ("op", "layer", "a0", "a1", "a2", "a3", "sig", "w0c", "w0t", "w1c", "w1t", "w2c", "w2t",
-              "pad0", "pad1", "pad2")
+              "flags", "pad1", "pad2")
 REC_INTS = len(REC_FIELDS)
 MAX_WAITS = 3
+# flags of a QKV / ROUTER / MLP_GU record (the `fused_norm` plan knob): the tile computes its own input rows (the
+# residual and the layer's norm) instead of waiting for NORM tasks; one QKV tile writes the residual rows h for the
+# next layer and one ROUTER tile the normed rows x the MoE items read.
+FLAG_FUSED_NORM, FLAG_WRITE_H, FLAG_WRITE_X = 1, 2, 4
 R = {name: i for i, name in enumerate(REC_FIELDS)}
 
 # ---- control block (int32, zeroed before every step together with the counters) --------------------------------
@@ -156,6 +160,7 @@ def generate_header() -> str:
                   REC_INTS=REC_INTS, MAX_WAITS=MAX_WAITS, CTRL_INTS=CTRL_INTS, NUM_PARAMS=NUM_PARAMS,
                   LAYER_INFO_INTS=LAYER_INFO_INTS, WPTR_INTS=WPTR_INTS,
                   ERR_WATCHDOG=ERR_WATCHDOG, ERR_BAD_OPCODE=ERR_BAD_OPCODE, ERR_SMEM=ERR_SMEM,
+                  FLAG_FUSED_NORM=FLAG_FUSED_NORM, FLAG_WRITE_H=FLAG_WRITE_H, FLAG_WRITE_X=FLAG_WRITE_X,
                   MLP_NONE=MLP_NONE, MLP_DENSE=MLP_DENSE, MLP_SHARED=MLP_SHARED,
                   NORM_RMS=NORM_RMS, NORM_LAYER=NORM_LAYER, SEL_SIGMOID=SEL_SIGMOID, SEL_SOFTMAX=SEL_SOFTMAX,
                   COMB_SUM=COMB_SUM, COMB_AVERAGE=COMB_AVERAGE, PROF_INTS=PROF_INTS, PROF_N_STAMPS=len(PROF_STAMPS),

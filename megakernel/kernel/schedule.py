@@ -87,6 +87,8 @@ class ModelPlan:
     attn_stages: int = O.DEFAULT_ATTN_STAGES   # K/V chunks in the attention ring (2..ATTN_MAX_STAGES)
     oproj_first: int = 0                 # 1: each layer's O-projection tiles listed ahead of its MoE workers
     qkv_by_head: int = 0                 # 1: QKV tiles listed kv head by head (its K, V, then Q tiles), not Q, K, V
+    fused_norm: int = 0                  # steps of at most this many rows skip the per-row NORM tasks of layers >= 1:
+                                         # QKV / router / MLP gate-up tiles normalise their own inputs
     tile_batch: int = 0                  # rows the GEMV tiles leave room for (0: max_batch); launches of at most
                                          # this many rows may use the larger tiles (the backend's `batch_tiles`)
 
@@ -178,7 +180,8 @@ class ModelPlan:
     def smem_bytes(self) -> int:
         """Dynamic shared memory of the kernel (its task kinds' layouts are in csrc/mk_*.cuh, described by
         `smem_bytes` above from this plan's tiles)."""
-        return smem_bytes(self.gemv_tiles, self.tb, self.d, self.g, self.E, self.H)
+        fused = (self.H + O.NUM_WARPS) * 4 if self.fused_norm else 0      # the fused tiles' residual row
+        return smem_bytes(self.gemv_tiles, self.tb, self.d, self.g, self.E, self.H) + fused
 
     def check_supported(self) -> None:
         """Raise ValueError naming the first dimension the kernel does not handle."""
@@ -341,7 +344,8 @@ class _Emitter:
         for i, (c, t) in enumerate(waits):
             rec[:, O.R[f"w{i}c"]] = c
             rec[:, O.R[f"w{i}t"]] = t
-        rec[:, O.R["pad0"]:] = 0
+        rec[:, O.R["flags"]:] = 0
+        rec[:, O.R["flags"]] = args.get("flags", 0)
         self.parts.append(rec)
         self.n += n
 
@@ -383,9 +387,14 @@ def build_tasks(plan: ModelPlan, B: int, nsplit: np.ndarray) -> TaskList:
         gi, _ = plan.layout.locate(l)
         moe = l in plan.moe_idx
         kind = plan.mlp_kind[l]
-        c_x = ctr(l, plan.c_x, "norm (rows)", B)
-        # 1. residual + norm per row
-        em.emit(Op.NORM, l, B, sig=c_x, waits=prev_done, a0=np.arange(B))
+        # 1. residual + norm per row (or, fused, inside each tile that reads the normed rows)
+        fuse = 1 <= l and B <= plan.fused_norm
+        if fuse:
+            x_waits, fl = prev_done, O.FLAG_FUSED_NORM
+        else:
+            c_x = ctr(l, plan.c_x, "norm (rows)", B)
+            em.emit(Op.NORM, l, B, sig=c_x, waits=prev_done, a0=np.arange(B))
+            x_waits, fl = [(c_x, B)], 0
         # 2. QKV tiles, grouped by the kv head whose counter they feed
         r0, nr = _tiles(Q + 2 * KV, plan.qkv_rows)
         head = np.where(r0 < Q, r0 // d // g, np.where(r0 < Q + KV, (r0 - Q) // d, (r0 - Q - KV) // d))
@@ -394,13 +403,17 @@ def build_tasks(plan: ModelPlan, B: int, nsplit: np.ndarray) -> TaskList:
             order = np.lexsort((r0, region, head))                        # before the last tiles are claimed
             r0, nr, head = r0[order], nr[order], head[order]
         qkv_c = [ctr(l, plan.c_qkv + h, f"qkv (kv head {h})", int((head == h).sum())) for h in range(nkv)]
-        em.emit(Op.QKV, l, len(r0), sig=np.asarray(qkv_c, np.int32)[head], waits=[(c_x, B)], a0=r0, a1=nr)
+        # fused: the tile of row 0 writes the residual rows the next layer's tiles (and the final norm) read
+        em.emit(Op.QKV, l, len(r0), sig=np.asarray(qkv_c, np.int32)[head], waits=x_waits, a0=r0, a1=nr,
+                flags=fl | np.where(fuse & (r0 == 0), O.FLAG_WRITE_H, 0))
         # 3. router tiles
         if moe:
             m = plan.moe_idx[l]
             r0, nr = _tiles(plan.E, plan.router_rows)
             c_rl = ctr(l, plan.c_rl, "router tiles", len(r0))
-            em.emit(Op.ROUTER, l, len(r0), sig=c_rl, waits=[(c_x, B)], a0=r0, a1=nr)
+            # fused: the tile of row 0 writes the normed rows the MoE items read (they wait on all router tiles)
+            em.emit(Op.ROUTER, l, len(r0), sig=c_rl, waits=x_waits, a0=r0, a1=nr,
+                    flags=fl | np.where(fuse & (r0 == 0), O.FLAG_WRITE_X, 0))
         # 4. static MLP gate/up tiles
         n_mgu = n_mdn = 0
         if kind != O.MLP_NONE:
@@ -408,7 +421,7 @@ def build_tasks(plan: ModelPlan, B: int, nsplit: np.ndarray) -> TaskList:
             r0, nr = _tiles(w, plan.mgu_rows)
             n_mgu = len(r0)
             c_mgu = ctr(l, plan.c_mgu, "mlp gate/up tiles", n_mgu)
-            em.emit(Op.MLP_GU, l, n_mgu, sig=c_mgu, waits=[(c_x, B)], a0=r0, a1=nr)
+            em.emit(Op.MLP_GU, l, n_mgu, sig=c_mgu, waits=x_waits, a0=r0, a1=nr, flags=fl)
             n_mdn = math.ceil(H / plan.mdn_rows[w])
         # 5. top-k
         if moe:

@@ -190,6 +190,7 @@ class Simulator:
             Op.MOE_WORKER: self.t_worker, Op.MLP_GU: self.t_mlp_gu, Op.MLP_DOWN: self.t_mlp_down,
             Op.LM_HEAD: self.t_lm, Op.ARGMAX: self.t_argmax,
         }[Op(op)]
+        self.cur_flags = int(r[O.R["flags"]])
         res = body(l, a0, a1, a2, a3)
         if res is not None:            # generator bodies (MOE_WORKER) wait inside
             yield from res
@@ -212,34 +213,52 @@ class Simulator:
         return self.w.final_norm if l == self.plan.L else self.w.layers[l].norm_weight
 
     def t_norm(self, l, row, *_):
-        p, cfg = self.plan, self.plan.cfg
-        if l == 0:
-            h = self.w.embed[self.ids[row]].clone()
-        else:
-            lp = l - 1
-            hp = self.rd("h", (lp, row))
-            a = self.rd("ao", (lp, row))
-            kind = p.mlp_kind[lp]
-            out = None
-            if lp in p.moe_idx:
-                m = p.moe_idx[lp]
-                out = self.rd("y", (m, row, 0)).clone()
-                for k in range(1, p.topk):
-                    out = out + self.rd("y", (m, row, k))
-            if kind == O.MLP_DENSE:
-                out = self.rd("mout", (lp, row))
-            elif kind == O.MLP_SHARED:
-                sh = self.rd("mout", (lp, row))
-                out = out + sh if cfg.shared_expert_combination == "sum" else (out + sh) / 2
-            h = hp + a + out
+        h = self.w.embed[self.ids[row]].clone() if l == 0 else self._residual(l, row)
         self.wr("h", (l, row), h)
-        self.wr("x", (l, row), Lyr.norm(h[None], self._norm_w(l), cfg)[0])
+        self.wr("x", (l, row), Lyr.norm(h[None], self._norm_w(l), self.plan.cfg)[0])
+
+    def _x_in(self, l: int) -> torch.Tensor:
+        """The normed input rows of layer l for a QKV / router / MLP gate-up tile: read from x, or (FLAG_FUSED_NORM)
+        computed from the residual inputs, with the tile's FLAG_WRITE_H / FLAG_WRITE_X writes."""
+        flags = self.cur_flags
+        if not flags & O.FLAG_FUSED_NORM:
+            return self.rd("x", (l, slice(0, self.B)))
+        rows = []
+        for row in range(self.B):
+            h = self._residual(l, row)
+            x = Lyr.norm(h[None], self._norm_w(l), self.plan.cfg)[0]
+            if flags & O.FLAG_WRITE_H:
+                self.wr("h", (l, row), h)
+            if flags & O.FLAG_WRITE_X:
+                self.wr("x", (l, row), x)
+            rows.append(x)
+        return torch.stack(rows)
+
+    def _residual(self, l: int, row: int) -> torch.Tensor:
+        """The residual stream of `row` entering layer l >= 1: h, attention out and MLP out of layer l - 1."""
+        p, cfg = self.plan, self.plan.cfg
+        lp = l - 1
+        hp = self.rd("h", (lp, row))
+        a = self.rd("ao", (lp, row))
+        kind = p.mlp_kind[lp]
+        out = None
+        if lp in p.moe_idx:
+            m = p.moe_idx[lp]
+            out = self.rd("y", (m, row, 0)).clone()
+            for k in range(1, p.topk):
+                out = out + self.rd("y", (m, row, k))
+        if kind == O.MLP_DENSE:
+            out = self.rd("mout", (lp, row))
+        elif kind == O.MLP_SHARED:
+            sh = self.rd("mout", (lp, row))
+            out = out + sh if cfg.shared_expert_combination == "sum" else (out + sh) / 2
+        return hp + a + out
 
     def t_qkv(self, l, r0, nr, *_):
         p, cfg = self.plan, self.plan.cfg
         B, d, Q, KV = self.B, p.d, p.Q, p.KV
         lw = self.w.layers[l]
-        x = self.rd("x", (l, slice(0, B)))
+        x = self._x_in(l)
         bias = lw.qkv_bias[r0:r0 + nr] if lw.qkv_bias is not None else None
         out = F.linear(x, lw.qkv[r0:r0 + nr], bias)                     # [B, nr]
         dd0 = (r0 if r0 < Q else (r0 - Q) % KV) % d
@@ -311,7 +330,7 @@ class Simulator:
 
     def t_router(self, l, r0, nr, *_):
         m = self.plan.moe_idx[l]
-        x = self.rd("x", (l, slice(0, self.B)))
+        x = self._x_in(l)
         lg = F.linear(x, self.w.layers[l].moe.router[r0:r0 + nr])
         self.wr("rlog", (m, slice(0, self.B), slice(r0, r0 + nr)), lg.float())
 
@@ -407,7 +426,7 @@ class Simulator:
     def t_mlp_gu(self, l, r0, nr, *_):
         w = self._mlp_w(l)
         width = self.plan.mlp_width[l]
-        x = self.rd("x", (l, slice(0, self.B)))
+        x = self._x_in(l)
         gate = F.linear(x, w.gate_up[r0:r0 + nr])
         up = F.linear(x, w.gate_up[width + r0:width + r0 + nr])
         self.wr("mact", (l, slice(0, self.B), slice(r0, r0 + nr)), F.silu(gate) * up)

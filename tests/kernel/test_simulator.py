@@ -233,3 +233,20 @@ def test_simulator_with_a_smaller_tile_batch(B):
     cfg, w, st, nxt = _setup("north_like", B, seed=11 + B)
     plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=2, split_tokens=4, tile_batch=B)
     _check_step(cfg, w, st, nxt, plan, seeds=[B])
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("B", [1, 2, 3])
+def test_simulator_with_fused_norm(variant, B):
+    """fused_norm: steps of <= 2 rows drop the NORM tasks of layers >= 1 (their QKV / router / MLP gate-up tiles
+    normalise their own rows; one QKV tile writes h, one router tile x); 3 rows keep them. Exact in random orders."""
+    cfg, w, st, nxt = _setup(variant, B, seed=21 + B)
+    plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=2, split_tokens=4, fused_norm=2)
+    batch = decode_batch(st, nxt)
+    si = step_inputs(plan, batch.input_ids.tolist(), batch.positions.tolist(), batch.block_tables)
+    rec = build_tasks(plan, si.B, si.nsplit).records
+    norms = sorted(set(rec[rec[:, 0] == int(O.Op.NORM), 1].tolist()))
+    assert norms == ([0, cfg.num_layers] if B <= 2 else list(range(cfg.num_layers + 1)))
+    flags = rec[:, O.R["flags"]]
+    assert ((flags & O.FLAG_WRITE_H) != 0).sum() == (cfg.num_layers - 1 if B <= 2 else 0)
+    _check_step(cfg, w, st, nxt, plan, seeds=[B, B + 5])

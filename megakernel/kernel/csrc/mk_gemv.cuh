@@ -2,6 +2,7 @@
 // K/V append, O, router, dense/shared MLP, LM head) and the greedy ARGMAX over the LM head's tiles.
 #pragma once
 #include "mk_common.cuh"
+#include "mk_norm.cuh"      // residual_row / norm_row: tiles with FLAG_FUSED_NORM normalise their own inputs
 
 // ---- GEMV: a tile of weight rows (staged in shared memory) times up to MB input rows ---------------------------
 // Layout: sRed [64*MB] f32 | sOut [64*MB] f32 | sW [R][K] bf16 | sX [nb][K] bf16, R the tile's rows (all halves):
@@ -150,11 +151,33 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket) {
             xin = PP(const bf16*, x) + (size_t)L * Bm * H; xpitch = H;
             break;
     }
-    if (!smem_fits(P, sm_x(T.n0 + T.n1, T.K) + (size_t)B * T.K * 2, ticket)) return false;
+    const int flags = rec[RF_FLAGS];
+    const bool fused = (flags & MK_FLAG_FUSED_NORM) != 0;      // QKV / ROUTER / MLP_GU only: K == H
+    const int R = T.n0 + T.n1;
+    const size_t x_end = sm_x(R, T.K) + (size_t)B * T.K * 2;
+    if (!smem_fits(P, x_end + (fused ? (size_t)(H + NW) * 4 : 0), ticket)) return false;
     issue_weights(T);
-    if (threadIdx.x < B) s_xrow[threadIdx.x] = xin + (size_t)threadIdx.x * xpitch;
+    if (!fused && threadIdx.x < B) s_xrow[threadIdx.x] = xin + (size_t)threadIdx.x * xpitch;
     if (!wait_rec(P, rec, ticket)) { cp_async_wait_all(); return false; }
-    load_x_and_wait(B, T.K, T.n0 + T.n1);
+    if (fused) {       // the rows' residual and norm straight into sX (the weights keep landing meanwhile)
+        bf16* sX = reinterpret_cast<bf16*>(smem + sm_x(R, T.K));
+        float* sH = reinterpret_cast<float*>(smem + x_end);
+        for (int b = 0; b < B; b++) {
+            residual_row(P, l, b, sH);
+            bf16* hdst = (flags & MK_FLAG_WRITE_H) ? PP(bf16*, h) + ((size_t)l * Bm + b) * H : nullptr;
+            norm_row(P, l, sH, sH + H, sX + (size_t)b * T.K, hdst);
+            if (flags & MK_FLAG_WRITE_X) {      // same columns per thread as norm_row wrote: no barrier needed
+                bf16* xg = PP(bf16*, x) + ((size_t)l * Bm + b) * H;
+                for (int i = threadIdx.x; i < H; i += NT) xg[i] = sX[(size_t)b * T.K + i];
+            }
+            __syncthreads();                    // sH is the next row's
+        }
+        cp_async_wait_all();
+        __syncthreads();
+        prof_mark(PS_LANDED);
+    } else {
+        load_x_and_wait(B, T.K, R);
+    }
     gemv(T.n0 + T.n1, T.K, B);
     const float* sOut = reinterpret_cast<const float*>(smem + SM_OUT);
     switch (op) {

@@ -120,7 +120,6 @@ class MegakernelBackend(DecodeBackend):
         wd = watchdog_s if watchdog_s is not None else float(os.environ.get("MEGAKERNEL_WATCHDOG_S", "5"))
         self.watchdog_ns = int(wd * 1e9)
         self._alloc_static()
-        self._tasks: dict[tuple, tuple[TaskList, torch.Tensor]] = {}
         self.last_tokens: torch.Tensor | None = None
         self.last_task_list: TaskList | None = None
 
@@ -181,10 +180,10 @@ class MegakernelBackend(DecodeBackend):
         bad = set(tuning) - set(TUNING_KEYS)
         if bad:
             raise ValueError(f"unknown tuning keys {sorted(bad)}")
-        self._tuning = tuning = {**self._tuning, **tuning}   # what was set before stays unless given again
-        tuning = dict(tuning)
-        batch_tiles = tuning.pop("batch_tiles", 0)
-        plans = tiling_plans(self.cfg, self.layout, self.max_batch, bool(batch_tiles), **tuning)
+        self._tuning = {**self._tuning, **tuning}          # what was set before stays unless given again
+        batch_tiles = self._tuning.get("batch_tiles", 0)
+        knobs = {k: v for k, v in self._tuning.items() if k != "batch_tiles"}
+        plans = tiling_plans(self.cfg, self.layout, self.max_batch, bool(batch_tiles), **knobs)
         plan = plans[-1]
         plan.check_supported()
         for p in plans:
@@ -192,7 +191,7 @@ class MegakernelBackend(DecodeBackend):
                 raise ValueError(f"kernel needs {p.smem_bytes()} B of shared memory, the GPU allows {self.smem_optin}")
         self.plan, self.plans, self.batch_tiles = plan, plans, batch_tiles
         self.smem = plan.smem_bytes()
-        self._tasks = {}
+        self._tasks: dict[tuple, tuple[TaskList, torch.Tensor]] = {}    # by (tile_batch, step signature)
 
     def _plan_for(self, B: int) -> ModelPlan:
         return plan_for_rows(self.plans, B)

@@ -449,9 +449,8 @@ def build_tasks(plan: ModelPlan, B: int, nsplit: np.ndarray) -> TaskList:
         # 7. attention combine, ahead of the MoE workers: a worker keeps its block until the layer's queue
         #    is empty, so a combine listed after them is claimed only once the experts are done
         c_comb = ctr(l, plan.c_comb, "attention combines", B * nkv)
-        cs = comb
-        em.emit(Op.ATTN_COMBINE, l, len(cs), sig=c_comb, waits=[(cs[:, 4], cs[:, 2])],
-                a0=cs[:, 0], a1=cs[:, 1], a2=cs[:, 2], a3=cs[:, 3])
+        em.emit(Op.ATTN_COMBINE, l, len(comb), sig=c_comb, waits=[(comb[:, 4], comb[:, 2])],
+                a0=comb[:, 0], a1=comb[:, 1], a2=comb[:, 2], a3=comb[:, 3])
 
         def emit_oproj() -> int:
             """This layer's O-projection tiles. Listed after the MoE workers by default: a block that claims one

@@ -128,16 +128,14 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
             float sc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};   // keys kb + nt*8 + 2t4 (+1)
 #pragma unroll 2
             for (int ks = 0; ks < KS; ks++) {
-                {
-                    const bf16* qr = sQ + (size_t)g * d + ks * 16 + 2 * t4;
-                    const unsigned qa0 = g < gq ? *reinterpret_cast<const unsigned*>(qr) : 0u;
-                    const unsigned qa2 = g < gq ? *reinterpret_cast<const unsigned*>(qr + 8) : 0u;
+                const bf16* qr = sQ + (size_t)g * d + ks * 16 + 2 * t4;
+                const unsigned qa0 = g < gq ? *reinterpret_cast<const unsigned*>(qr) : 0u;
+                const unsigned qa2 = g < gq ? *reinterpret_cast<const unsigned*>(qr + 8) : 0u;
 #pragma unroll
-                    for (int nt = 0; nt < 2; nt++) {
-                        const bf16* kr = kst + (size_t)(nt * 8 + g) * rowp + ks * 16 + 2 * t4;
-                        mma_rows8(sc[nt], qa0, qa2, *reinterpret_cast<const unsigned*>(kr),
-                                  *reinterpret_cast<const unsigned*>(kr + 8));
-                    }
+                for (int nt = 0; nt < 2; nt++) {
+                    const bf16* kr = kst + (size_t)(nt * 8 + g) * rowp + ks * 16 + 2 * t4;
+                    mma_rows8(sc[nt], qa0, qa2, *reinterpret_cast<const unsigned*>(kr),
+                              *reinterpret_cast<const unsigned*>(kr + 8));
                 }
             }
             float v[4], mx = -INFINITY;
@@ -160,14 +158,12 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
             const bf16* vrow = sV + (size_t)(stage * CH + kb + (lane & 7) + ((lane >> 3) & 1) * 8) * rowp + (lane >> 4) * 8;
 #pragma unroll
             for (int np = 0; np < KS; np++) {
-                {
-                    unsigned bv[4];
-                    ldsm_x4_trans(bv, vrow + np * 16);
-                    o[2 * np][0] *= alpha; o[2 * np][1] *= alpha;
-                    o[2 * np + 1][0] *= alpha; o[2 * np + 1][1] *= alpha;
-                    mma_rows8(o[2 * np], pa0, pa2, bv[0], bv[1]);
-                    mma_rows8(o[2 * np + 1], pa0, pa2, bv[2], bv[3]);
-                }
+                unsigned bv[4];
+                ldsm_x4_trans(bv, vrow + np * 16);
+                o[2 * np][0] *= alpha; o[2 * np][1] *= alpha;
+                o[2 * np + 1][0] *= alpha; o[2 * np + 1][1] *= alpha;
+                mma_rows8(o[2 * np], pa0, pa2, bv[0], bv[1]);
+                mma_rows8(o[2 * np + 1], pa0, pa2, bv[2], bv[3]);
             }
         }
         __syncthreads();

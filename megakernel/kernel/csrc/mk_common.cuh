@@ -88,6 +88,22 @@ __device__ __forceinline__ void prof_mark(int slot) {
 #endif
 }
 
+// One thread: the first error of the step wins the control block (code, task, block and the code's counter / value /
+// target), then every block is told to stop.
+__device__ __forceinline__ void record_error(const Params& P, int code, int task, int counter = -1, int value = 0,
+                                             int target = 0) {
+    int* ctrl = PP(int*, ctrl);
+    if (atomicCAS(ctrl + CTRL_ERR_CODE, 0, code) == 0) {
+        ctrl[CTRL_ERR_TASK] = task;
+        ctrl[CTRL_ERR_COUNTER] = counter;
+        ctrl[CTRL_ERR_VALUE] = value;
+        ctrl[CTRL_ERR_TARGET] = target;
+        ctrl[CTRL_ERR_BLOCK] = blockIdx.x;
+    }
+    __threadfence();
+    atomicExch(ctrl + CTRL_ABORT, 1);
+}
+
 // Thread 0 only. Spins until counters[c] >= target. Returns false when the step is aborted (another block's
 // watchdog fired) or when this wait exceeds the watchdog: then it records which counter is stuck and aborts.
 __device__ __noinline__ bool wait_counter(const Params& P, int c, int target, int task) {
@@ -104,15 +120,7 @@ __device__ __noinline__ bool wait_counter(const Params& P, int c, int target, in
         if (v >= target) return true;
         if (ld_volatile(ctrl + CTRL_ABORT)) return false;
         if (globaltimer() - t0 > limit) {
-            if (atomicCAS(ctrl + CTRL_ERR_CODE, 0, MK_ERR_WATCHDOG) == 0) {
-                ctrl[CTRL_ERR_TASK] = task;
-                ctrl[CTRL_ERR_COUNTER] = c;
-                ctrl[CTRL_ERR_VALUE] = v;
-                ctrl[CTRL_ERR_TARGET] = target;
-                ctrl[CTRL_ERR_BLOCK] = blockIdx.x;
-            }
-            __threadfence();
-            atomicExch(ctrl + CTRL_ABORT, 1);
+            record_error(P, MK_ERR_WATCHDOG, task, c, v, target);
             return false;
         }
     }
@@ -138,16 +146,6 @@ __device__ __forceinline__ void block_signal(const Params& P, int c) {
     }
 }
 
-__device__ __forceinline__ void record_error(const Params& P, int code, int task) {
-    int* ctrl = PP(int*, ctrl);
-    if (atomicCAS(ctrl + CTRL_ERR_CODE, 0, code) == 0) {
-        ctrl[CTRL_ERR_TASK] = task;
-        ctrl[CTRL_ERR_BLOCK] = blockIdx.x;
-    }
-    __threadfence();
-    atomicExch(ctrl + CTRL_ABORT, 1);
-}
-
 // Every task kind checks its shared-memory layout against the launch's dynamic shared memory before using it
 // (uniform over the block): a host/kernel layout mismatch is ERR_SMEM with both sizes, never a silent overflow.
 __device__ __forceinline__ unsigned dynamic_smem_bytes() {
@@ -158,17 +156,7 @@ __device__ __forceinline__ unsigned dynamic_smem_bytes() {
 __device__ __forceinline__ bool smem_fits(const Params& P, size_t need, int task) {
     const unsigned have = dynamic_smem_bytes();
     if (need <= have) return true;
-    if (threadIdx.x == 0) {
-        int* ctrl = PP(int*, ctrl);
-        if (atomicCAS(ctrl + CTRL_ERR_CODE, 0, MK_ERR_SMEM) == 0) {
-            ctrl[CTRL_ERR_TASK] = task;
-            ctrl[CTRL_ERR_VALUE] = (int)need;
-            ctrl[CTRL_ERR_TARGET] = (int)have;
-            ctrl[CTRL_ERR_BLOCK] = blockIdx.x;
-        }
-        __threadfence();
-        atomicExch(ctrl + CTRL_ABORT, 1);
-    }
+    if (threadIdx.x == 0) record_error(P, MK_ERR_SMEM, task, -1, (int)need, (int)have);
     return false;
 }
 

@@ -178,7 +178,7 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket) {
     } else {
         load_x_and_wait(B, T.K, R);
     }
-    gemv(T.n0 + T.n1, T.K, B);
+    gemv(R, T.K, B);
     const float* sOut = reinterpret_cast<const float*>(smem + SM_OUT);
     switch (op) {
         case OP_QKV: {

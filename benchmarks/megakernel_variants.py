@@ -16,12 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
-from megakernel.bench import _git_commit, _run_point, measure_read_bandwidth
+from megakernel.bench import _run_point, measure_read_bandwidth, run_record
 from megakernel.config import north_mini_code_config
 from megakernel.engine.llm_engine import EngineArgs, LLMEngine
 from megakernel.model.weights import random_weights
@@ -69,9 +68,7 @@ def main() -> int:
                   f"{p.gb_per_s:.0f} GB/s, {p.roofline_pct:.1f}% of the roofline ({time.perf_counter() - t0:.0f} s)",
                   flush=True)
     if args.json:
-        doc = dict(commit=_git_commit(), date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                   gpu=torch.cuda.get_device_name(), peak_read_gb_per_s=peak, command=" ".join(__import__("sys").argv),
-                   points=rows)
+        doc = dict(**run_record(), peak_read_gb_per_s=peak, points=rows)
         Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
     return 0
 

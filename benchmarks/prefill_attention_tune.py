@@ -309,8 +309,10 @@ def main() -> int:
     wall = time.perf_counter() - t_start
     print(f"{'all outputs agree' if ok_all else 'FAIL: some outputs differ'}; {wall:.1f} s")
     if args.json:
+        from megakernel.bench import run_record
+
         Path(args.json).write_text(json.dumps(dict(
-            device=device_name, torch=torch.__version__, triton=triton.__version__, dims={**d, "shapes": shapes},
+            **run_record(), device=device_name, torch=torch.__version__, triton=triton.__version__, dims={**d, "shapes": shapes},
             default=default.label(), rel_tol=REL_TOL, reference_check=ref_check, results=results,
             best_per_shape=best_shape, best_overall=best, ok=ok_all, wall_s=wall), indent=1))
         print(f"wrote {args.json}")

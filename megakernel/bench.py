@@ -157,7 +157,7 @@ def _trace_step(engine, path: str, normal_step_s: float, meta: dict, n_profiled:
     T.write_trace(tl, path)
     T.plot_timeline(tl, stem + ".png", title=f"megakernel decode step, batch {meta['batch']}, context "
                     f"{meta['context']}: {tl.step_ns / 1e3:.0f} us (profiling build)")
-    Path(stem + ".summary.json").write_text(json.dumps(s, indent=1) + "\n")
+    Path(stem + ".summary.json").write_text(json.dumps({**run_record(), **s}, indent=1) + "\n")
     print(T.format_summary(s))
     print(f"normal build {normal_step_s * 1e3:.2f} ms/step through the engine; the profiled step itself spans "
           f"{tl.step_ns / 1e6:.2f} ms (its own stamps); a profiled engine step takes {prof_s * 1e3:.0f} ms with the "
@@ -221,14 +221,29 @@ def _points(args: argparse.Namespace) -> list[tuple[int, int]]:
 
 
 def _git_commit() -> str:
-    """The checkout's commit ($MEGAKERNEL_COMMIT where the tree runs without its .git, as on the device)."""
+    """The checkout's commit ($MEGAKERNEL_COMMIT where the tree runs without its .git, as on the device). Only this
+    checkout's own repository counts: a copy of the tree inside another repository says "unknown", not that
+    repository's commit."""
     if os.environ.get("MEGAKERNEL_COMMIT"):
         return os.environ["MEGAKERNEL_COMMIT"]
+    root = Path(__file__).resolve().parent.parent
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, timeout=10).stdout.strip() or "unknown"
+        git = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True, cwd=root,  # noqa: E731
+                                        timeout=10).stdout.strip()
+        if Path(git("rev-parse", "--show-toplevel") or "/nonexistent").resolve() != root:
+            return "unknown"
+        return git("rev-parse", "--short", "HEAD") or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+def run_record() -> dict:
+    """What every result file carries beside its figures: commit, date, GPU and the command that made it."""
+    argv = sys.argv or [""]
+    prog = "megakernel" if Path(argv[0]).name in ("__main__.py", "megakernel") else f"python {argv[0]}"
+    return dict(commit=_git_commit(), date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+                command=" ".join([prog, *argv[1:]]))
 
 
 @dataclass
@@ -342,9 +357,7 @@ def run_prefill_bench(args: argparse.Namespace) -> int:
           f"between two tokens of {gaps['streams']} running streams was {gaps['worst_stream_gap_s'] * 1e3:.0f} ms",
           flush=True)
     if args.json:
-        doc = dict(commit=_git_commit(), date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                   gpu=torch.cuda.get_device_name(), command="megakernel " + " ".join(sys.argv[1:]),
-                   torch=torch.__version__, points=[asdict(p) for p in results], stream_gaps=gaps)
+        doc = dict(**run_record(), torch=torch.__version__, points=[asdict(p) for p in results], stream_gaps=gaps)
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
         print(f"wrote {args.json}")
@@ -408,10 +421,7 @@ def run_bench(args: argparse.Namespace) -> int:
             torch.cuda.empty_cache()
     _print_table(results)
     if args.json:
-        doc = dict(commit=_git_commit(), date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                   gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-                   command="megakernel " + " ".join(sys.argv[1:]) if sys.argv and "bench" in sys.argv else "bench",
-                   peak_read_gb_per_s=peak, kv_fill=args.kv_fill, mode=mode, torch=torch.__version__,
+        doc = dict(**run_record(), peak_read_gb_per_s=peak, kv_fill=args.kv_fill, mode=mode, torch=torch.__version__,
                    points=[asdict(p) for p in results])
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")

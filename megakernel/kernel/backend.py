@@ -62,7 +62,9 @@ def megakernel_available(device: torch.device | str | None = None) -> tuple[bool
     return True, ""
 
 
-TUNING_KEYS = ("split_tokens", "attn_stages", "n_workers", "oproj_first", "qkv_by_head", "fused_norm", "batch_tiles")
+TUNING_KEYS = ("split_tokens", "attn_stages", "n_workers", "oproj_first", "qkv_by_head", "fused_norm", "batch_tiles",
+               "prefetch")
+DEFAULT_TUNING = {"batch_tiles": 1}     # per-batch tilings: the prefetching layout needs room for the launch's rows
 
 
 def tuning_from_env() -> dict[str, int]:
@@ -126,7 +128,7 @@ class MegakernelBackend(DecodeBackend):
     # ---- static state ------------------------------------------------------------------------------------------
     def _alloc_static(self) -> None:
         p, dev, w = self.plan, self.device, self.w
-        spec = p.scratch_spec(torch.bfloat16)
+        spec = p.scratch_spec(torch.bfloat16, n_lm_tiles=max(q.n_lm_tiles for q in self.plans))
         offs, total = {}, 0
         for name, (shape, dt) in spec.items():
             n = int(np.prod(shape)) * torch.empty((), dtype=dt).element_size()
@@ -180,8 +182,8 @@ class MegakernelBackend(DecodeBackend):
         bad = set(tuning) - set(TUNING_KEYS)
         if bad:
             raise ValueError(f"unknown tuning keys {sorted(bad)}")
-        self._tuning = {**self._tuning, **tuning}          # what was set before stays unless given again
-        batch_tiles = self._tuning.get("batch_tiles", 0)
+        self._tuning = {**DEFAULT_TUNING, **self._tuning, **tuning}   # what was set before stays unless given again
+        batch_tiles = self._tuning["batch_tiles"]
         knobs = {k: v for k, v in self._tuning.items() if k != "batch_tiles"}
         plans = tiling_plans(self.cfg, self.layout, self.max_batch, bool(batch_tiles), **knobs)
         plan = plans[-1]
@@ -191,6 +193,9 @@ class MegakernelBackend(DecodeBackend):
                 raise ValueError(f"kernel needs {p.smem_bytes()} B of shared memory, the GPU allows {self.smem_optin}")
         self.plan, self.plans, self.batch_tiles = plan, plans, batch_tiles
         self.smem = plan.smem_bytes()
+        lm_tiles = max(q.n_lm_tiles for q in plans)
+        if hasattr(self, "buf") and self.buf["lm_best"].shape[0] < lm_tiles:     # re-tuned to smaller LM tiles
+            self.buf["lm_best"] = torch.empty(lm_tiles, plan.max_batch, 2, dtype=torch.float32, device=self.device)
         self._tasks: dict[tuple, tuple[TaskList, torch.Tensor]] = {}    # by (tile_batch, step signature)
 
     def _plan_for(self, B: int) -> ModelPlan:
@@ -308,7 +313,7 @@ class MegakernelBackend(DecodeBackend):
 
     def _profile_buffers(self, tl: TaskList) -> dict[str, torch.Tensor]:
         p = self.plan
-        per_layer = p.n_slots * (p.gu_tiles + p.dn_tiles)
+        per_layer = max(q.n_slots * (q.gu_tiles + q.dn_tiles) for q in self.plans)
         return dict(tasks=torch.full((len(tl.records), O.PROF_INTS), -1, dtype=torch.int64, device=self.device),
                     items=torch.full((max(1, p.Lm), per_layer, O.PROF_INTS), -1, dtype=torch.int64,
                                      device=self.device),
@@ -345,6 +350,7 @@ class MegakernelBackend(DecodeBackend):
             I_mlp=p.I_mlp, V=cfg.vocab_size, L=p.L, n_groups=p.n_groups, block_size=p.layout.block_size,
             split_tokens=si.split_tokens, attn_stages=p.attn_stages, cpl=p.cpl, c_gu=p.c_gu,
             gu_rows=p.gu_rows, gu_tiles=p.gu_tiles, dn_rows=p.dn_rows, dn_tiles=p.dn_tiles, n_slots=p.n_slots,
+            wbuf=p.wbuf,
             n_pairs=p.n_pairs, r_stride=p.r_stride, r_slot_expert=p.r_slot_expert, r_slot_start=p.r_slot_start,
             r_slot_cnt=p.r_slot_cnt, r_pair_row=p.r_pair_row, r_pair_rank=p.r_pair_rank, r_pair_w=p.r_pair_w,
             r_topk_ids=p.r_topk_ids,

@@ -30,6 +30,9 @@ MAX_GROUP = 16               # query heads per kv head
 MAX_EXPERTS = 256
 MAX_TOPK = 16
 SMEM_LIMIT = 227 * 1024      # dynamic shared memory one block may use on sm_90
+SMEM_RESERVE = 2048          # of SMEM_LIMIT, left to the kernel's static shared memory (records, stamps, row pointers)
+PREFETCH_MIN_TILE = 48 * 1024  # a plan double-buffers its GEMV weights (the next task's tile loads while this one
+                             # waits and computes) only where two tiles of at least this many bytes fit
 DEFAULT_SPLIT_TOKENS = 512   # keys per attention split (rounded to the KV block size)
 MAX_SPLITS_PER_HEAD = 256    # longer contexts get longer splits
 
@@ -103,6 +106,8 @@ PARAM_FIELDS = (
     "cpl", "c_gu",
     # expert work items
     "gu_rows", "gu_tiles", "dn_rows", "dn_tiles", "n_slots", "n_pairs",
+    # bytes of each of the two GEMV weight buffers (0: one buffer, the inputs right after the tile; no prefetch)
+    "wbuf",
     # route buffer layout (int32 offsets inside one MoE layer's route record)
     "r_stride", "r_slot_expert", "r_slot_start", "r_slot_cnt", "r_pair_row", "r_pair_rank", "r_pair_w",
     "r_topk_ids",

@@ -43,17 +43,28 @@ def _pow2_floor(n: int) -> int:
     return 1 << (max(1, n).bit_length() - 1)
 
 
-def tile_rows(K: int, halves: int = 1, elt: int = 2, max_batch: int = O.MAX_BATCH) -> int:
-    """Rows (per half) of one GEMV weight tile of inner size K, a power of two: at most MAX_TILE_ROWS rows in all
-    halves together, and at most WTILE_BYTES of weights, less where the task's max_batch input rows of K elements
-    would not fit beside them in shared memory (the kernel stages the inputs right after the tile's weights)."""
+def tile_rows(K: int, halves: int = 1, elt: int = 2, max_batch: int = O.MAX_BATCH, wbuf: int = 0) -> int:
+    """Rows (per half) of one GEMV weight tile of inner size K: at most MAX_TILE_ROWS rows in all halves together.
+    One weight buffer (wbuf == 0): a power of two, at most WTILE_BYTES of weights, less where the task's max_batch
+    input rows of K elements would not fit beside them (the kernel stages the inputs right after the tile). Two
+    buffers of wbuf bytes (the prefetching layout, inputs after both): as many rows as fill one buffer."""
+    if wbuf:
+        return max(1, min(O.MAX_TILE_ROWS // halves, wbuf // (elt * K * halves)))
     budget = min(O.WTILE_BYTES, O.SMEM_LIMIT - O.GEMV_SCRATCH_BYTES - max_batch * K * elt)
     return max(1, min(O.MAX_TILE_ROWS // halves, _pow2_floor(budget // (elt * K * halves))))
 
 
+def prefetch_wbuf(k_max: int, max_batch: int, extra: int = 0, elt: int = 2) -> int:
+    """Bytes of each of the two GEMV weight buffers of the prefetching layout (scratch | buffer 0 | buffer 1 |
+    max_batch input rows of up to k_max elements | extra), or 0 where two buffers of PREFETCH_MIN_TILE do not fit."""
+    free = O.SMEM_LIMIT - O.SMEM_RESERVE - O.GEMV_SCRATCH_BYTES - max_batch * k_max * elt - extra
+    wbuf = min(O.WTILE_BYTES, free // 2) // 16 * 16
+    return wbuf if wbuf >= O.PREFETCH_MIN_TILE else 0
+
+
 def gemv_smem_bytes(K: int, rows: int, max_batch: int, elt: int = 2) -> int:
-    """Shared memory of one GEMV task (csrc/mk_gemv.cuh, `task_gemv`): reduction and output scratch, the tile's
-    `rows` weight rows (all halves), then max_batch input rows."""
+    """Shared memory of one GEMV task in the one-buffer layout (csrc/mk_gemv.cuh, `task_gemv`): reduction and
+    output scratch, the tile's `rows` weight rows (all halves), then max_batch input rows."""
     return O.GEMV_SCRATCH_BYTES + rows * K * elt + max_batch * K * elt
 
 
@@ -65,14 +76,24 @@ def attn_smem_bytes(d: int, g: int) -> int:
     return max(ring, merge)
 
 
-def smem_bytes(gemv_tiles: list[tuple[int, int]], Bm: int, d: int, g: int, E: int, H: int) -> int:
-    """Dynamic shared memory of the kernel: the max over its task kinds. gemv_tiles: (K, rows in all halves) of
-    every GEMV kind the plan uses."""
-    gemv = max(gemv_smem_bytes(K, rows, Bm) for K, rows in gemv_tiles)
+def small_task_smem_bytes(E: int, H: int) -> int:
+    """Shared memory of the task kinds that prefetch the next GEMV tile into weight buffer 1 while they run (NORM,
+    TOPK, ATTN_COMBINE: csrc/mk_kernel.cu): the largest of their layouts."""
     combine = 2 * O.MAX_GROUP * 4 + O.MAX_SPLITS_PER_HEAD * O.MAX_GROUP * 4
     route = O.MAX_BATCH * E * 4 + 2 * O.MAX_BATCH * O.MAX_TOPK * 4 + 3 * E * 4 + 64
     norm = H * 4 + 64 * 4
-    return int(max(gemv, attn_smem_bytes(d, g), combine, route, norm))
+    return max(combine, route, norm)
+
+
+def smem_bytes(gemv_tiles: list[tuple[int, int]], Bm: int, d: int, g: int, E: int, H: int, wbuf: int = 0,
+               k_max: int = 0) -> int:
+    """Dynamic shared memory of the kernel: the max over its task kinds. gemv_tiles: (K, rows in all halves) of
+    every GEMV kind the plan uses; wbuf > 0: the prefetching layout (two weight buffers, Bm rows of k_max after)."""
+    if wbuf:
+        gemv = O.GEMV_SCRATCH_BYTES + 2 * wbuf + Bm * k_max * 2
+    else:
+        gemv = max(gemv_smem_bytes(K, rows, Bm) for K, rows in gemv_tiles)
+    return int(max(gemv, attn_smem_bytes(d, g), small_task_smem_bytes(E, H)))
 
 
 @dataclass
@@ -91,6 +112,8 @@ class ModelPlan:
                                          # QKV / router / MLP gate-up tiles normalise their own inputs
     tile_batch: int = 0                  # rows the GEMV tiles leave room for (0: max_batch); launches of at most
                                          # this many rows may use the larger tiles (the backend's `batch_tiles`)
+    prefetch: int = 1                    # 1: two GEMV weight buffers where they fit (prefetch_wbuf): each block
+                                         # issues its next task's tile before it waits for and computes this one
 
     def __post_init__(self) -> None:
         cfg = self.cfg
@@ -129,10 +152,15 @@ class ModelPlan:
         self.n_groups = len(self.groups)
         # tiles
         d = self.d
-        rows = lambda K, halves=1: tile_rows(K, halves, max_batch=self.tb)
+        self.k_max = max(self.H, self.Q, self.I, self.I_mlp)
+        fused = (self.H + O.NUM_WARPS) * 4 if self.fused_norm else 0      # the fused tiles' residual row
+        self.wbuf = prefetch_wbuf(self.k_max, self.tb, fused) if self.prefetch else 0
+        if small_task_smem_bytes(self.E, self.H) > O.GEMV_SCRATCH_BYTES + self.wbuf:
+            self.wbuf = 0                    # the small tasks' layouts would overlap a prefetch into buffer 1
+        rows = lambda K, halves=1: tile_rows(K, halves, max_batch=self.tb, wbuf=self.wbuf)
         r = rows(self.H)
-        while r > 1 and d % r:
-            r //= 2
+        while r > 1 and (d % r or r % 2):    # a QKV tile stays inside one head (its counter, RoPE pairs)
+            r -= 1
         self.qkv_rows = r
         self.o_rows = rows(self.Q)
         self.router_rows = rows(self.H)
@@ -152,7 +180,6 @@ class ModelPlan:
             self.gemv_tiles.append((self.H, 2 * self.mgu_rows))
             self.gemv_tiles += [(w, r) for w, r in self.mdn_rows.items()]
         self.n_lm_tiles = math.ceil(cfg.vocab_size / self.lm_rows)
-        self.k_max = max(self.H, self.Q, self.I, self.I_mlp)
         # route record layout (int32 offsets)
         ns, npair = self.n_slots, self.n_pairs
         off = 2                              # [0] n_active, [1] n_items
@@ -181,7 +208,7 @@ class ModelPlan:
         """Dynamic shared memory of the kernel (its task kinds' layouts are in csrc/mk_*.cuh, described by
         `smem_bytes` above from this plan's tiles)."""
         fused = (self.H + O.NUM_WARPS) * 4 if self.fused_norm else 0      # the fused tiles' residual row
-        return smem_bytes(self.gemv_tiles, self.tb, self.d, self.g, self.E, self.H) + fused
+        return smem_bytes(self.gemv_tiles, self.tb, self.d, self.g, self.E, self.H, self.wbuf, self.k_max) + fused
 
     def check_supported(self) -> None:
         """Raise ValueError naming the first dimension the kernel does not handle."""
@@ -209,8 +236,10 @@ class ModelPlan:
             raise ValueError("vocab too large for the fp32 argmax index")
 
     # ---- scratch --------------------------------------------------------------------------------------------------
-    def scratch_spec(self, act_dtype: torch.dtype) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-        """Named scratch buffers (shape, dtype). Every buffer is written once per step (no reuse in a step)."""
+    def scratch_spec(self, act_dtype: torch.dtype, n_lm_tiles: int | None = None
+                     ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Named scratch buffers (shape, dtype). Every buffer is written once per step (no reuse in a step).
+        n_lm_tiles: LM-head maxima to hold (default this plan's; a backend with several plans passes their max)."""
         L, Bm, H, Q = self.L, self.max_batch, self.H, self.Q
         Lm = max(1, self.Lm)
         f32, i32 = torch.float32, torch.int32
@@ -226,7 +255,7 @@ class ModelPlan:
             "y": ((Lm, Bm, self.topk, H), act_dtype),
             "mact": ((L, Bm, self.I_mlp), act_dtype),
             "mout": ((L, Bm, H), act_dtype),
-            "lm_best": ((self.n_lm_tiles, Bm, 2), f32),
+            "lm_best": ((n_lm_tiles or self.n_lm_tiles, Bm, 2), f32),
             "tokens": ((Bm,), i32),
         }
 
@@ -252,16 +281,21 @@ class ModelPlan:
 
 def tiling_plans(cfg: ModelConfig, layout: KVLayout, max_batch: int, per_batch: bool, **knobs) -> list[ModelPlan]:
     """The plans a backend launches, by increasing tile_batch; the last is sized for max_batch rows (and sizes the
-    scratch: every other plan's tiles are at least as large, so it needs no more LM-head maxima or MoE items).
-    per_batch: one plan per distinct tiling over 1..max_batch rows (fewer rows leave room for larger tiles)."""
+    scratch, but for the LM-head maxima and MoE items: a plan of fewer rows may have smaller, double-buffered
+    tiles, so the backend sizes those from the max over its plans).
+    per_batch: one plan per distinct tiling over 1..max_batch rows (fewer rows leave room for larger tiles); with
+    prefetching the tiles shrink with every row, so only powers of two are candidates (as the graph's buckets)."""
     full = ModelPlan(cfg, layout, max_batch, **knobs)
     if not per_batch:
         return [full]
+    key = lambda p: (tuple(p.gemv_tiles), p.wbuf)          # noqa: E731
     by_tiles: dict[tuple, ModelPlan] = {}
-    for tb in range(1, max_batch):
+    cands = range(1, max_batch) if not knobs.get("prefetch", 1) else [1 << i for i in range(max_batch.bit_length())
+                                                                        if 1 << i < max_batch]
+    for tb in cands:
         p = ModelPlan(cfg, layout, max_batch, tile_batch=tb, **knobs)
-        by_tiles[tuple(p.gemv_tiles)] = p                  # the largest tile_batch with this tiling wins
-    by_tiles.pop(tuple(full.gemv_tiles), None)
+        by_tiles[key(p)] = p                               # the largest tile_batch with this tiling wins
+    by_tiles.pop(key(full), None)
     return sorted(by_tiles.values(), key=lambda p: p.tb) + [full]
 
 

@@ -209,22 +209,53 @@ def test_torch_path_records_router_logits():
 
 
 def test_per_batch_tilings_on_north_dims():
-    """batch_tiles: at North dims, launches of <= 11 rows get 128 KB O-projection tiles (the inputs of 16 rows of
-    4096 leave room for 64 KB only); every plan fits the shared memory and needs no more scratch than the full one."""
+    """batch_tiles without prefetching: at North dims, launches of <= 11 rows get 128 KB O-projection tiles (the
+    inputs of 16 rows of 4096 leave room for 64 KB only); every plan fits the shared memory and needs no more scratch
+    than the full one."""
     from megakernel.config import north_mini_code_config
     from megakernel.kernel.schedule import plan_for_rows, tiling_plans
     from megakernel.kv.cache import KVLayout
 
     cfg = north_mini_code_config()
-    plans = tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, True, n_workers=132)
+    plans = tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, True, n_workers=132, prefetch=0)
     assert [p.tb for p in plans] == [11, 16]
     assert (plans[0].o_rows, plans[1].o_rows) == (16, 8)
     assert plan_for_rows(plans, 1) is plans[0] and plan_for_rows(plans, 11) is plans[0]
     assert plan_for_rows(plans, 12) is plans[1]
     for p in plans:
+        assert p.wbuf == 0
         assert p.smem_bytes() <= O.SMEM_LIMIT
         assert p.n_lm_tiles <= plans[-1].n_lm_tiles and p.gu_tiles <= plans[-1].gu_tiles
-    assert tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, False)[0].tb == 16
+    assert tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, False, prefetch=0)[0].tb == 16
+
+
+def test_prefetching_tilings_on_north_dims():
+    """Prefetching plans (the default): launches of 1, 2, 4 and 8 rows get two weight buffers, each tile filling
+    one, the inputs after both; 16 rows of 4096 inputs leave no room for two buffers of PREFETCH_MIN_TILE, so that
+    plan keeps one buffer. Every plan fits the shared memory with the static part reserved, every tile fits its
+    buffer, a QKV tile stays inside one head, and the small task kinds stay clear of buffer 1."""
+    from megakernel.config import north_mini_code_config
+    from megakernel.kernel.schedule import small_task_smem_bytes, tiling_plans
+    from megakernel.kv.cache import KVLayout
+
+    cfg = north_mini_code_config()
+    plans = tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, True, n_workers=132)
+    assert [p.tb for p in plans] == [1, 2, 4, 8, 16]
+    assert [p.wbuf > 0 for p in plans] == [True, True, True, True, False]
+    for p in plans:
+        assert p.smem_bytes() <= O.SMEM_LIMIT - (O.SMEM_RESERVE if p.wbuf else 0)
+        if p.wbuf:
+            assert p.wbuf >= O.PREFETCH_MIN_TILE
+            assert all(K * rows * 2 <= p.wbuf for K, rows in p.gemv_tiles)
+            assert small_task_smem_bytes(p.E, p.H) <= O.GEMV_SCRATCH_BYTES + p.wbuf
+            assert p.d % p.qkv_rows == 0 and p.qkv_rows % 2 == 0
+    b1 = plans[0]
+    assert b1.wbuf >= 100 * 1024 and b1.gu_rows * 2 * b1.H * 2 > 96 * 1024      # ~104 KB tiles at batch 1
+    # the smaller tiles of the prefetching plans need more LM-head maxima than the full plan: the backend sizes the
+    # scratch from the max over its plans
+    need = max(p.n_lm_tiles for p in plans)
+    assert need > plans[-1].n_lm_tiles
+    assert plans[-1].scratch_spec(torch.bfloat16, n_lm_tiles=need)["lm_best"][0][0] == need
 
 
 @pytest.mark.parametrize("B", [1, 3])

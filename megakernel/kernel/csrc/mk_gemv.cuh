@@ -5,12 +5,19 @@
 #include "mk_norm.cuh"      // residual_row / norm_row: tiles with FLAG_FUSED_NORM normalise their own inputs
 
 // ---- GEMV: a tile of weight rows (staged in shared memory) times up to MB input rows ---------------------------
-// Layout: sRed [64*MB] f32 | sOut [64*MB] f32 | sW [R][K] bf16 | sX [nb][K] bf16, R the tile's rows (all halves):
-// the inputs start right after the tile's weights (schedule.gemv_smem_bytes sizes it; tile_rows keeps it in bounds).
+// Layouts (schedule.smem_bytes sizes both):
+//   one buffer (wbuf == 0):   sRed [64*MB] f32 | sOut [64*MB] f32 | sW [R][K] bf16 | sX [nb][K] bf16
+//   two buffers (wbuf > 0):   sRed | sOut | sW0 [wbuf B] | sW1 [wbuf B] | sX [nb][K] bf16
+// With two buffers a block issues the weights of the task (or MoE item) it runs next into the other buffer before
+// it waits for and computes the current one: weights are immutable, so their loads never wait on a counter, and the
+// SM keeps loading through the dependency wait, the math, the epilogue and the signal.
 #define SM_RED 0
 #define SM_OUT (64 * MB * 4)
 #define SM_W MK_GEMV_SCRATCH_BYTES
-__device__ __forceinline__ size_t sm_x(int R, int K) { return SM_W + (size_t)R * K * 2; }
+__device__ __forceinline__ size_t sm_w(const Params& P, int buf) { return SM_W + (size_t)buf * PI(wbuf); }
+__device__ __forceinline__ size_t sm_x(const Params& P, int R, int K) {
+    return PI(wbuf) ? SM_W + 2 * (size_t)PI(wbuf) : SM_W + (size_t)R * K * 2;
+}
 
 struct Tile {
     const bf16* w0;
@@ -20,9 +27,15 @@ struct Tile {
     int K;
 };
 
-// Starts the async copy of the tile's weights (immutable: safe before any wait).
-__device__ __forceinline__ void issue_weights(const Tile& T) {
-    bf16* sW = reinterpret_cast<bf16*>(smem + SM_W);
+// The block's prefetch state: s_next is the block's next ticket (claimed ahead by the persistent loop); s_pf_ticket
+// the ticket whose weights are in flight in buffer s_pf_buf (a stale value is an older ticket, never matched). At
+// most one prefetch is pending, always for the block's next ticket, always a GEMV task; a task kind that is not a
+// GEMV starts with nothing in flight. Thread 0 writes them; the loop reads them before its record barrier.
+__shared__ int s_next, s_pf_ticket, s_pf_buf;
+
+// Starts the async copy of the tile's weights into weight buffer `buf` (immutable: safe before any wait).
+__device__ __forceinline__ void issue_weights(const Params& P, const Tile& T, int buf) {
+    bf16* sW = reinterpret_cast<bf16*>(smem + sm_w(P, buf));
     const int per_row = T.K >> 3;
     const int u0 = T.n0 * per_row, u1 = T.n1 * per_row;
     for (int u = threadIdx.x; u < u0 + u1; u += NT) {
@@ -30,31 +43,48 @@ __device__ __forceinline__ void issue_weights(const Tile& T) {
         cp_async16(sW + (size_t)u * 8, src);
     }
     cp_async_commit();
-    prof_mark(PS_ISSUED);
 }
 
 __shared__ const bf16* s_xrow[MB];
 
-// Copies nb input rows (pointers in s_xrow) of K elements into sX (after the R weight rows), then waits for every
-// pending copy.
-__device__ __forceinline__ void load_x_and_wait(int nb, int K, int R) {
-    bf16* sX = reinterpret_cast<bf16*>(smem + sm_x(R, K));
-    const int per_row = K >> 3;
-    for (int u = threadIdx.x; u < nb * per_row; u += NT) {
-        const int b = u / per_row, c = u - b * per_row;
-        cp_async16(sX + (size_t)b * K + c * 8, s_xrow[b] + c * 8);
+// Copies nb input rows (pointers in s_xrow) of K elements into sX with plain L2 loads (the inputs were written in
+// this launch), four 16-byte loads in flight per thread. Not cp.async: a prefetched tile committed after the current
+// one must stay in flight while the current task waits for its own weights (cp.async groups complete in order).
+__device__ __forceinline__ void load_x(bf16* sX, int nb, int K) {
+    const int per_row = K >> 3, n = nb * per_row;
+    for (int u0 = threadIdx.x; u0 < n; u0 += 4 * NT) {
+        uint4 v[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int u = u0 + j * NT;
+            if (u < n) {
+                const int b = u / per_row;
+                v[j] = __ldcg(reinterpret_cast<const uint4*>(s_xrow[b]) + (u - b * per_row));
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int u = u0 + j * NT;
+            if (u < n) {
+                const int b = u / per_row;
+                reinterpret_cast<uint4*>(sX + (size_t)b * K)[u - b * per_row] = v[j];
+            }
+        }
     }
-    cp_async_commit();
-    cp_async_wait_all();
+}
+
+// Waits for this task's weights: every pending copy but the most recent group when the next task's tile was
+// committed after them (`prefetched`), then the block barrier that publishes sW and sX.
+__device__ __forceinline__ void wait_weights(bool prefetched) {
+    if (prefetched) cp_async_wait_group<1>();
+    else cp_async_wait_all();
     __syncthreads();
     prof_mark(PS_LANDED);
 }
 
 // sOut[r * MB + b] = dot(W[r, :], X[b, :]) in fp32 for r < R, b < nb. Each warp takes (row, K-slice) items.
 template <int BM>
-__device__ __forceinline__ void gemv_core(int R, int K, int nb) {
-    const bf16* sW = reinterpret_cast<const bf16*>(smem + SM_W);
-    const bf16* sX = reinterpret_cast<const bf16*>(smem + sm_x(R, K));
+__device__ __forceinline__ void gemv_core(const bf16* sW, const bf16* sX, int R, int K, int nb) {
     float* sRed = reinterpret_cast<float*>(smem + SM_RED);
     float* sOut = reinterpret_cast<float*>(smem + SM_OUT);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -97,70 +127,114 @@ __device__ __forceinline__ void gemv_core(int R, int K, int nb) {
     __syncthreads();
 }
 
-__device__ __noinline__ void gemv(int R, int K, int nb) {
-    if (nb <= 1) gemv_core<1>(R, K, nb);
-    else if (nb <= 2) gemv_core<2>(R, K, nb);
-    else if (nb <= 4) gemv_core<4>(R, K, nb);
-    else if (nb <= 8) gemv_core<8>(R, K, nb);
-    else gemv_core<16>(R, K, nb);
+// The tile in weight buffer `buf` times the nb rows in sX.
+__device__ __noinline__ void gemv(const Params& P, int buf, int R, int K, int nb) {
+    const bf16* sW = reinterpret_cast<const bf16*>(smem + sm_w(P, buf));
+    const bf16* sX = reinterpret_cast<const bf16*>(smem + sm_x(P, R, K));
+    if (nb <= 1) gemv_core<1>(sW, sX, R, K, nb);
+    else if (nb <= 2) gemv_core<2>(sW, sX, R, K, nb);
+    else if (nb <= 4) gemv_core<4>(sW, sX, R, K, nb);
+    else if (nb <= 8) gemv_core<8>(sW, sX, R, K, nb);
+    else gemv_core<16>(sW, sX, R, K, nb);
     prof_mark(PS_COMPUTED);                 // after gemv_core's closing barrier: every partial sum is in sOut
 }
 
 // ---- static GEMV tasks ---------------------------------------------------------------------------------------
-// Weights first (prefetch), then the waits, then the inputs, then the math and the task's epilogue.
-__device__ bool task_gemv(const Params& P, const int* rec, int ticket) {
+__device__ __forceinline__ bool is_gemv_op(int op) {
+    return op == OP_QKV || op == OP_OPROJ || op == OP_ROUTER || op == OP_MLP_GU || op == OP_MLP_DOWN || op == OP_LM_HEAD;
+}
+
+// The weight tile of a static GEMV record (op, layer, first row, rows) and, if wanted, where its input rows start.
+__device__ __forceinline__ Tile static_tile(const Params& P, int op, int l, int r0, int nr, const bf16** xin = nullptr,
+                                            int* xpitch = nullptr) {
+    const int H = PI(H), Bm = PI(Bm), L = PI(L);
+    const int Q = PI(n_heads) * PI(head_dim);
+    const long long* wp = l < L ? layer_wptr(P, l) : nullptr;
+    Tile T;
+    T.w1 = nullptr;
+    T.n1 = 0;
+    T.n0 = nr;
+    const bf16* x;
+    int pitch = H;
+    switch (op) {
+        case OP_QKV:
+            T.K = H; T.w0 = reinterpret_cast<const bf16*>(wp[WP_QKV]) + (size_t)r0 * H;
+            x = PP(const bf16*, x) + (size_t)l * Bm * H;
+            break;
+        case OP_OPROJ:
+            T.K = Q; T.w0 = reinterpret_cast<const bf16*>(wp[WP_O]) + (size_t)r0 * Q;
+            x = PP(const bf16*, attn) + (size_t)l * Bm * Q; pitch = Q;
+            break;
+        case OP_ROUTER:
+            T.K = H; T.w0 = reinterpret_cast<const bf16*>(wp[WP_ROUTER]) + (size_t)r0 * H;
+            x = PP(const bf16*, x) + (size_t)l * Bm * H;
+            break;
+        case OP_MLP_GU: {
+            const int width = layer_info(P, l)[LI_MLP_WIDTH];
+            const bf16* w = reinterpret_cast<const bf16*>(wp[WP_MLP_GU]);
+            T.K = H; T.w0 = w + (size_t)r0 * H; T.w1 = w + (size_t)(width + r0) * H; T.n1 = nr;
+            x = PP(const bf16*, x) + (size_t)l * Bm * H;
+            break;
+        }
+        case OP_MLP_DOWN: {
+            const int width = layer_info(P, l)[LI_MLP_WIDTH];
+            T.K = width; T.w0 = reinterpret_cast<const bf16*>(wp[WP_MLP_DOWN]) + (size_t)r0 * width;
+            x = PP(const bf16*, mact) + (size_t)l * Bm * PI(I_mlp); pitch = PI(I_mlp);
+            break;
+        }
+        default:  // OP_LM_HEAD
+            T.K = H; T.w0 = PP(const bf16*, lm_head) + (size_t)r0 * H;
+            x = PP(const bf16*, x) + (size_t)L * Bm * H;
+            break;
+    }
+    if (xin) *xin = x;
+    if (xpitch) *xpitch = pitch;
+    return T;
+}
+
+// All threads: with two weight buffers, issue the tile of the block's next ticket into buffer `buf` if that task is a
+// GEMV (its record is read here; the loop reads it again when it runs it). Returns whether a group was committed.
+__device__ __forceinline__ bool prefetch_next(const Params& P, int buf) {
+    const int next = s_next;
+    if (!PI(wbuf) || next >= PI(n_tasks)) return false;
+    const int* r = PP(const int*, tasks) + (size_t)next * MK_REC_INTS;
+    const int op = __ldg(r + RF_OP);
+    if (!is_gemv_op(op)) return false;
+    const Tile T = static_tile(P, op, __ldg(r + RF_LAYER), __ldg(r + RF_A0), __ldg(r + RF_A1));
+    if ((size_t)(T.n0 + T.n1) * T.K * 2 > (size_t)PI(wbuf)) return false;     // the plan keeps tiles in a buffer
+    issue_weights(P, T, buf);
+    if (threadIdx.x == 0) { s_pf_ticket = next; s_pf_buf = buf; }
+    return true;
+}
+
+// Weights first (this task's, unless prefetched, then the next task's), then the waits, then the inputs, then the
+// math and the task's epilogue. pf_buf: the buffer the previous task issued this task's weights into (-1: none).
+__device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_buf) {
     const int op = rec[RF_OP], l = rec[RF_LAYER], r0 = rec[RF_A0], nr = rec[RF_A1];
     const int H = PI(H), Bm = PI(Bm), B = PI(B), L = PI(L);
     const int Q = PI(n_heads) * PI(head_dim);
     const long long* wp = l < L ? layer_wptr(P, l) : nullptr;
     const int* li = l < L ? layer_info(P, l) : nullptr;
-    Tile T;
-    T.w1 = nullptr;
-    T.n1 = 0;
-    T.n0 = nr;
     const bf16* xin;
     int xpitch;
-    switch (op) {
-        case OP_QKV:
-            T.K = H; T.w0 = reinterpret_cast<const bf16*>(wp[WP_QKV]) + (size_t)r0 * H;
-            xin = PP(const bf16*, x) + (size_t)l * Bm * H; xpitch = H;
-            break;
-        case OP_OPROJ:
-            T.K = Q; T.w0 = reinterpret_cast<const bf16*>(wp[WP_O]) + (size_t)r0 * Q;
-            xin = PP(const bf16*, attn) + (size_t)l * Bm * Q; xpitch = Q;
-            break;
-        case OP_ROUTER:
-            T.K = H; T.w0 = reinterpret_cast<const bf16*>(wp[WP_ROUTER]) + (size_t)r0 * H;
-            xin = PP(const bf16*, x) + (size_t)l * Bm * H; xpitch = H;
-            break;
-        case OP_MLP_GU: {
-            const int width = li[LI_MLP_WIDTH];
-            const bf16* w = reinterpret_cast<const bf16*>(wp[WP_MLP_GU]);
-            T.K = H; T.w0 = w + (size_t)r0 * H; T.w1 = w + (size_t)(width + r0) * H; T.n1 = nr;
-            xin = PP(const bf16*, x) + (size_t)l * Bm * H; xpitch = H;
-            break;
-        }
-        case OP_MLP_DOWN: {
-            const int width = li[LI_MLP_WIDTH];
-            T.K = width; T.w0 = reinterpret_cast<const bf16*>(wp[WP_MLP_DOWN]) + (size_t)r0 * width;
-            xin = PP(const bf16*, mact) + (size_t)l * Bm * PI(I_mlp); xpitch = PI(I_mlp);
-            break;
-        }
-        default:  // OP_LM_HEAD
-            T.K = H; T.w0 = PP(const bf16*, lm_head) + (size_t)r0 * H;
-            xin = PP(const bf16*, x) + (size_t)L * Bm * H; xpitch = H;
-            break;
-    }
+    const Tile T = static_tile(P, op, l, r0, nr, &xin, &xpitch);
     const int flags = rec[RF_FLAGS];
     const bool fused = (flags & MK_FLAG_FUSED_NORM) != 0;      // QKV / ROUTER / MLP_GU only: K == H
     const int R = T.n0 + T.n1;
-    const size_t x_end = sm_x(R, T.K) + (size_t)B * T.K * 2;
-    if (!smem_fits(P, x_end + (fused ? (size_t)(H + NW) * 4 : 0), ticket)) return false;
-    issue_weights(T);
+    const size_t x_end = sm_x(P, R, T.K) + (size_t)B * T.K * 2;
+    if (!smem_fits(P, x_end + (fused ? (size_t)(H + NW) * 4 : 0), ticket)) { cp_async_wait_all(); return false; }
+    int buf = 0;
+    if (pf_buf >= 0) {
+        buf = pf_buf;                        // issued by the previous task: `issued` stays at the claim
+    } else {
+        issue_weights(P, T, buf);
+        prof_mark(PS_ISSUED);
+    }
+    const bool prefetched = prefetch_next(P, buf ^ 1);
     if (!fused && threadIdx.x < B) s_xrow[threadIdx.x] = xin + (size_t)threadIdx.x * xpitch;
     if (!wait_rec(P, rec, ticket)) { cp_async_wait_all(); return false; }
     if (fused) {       // the rows' residual and norm straight into sX (the weights keep landing meanwhile)
-        bf16* sX = reinterpret_cast<bf16*>(smem + sm_x(R, T.K));
+        bf16* sX = reinterpret_cast<bf16*>(smem + sm_x(P, R, T.K));
         float* sH = reinterpret_cast<float*>(smem + x_end);
         for (int b = 0; b < B; b++) {
             residual_row(P, l, b, sH);
@@ -172,13 +246,11 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket) {
             }
             __syncthreads();                    // sH is the next row's
         }
-        cp_async_wait_all();
-        __syncthreads();
-        prof_mark(PS_LANDED);
     } else {
-        load_x_and_wait(B, T.K, R);
+        load_x(reinterpret_cast<bf16*>(smem + sm_x(P, R, T.K)), B, T.K);
     }
-    gemv(R, T.K, B);
+    wait_weights(prefetched);
+    gemv(P, buf, R, T.K, B);
     const float* sOut = reinterpret_cast<const float*>(smem + SM_OUT);
     switch (op) {
         case OP_QKV: {

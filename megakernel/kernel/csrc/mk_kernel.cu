@@ -11,7 +11,7 @@
 // ---- the persistent kernel ---------------------------------------------------------------------------------------
 extern "C" __global__ void __launch_bounds__(NT, 1) mk_decode(const __grid_constant__ Params P) {
     __shared__ int s_rec[MK_REC_INTS];
-    __shared__ int s_next, s_abort;
+    __shared__ int s_abort;
     int* ctrl = PP(int*, ctrl);
     const int* tasks = PP(const int*, tasks);
     const int n_tasks = PI(n_tasks);
@@ -28,7 +28,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) mk_decode(const __grid_const
         pblock[PB_SM] = smid();
     }
 #endif
-    if (threadIdx.x == 0) s_next = atomicAdd(ctrl + CTRL_TICKET, 1);
+    if (threadIdx.x == 0) { s_next = atomicAdd(ctrl + CTRL_TICKET, 1); s_pf_ticket = -1; s_pf_buf = 0; }
     __syncthreads();
     while (true) {
         const int ticket = s_next;
@@ -39,18 +39,25 @@ extern "C" __global__ void __launch_bounds__(NT, 1) mk_decode(const __grid_const
             s_next = atomicAdd(ctrl + CTRL_TICKET, 1);     // claim the next ticket early (see schedule.py)
         }
         if (threadIdx.x < MK_REC_INTS) s_rec[threadIdx.x] = __ldg(tasks + (size_t)ticket * MK_REC_INTS + threadIdx.x);
+        // this task's weights, if the previous task issued them (read before the barrier: this task's thread 0 may
+        // record the next prefetch)
+        const int pf_buf = s_pf_ticket == ticket ? s_pf_buf : -1;
         __syncthreads();
         if (s_abort) break;
         prof_reset();
+        const int op = s_rec[RF_OP];
+        // the small task kinds use less shared memory than the scratch and weight buffer 0 (the plan checks):
+        // they prefetch the next GEMV tile into buffer 1 before their own wait
+        if (op == OP_NORM || op == OP_TOPK || op == OP_ATTN_COMBINE) prefetch_next(P, 1);
         bool ok;
-        switch (s_rec[RF_OP]) {
+        switch (op) {
             case OP_NORM: ok = task_norm(P, s_rec, ticket); break;
             case OP_QKV:
             case OP_OPROJ:
             case OP_ROUTER:
             case OP_MLP_GU:
             case OP_MLP_DOWN:
-            case OP_LM_HEAD: ok = task_gemv(P, s_rec, ticket); break;
+            case OP_LM_HEAD: ok = task_gemv(P, s_rec, ticket, pf_buf); break;
             case OP_ATTN: ok = task_attn(P, s_rec, ticket); break;
             case OP_ATTN_COMBINE: ok = task_combine(P, s_rec, ticket); break;
             case OP_TOPK: ok = task_topk(P, s_rec, ticket); break;
@@ -63,6 +70,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) mk_decode(const __grid_const
         if (!ok) break;
         prof_record(PP(long long*, prof) + (size_t)ticket * MK_PROF_INTS, s_rec[RF_OP], s_rec[RF_LAYER], ticket);
     }
+    cp_async_wait_all();                     // an aborted step may leave a prefetch in flight
     __syncthreads();
 #if MK_PROFILE
     if (threadIdx.x == 0) {

@@ -98,64 +98,98 @@ __device__ bool task_topk(const Params& P, const int* rec, int ticket) {
 }
 
 // ---- MOE_WORKER: claims expert work items of one layer until the queue is empty --------------------------------
+// One work item: a gate/up tile (with SiLU * up) or a down tile of one active expert slot.
+struct MoeItem {
+    bool down;
+    int slot, e, st, cnt, r0, nr;
+    Tile T;
+};
+
+__device__ __forceinline__ MoeItem moe_item(const Params& P, const int* route, const bf16* egu, const bf16* edn,
+                                            int item, int n_gu) {
+    const int H = PI(H), I = PI(I), gu_tiles = PI(gu_tiles), gu_rows = PI(gu_rows), dn_rows = PI(dn_rows);
+    MoeItem it;
+    it.down = item >= n_gu;
+    int t;
+    if (!it.down) { it.slot = item / gu_tiles; t = item - it.slot * gu_tiles; }
+    else { it.slot = (item - n_gu) / PI(dn_tiles); t = (item - n_gu) - it.slot * PI(dn_tiles); }
+    it.e = ldcg_i(route + PI(r_slot_expert) + it.slot);
+    it.st = ldcg_i(route + PI(r_slot_start) + it.slot);
+    it.cnt = ldcg_i(route + PI(r_slot_cnt) + it.slot);
+    if (!it.down) {
+        it.r0 = t * gu_rows; it.nr = min(gu_rows, I - it.r0);
+        it.T.K = H; it.T.n0 = it.nr; it.T.n1 = it.nr;
+        it.T.w0 = egu + ((size_t)it.e * 2 * I + it.r0) * H;
+        it.T.w1 = egu + ((size_t)it.e * 2 * I + I + it.r0) * H;
+    } else {
+        it.r0 = t * dn_rows; it.nr = min(dn_rows, H - it.r0);
+        it.T.K = I; it.T.n0 = it.nr; it.T.n1 = 0; it.T.w1 = nullptr;
+        it.T.w0 = edn + ((size_t)it.e * H + it.r0) * I;
+    }
+    return it;
+}
+
+// With two weight buffers the worker claims one item ahead and issues its tile before computing the current one;
+// the claim after the last item prefetches the block's next ticket instead. Claiming ahead keeps the induction of
+// schedule.py: items run in claim order, every gate/up item precedes every down item, so a worker never holds a
+// gate/up item behind the down item it is waiting on.
 __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
     if (!wait_rec(P, rec, ticket)) return false;
 #if MK_PROFILE
     const long long task_claim = s_prof[PS_CLAIM], task_waited = s_prof[PS_WAITED];   // thread 0's copies
 #endif
     const int l = rec[RF_LAYER], m = rec[RF_A0];
-    const int H = PI(H), I = PI(I), Bm = PI(Bm), topk = PI(topk), np = PI(n_pairs);
-    const int gu_rows = PI(gu_rows), gu_tiles = PI(gu_tiles), dn_rows = PI(dn_rows);
+    const int I = PI(I), topk = PI(topk), np = PI(n_pairs);
     const int* route = PP(const int*, route) + (size_t)m * PI(r_stride);
     const long long* wp = layer_wptr(P, l);
     const bf16* egu = reinterpret_cast<const bf16*>(wp[WP_E_GU]);
     const bf16* edn = reinterpret_cast<const bf16*>(wp[WP_E_DOWN]);
+    const bool two = PI(wbuf) != 0;
     __shared__ int s_w[4];
-    if (threadIdx.x == 0) { s_w[0] = ldcg_i(route); s_w[1] = ldcg_i(route + 1); }
+    if (threadIdx.x == 0) { s_w[0] = ldcg_i(route); s_w[1] = ldcg_i(route + 1); s_w[2] = atomicAdd(PP(int*, moe_work) + m, 1); }
     __syncthreads();
     const int n_active = s_w[0], n_items = s_w[1];
-    const int n_gu = n_active * gu_tiles;
+    const int n_gu = n_active * PI(gu_tiles);
     int* work = PP(int*, moe_work) + m;
-    while (true) {
-        __syncthreads();
+    int item = s_w[2], buf = 0;
+    bool issued = false;                     // the current item's tile is in flight in `buf`
+    if (item >= n_items) prefetch_next(P, 1);
+    while (item < n_items) {
+        prof_reset();
+        const MoeItem it = moe_item(P, route, egu, edn, item, n_gu);
+        if (!smem_fits(P, sm_x(P, it.T.n0 + it.T.n1, it.T.K) + (size_t)it.cnt * it.T.K * 2, ticket)) {
+            cp_async_wait_all();
+            return false;
+        }
+        if (!issued) { issue_weights(P, it.T, buf); prof_mark(PS_ISSUED); }
+        __syncthreads();                     // s_w[2] of the previous claim has been read by every thread
         if (threadIdx.x == 0) s_w[2] = atomicAdd(work, 1);
         __syncthreads();
-        const int item = s_w[2];
-        if (item >= n_items) break;
-        prof_reset();
-        const bool down = item >= n_gu;
-        int slot, t;
-        if (!down) { slot = item / gu_tiles; t = item - slot * gu_tiles; }
-        else { slot = (item - n_gu) / PI(dn_tiles); t = (item - n_gu) - slot * PI(dn_tiles); }
-        const int e = ldcg_i(route + PI(r_slot_expert) + slot);
-        const int st = ldcg_i(route + PI(r_slot_start) + slot), cnt = ldcg_i(route + PI(r_slot_cnt) + slot);
-        Tile T;
-        int r0, nr;
-        if (!down) {
-            r0 = t * gu_rows; nr = min(gu_rows, I - r0);
-            T.K = H; T.n0 = nr; T.n1 = nr;
-            T.w0 = egu + ((size_t)e * 2 * I + r0) * H;
-            T.w1 = egu + ((size_t)e * 2 * I + I + r0) * H;
-        } else {
-            r0 = t * dn_rows; nr = min(dn_rows, H - r0);
-            T.K = I; T.n0 = nr; T.n1 = 0; T.w1 = nullptr;
-            T.w0 = edn + ((size_t)e * H + r0) * I;
+        const int nxt = s_w[2];
+        bool prefetched = false;
+        if (two) {
+            if (nxt < n_items) {
+                issue_weights(P, moe_item(P, route, egu, edn, nxt, n_gu).T, buf ^ 1);
+                prefetched = true;
+            } else {
+                prefetched = prefetch_next(P, buf ^ 1);
+            }
         }
-        if (!smem_fits(P, sm_x(T.n0 + T.n1, T.K) + (size_t)cnt * T.K * 2, ticket)) return false;
-        issue_weights(T);
-        const int gu_ctr = l * PI(cpl) + PI(c_gu) + slot;
-        if (down && !block_wait(P, gu_ctr, gu_tiles, ticket)) { cp_async_wait_all(); return false; }
+        const int gu_ctr = l * PI(cpl) + PI(c_gu) + it.slot;
+        if (it.down && !block_wait(P, gu_ctr, PI(gu_tiles), ticket)) { cp_async_wait_all(); return false; }
         prof_mark(PS_WAITED);
-        if (threadIdx.x < cnt) {
+        if (threadIdx.x < it.cnt) {
             const int i = threadIdx.x;
-            s_xrow[i] = down ? PP(const bf16*, eact) + ((size_t)m * np + st + i) * I
-                             : PP(const bf16*, x) + ((size_t)l * Bm + ldcg_i(route + PI(r_pair_row) + st + i)) * H;
+            s_xrow[i] = it.down ? PP(const bf16*, eact) + ((size_t)m * np + it.st + i) * I
+                                : PP(const bf16*, x) + ((size_t)l * PI(Bm) + ldcg_i(route + PI(r_pair_row) + it.st + i)) * PI(H);
         }
         __syncthreads();
-        load_x_and_wait(cnt, T.K, T.n0 + T.n1);
-        gemv(T.n0 + T.n1, T.K, cnt);
+        load_x(reinterpret_cast<bf16*>(smem + sm_x(P, it.T.n0 + it.T.n1, it.T.K)), it.cnt, it.T.K);
+        wait_weights(prefetched);
+        gemv(P, buf, it.T.n0 + it.T.n1, it.T.K, it.cnt);
         const float* sOut = reinterpret_cast<const float*>(smem + SM_OUT);
-        if (!down) {
+        const int nr = it.nr, cnt = it.cnt, r0 = it.r0, st = it.st;
+        if (!it.down) {
             bf16* out = PP(bf16*, eact) + ((size_t)m * np + st) * I;
             for (int i = threadIdx.x; i < nr * cnt; i += NT) {
                 const int r = i / cnt, b = i - r * cnt;
@@ -164,23 +198,26 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
             }
             block_signal(P, gu_ctr);
             prof_record(PP(long long*, prof_items) + ((size_t)m * PI(prof_items_per_layer) + item) * MK_PROF_INTS,
-                        MK_PROF_ITEM_GU, l, ((long long)e << 16) | item);
+                        MK_PROF_ITEM_GU, l, ((long long)it.e << 16) | item);
         } else {
-            bf16* y = PP(bf16*, y) + (size_t)m * Bm * topk * H;
+            bf16* y = PP(bf16*, y) + (size_t)m * PI(Bm) * topk * PI(H);
             for (int i = threadIdx.x; i < nr * cnt; i += NT) {
                 const int r = i / cnt, b = i - r * cnt;
                 const int pi = st + b;
                 const float w = __int_as_float(ldcg_i(route + PI(r_pair_w) + pi));
                 const int row = ldcg_i(route + PI(r_pair_row) + pi), rank = ldcg_i(route + PI(r_pair_rank) + pi);
-                y[((size_t)row * topk + rank) * H + r0 + r] = f2bf(rbf(sOut[r * MB + b]) * w);
+                y[((size_t)row * topk + rank) * PI(H) + r0 + r] = f2bf(rbf(sOut[r * MB + b]) * w);
             }
 #if MK_PROFILE
             __syncthreads();
             prof_mark(PS_END);
             prof_record(PP(long long*, prof_items) + ((size_t)m * PI(prof_items_per_layer) + item) * MK_PROF_INTS,
-                        MK_PROF_ITEM_DN, l, ((long long)e << 16) | item);
+                        MK_PROF_ITEM_DN, l, ((long long)it.e << 16) | item);
 #endif
         }
+        item = nxt;
+        issued = prefetched && nxt < n_items;
+        if (issued) buf ^= 1;
     }
 #if MK_PROFILE
     if (threadIdx.x == 0) {

@@ -33,16 +33,34 @@ struct Tile {
 // GEMV starts with nothing in flight. Thread 0 writes them; the loop reads them before its record barrier.
 __shared__ int s_next, s_pf_ticket, s_pf_buf;
 
-// Starts the async copy of the tile's weights into weight buffer `buf` (immutable: safe before any wait).
+// Weight loads are bulk copies (TMA): thread 0 issues one copy per contiguous half of the tile (a tile's rows are
+// consecutive rows of a row-major matrix), completing on the buffer's mbarrier. No thread stalls issuing thousands
+// of 16-byte copies, so a prefetch costs the block nothing while the current tile still lands. s_wphase[b]: the
+// parity the next completion of buffer b will have; s_wpend[b]: a load into b is in flight.
+__shared__ __align__(8) unsigned long long s_wbar[2];
+__shared__ int s_wphase[2], s_wpend[2];
+
+// Thread 0, once per launch before the first barrier.
+__device__ __forceinline__ void init_weight_buffers() {
+    for (int b = 0; b < 2; b++) { mbar_init(&s_wbar[b], 1); s_wphase[b] = 0; s_wpend[b] = 0; }
+    fence_mbar_init();
+}
+
+// Starts the copy of the tile's weights into weight buffer `buf` (immutable: safe before any wait). All threads call
+// it (uniformly); thread 0 issues. The buffer's previous contents were last read before a block barrier.
+__device__ __noinline__ void issue_weights_t0(bf16* sW, const bf16* w0, unsigned b0, const bf16* w1, unsigned b1,
+                                              int buf) {
+    const unsigned long long pol = l2_evict_first();
+    fence_proxy_async();                     // earlier generic reads/writes of this memory before the async writes
+    mbar_expect_tx(&s_wbar[buf], b0 + b1);
+    bulk_load(sW, w0, b0, &s_wbar[buf], pol);
+    if (b1) bulk_load(reinterpret_cast<unsigned char*>(sW) + b0, w1, b1, &s_wbar[buf], pol);
+    s_wpend[buf] = 1;
+}
 __device__ __forceinline__ void issue_weights(const Params& P, const Tile& T, int buf) {
-    bf16* sW = reinterpret_cast<bf16*>(smem + sm_w(P, buf));
-    const int per_row = T.K >> 3;
-    const int u0 = T.n0 * per_row, u1 = T.n1 * per_row;
-    for (int u = threadIdx.x; u < u0 + u1; u += NT) {
-        const bf16* src = (u < u0) ? T.w0 + (size_t)u * 8 : T.w1 + (size_t)(u - u0) * 8;
-        cp_async16(sW + (size_t)u * 8, src);
-    }
-    cp_async_commit();
+    if (threadIdx.x == 0)
+        issue_weights_t0(reinterpret_cast<bf16*>(smem + sm_w(P, buf)), T.w0, (unsigned)T.n0 * T.K * 2, T.w1,
+                         (unsigned)T.n1 * T.K * 2, buf);
 }
 
 __shared__ const bf16* s_xrow[MB];
@@ -73,13 +91,21 @@ __device__ __forceinline__ void load_x(bf16* sX, int nb, int K) {
     }
 }
 
-// Waits for this task's weights: every pending copy but the most recent group when the next task's tile was
-// committed after them (`prefetched`), then the block barrier that publishes sW and sX.
-__device__ __forceinline__ void wait_weights(bool prefetched) {
-    if (prefetched) cp_async_wait_group<1>();
-    else cp_async_wait_all();
+// All threads: waits for the weights in buffer `buf`, then the block barrier that also publishes sX.
+__device__ __forceinline__ void wait_weights(int buf) {
+    mbar_wait(&s_wbar[buf], (unsigned)s_wphase[buf]);
     __syncthreads();
+    if (threadIdx.x == 0) { s_wphase[buf] ^= 1; s_wpend[buf] = 0; }
     prof_mark(PS_LANDED);
+}
+
+// All threads: waits for every weight load still in flight (an aborted task, the end of the launch: no bulk copy
+// may outlive the block).
+__device__ __forceinline__ void drain_weights() {
+    __syncthreads();
+    for (int b = 0; b < 2; b++)
+        if (s_wpend[b]) wait_weights(b);
+    __syncthreads();
 }
 
 // sOut[r * MB + b] = dot(W[r, :], X[b, :]) in fp32 for r < R, b < nb. Each warp takes (row, K-slice) items.
@@ -222,7 +248,7 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
     const bool fused = (flags & MK_FLAG_FUSED_NORM) != 0;      // QKV / ROUTER / MLP_GU only: K == H
     const int R = T.n0 + T.n1;
     const size_t x_end = sm_x(P, R, T.K) + (size_t)B * T.K * 2;
-    if (!smem_fits(P, x_end + (fused ? (size_t)(H + NW) * 4 : 0), ticket)) { cp_async_wait_all(); return false; }
+    if (!smem_fits(P, x_end + (fused ? (size_t)(H + NW) * 4 : 0), ticket)) { drain_weights(); return false; }
     int buf = 0;
     if (pf_buf >= 0) {
         buf = pf_buf;                        // issued by the previous task: `issued` stays at the claim
@@ -230,9 +256,9 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
         issue_weights(P, T, buf);
         prof_mark(PS_ISSUED);
     }
-    const bool prefetched = prefetch_next(P, buf ^ 1);
+    prefetch_next(P, buf ^ 1);
     if (!fused && threadIdx.x < B) s_xrow[threadIdx.x] = xin + (size_t)threadIdx.x * xpitch;
-    if (!wait_rec(P, rec, ticket)) { cp_async_wait_all(); return false; }
+    if (!wait_rec(P, rec, ticket)) { drain_weights(); return false; }
     if (fused) {       // the rows' residual and norm straight into sX (the weights keep landing meanwhile)
         bf16* sX = reinterpret_cast<bf16*>(smem + sm_x(P, R, T.K));
         float* sH = reinterpret_cast<float*>(smem + x_end);
@@ -249,7 +275,7 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
     } else {
         load_x(reinterpret_cast<bf16*>(smem + sm_x(P, R, T.K)), B, T.K);
     }
-    wait_weights(prefetched);
+    wait_weights(buf);
     gemv(P, buf, R, T.K, B);
     const float* sOut = reinterpret_cast<const float*>(smem + SM_OUT);
     switch (op) {

@@ -28,7 +28,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) mk_decode(const __grid_const
         pblock[PB_SM] = smid();
     }
 #endif
-    if (threadIdx.x == 0) { s_next = atomicAdd(ctrl + CTRL_TICKET, 1); s_pf_ticket = -1; s_pf_buf = 0; }
+    if (threadIdx.x == 0) {
+        s_next = atomicAdd(ctrl + CTRL_TICKET, 1);
+        s_pf_ticket = -1;
+        s_pf_buf = 0;
+        init_weight_buffers();
+    }
     __syncthreads();
     while (true) {
         const int ticket = s_next;
@@ -70,8 +75,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) mk_decode(const __grid_const
         if (!ok) break;
         prof_record(PP(long long*, prof) + (size_t)ticket * MK_PROF_INTS, s_rec[RF_OP], s_rec[RF_LAYER], ticket);
     }
-    cp_async_wait_all();                     // an aborted step may leave a prefetch in flight
-    __syncthreads();
+    drain_weights();                         // an aborted step may leave a prefetch in flight
 #if MK_PROFILE
     if (threadIdx.x == 0) {
         pblock[PB_G_END] = pblock[PB_C_END] = prof_now();

@@ -158,7 +158,7 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
         prof_reset();
         const MoeItem it = moe_item(P, route, egu, edn, item, n_gu);
         if (!smem_fits(P, sm_x(P, it.T.n0 + it.T.n1, it.T.K) + (size_t)it.cnt * it.T.K * 2, ticket)) {
-            cp_async_wait_all();
+            drain_weights();
             return false;
         }
         if (!issued) { issue_weights(P, it.T, buf); prof_mark(PS_ISSUED); }
@@ -166,17 +166,17 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
         if (threadIdx.x == 0) s_w[2] = atomicAdd(work, 1);
         __syncthreads();
         const int nxt = s_w[2];
-        bool prefetched = false;
+        bool prefetched = false;             // the next item's tile is in flight in buf ^ 1
         if (two) {
             if (nxt < n_items) {
                 issue_weights(P, moe_item(P, route, egu, edn, nxt, n_gu).T, buf ^ 1);
                 prefetched = true;
             } else {
-                prefetched = prefetch_next(P, buf ^ 1);
+                prefetch_next(P, buf ^ 1);
             }
         }
         const int gu_ctr = l * PI(cpl) + PI(c_gu) + it.slot;
-        if (it.down && !block_wait(P, gu_ctr, PI(gu_tiles), ticket)) { cp_async_wait_all(); return false; }
+        if (it.down && !block_wait(P, gu_ctr, PI(gu_tiles), ticket)) { drain_weights(); return false; }
         prof_mark(PS_WAITED);
         if (threadIdx.x < it.cnt) {
             const int i = threadIdx.x;
@@ -185,7 +185,7 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
         }
         __syncthreads();
         load_x(reinterpret_cast<bf16*>(smem + sm_x(P, it.T.n0 + it.T.n1, it.T.K)), it.cnt, it.T.K);
-        wait_weights(prefetched);
+        wait_weights(buf);
         gemv(P, buf, it.T.n0 + it.T.n1, it.T.K, it.cnt);
         const float* sOut = reinterpret_cast<const float*>(smem + SM_OUT);
         const int nr = it.nr, cnt = it.cnt, r0 = it.r0, st = it.st;
@@ -216,7 +216,7 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
 #endif
         }
         item = nxt;
-        issued = prefetched && nxt < n_items;
+        issued = prefetched;
         if (issued) buf ^= 1;
     }
 #if MK_PROFILE

@@ -48,16 +48,18 @@ def tile_rows(K: int, halves: int = 1, elt: int = 2, max_batch: int = O.MAX_BATC
     One weight buffer (wbuf == 0): a power of two, at most WTILE_BYTES of weights, less where the task's max_batch
     input rows of K elements would not fit beside them (the kernel stages the inputs right after the tile). Two
     buffers of wbuf bytes (the prefetching layout, inputs after both): as many rows as fill one buffer."""
+    row = elt * (K + O.ROW_PAD)              # rows are padded in shared memory (opcodes.ROW_PAD)
     if wbuf:
-        return max(1, min(O.MAX_TILE_ROWS // halves, wbuf // (elt * K * halves)))
-    budget = min(O.WTILE_BYTES, O.SMEM_LIMIT - O.GEMV_SCRATCH_BYTES - max_batch * K * elt)
-    return max(1, min(O.MAX_TILE_ROWS // halves, _pow2_floor(budget // (elt * K * halves))))
+        return max(1, min(O.MAX_TILE_ROWS // halves, wbuf // (row * halves)))
+    budget = min(O.WTILE_BYTES + O.MAX_TILE_ROWS * elt * O.ROW_PAD,
+                 O.SMEM_LIMIT - O.SMEM_RESERVE - O.GEMV_SCRATCH_BYTES - max_batch * row)
+    return max(1, min(O.MAX_TILE_ROWS // halves, _pow2_floor(budget // (row * halves))))
 
 
 def prefetch_wbuf(k_max: int, max_batch: int, extra: int = 0, elt: int = 2) -> int:
     """Bytes of each of the two GEMV weight buffers of the prefetching layout (scratch | buffer 0 | buffer 1 |
     max_batch input rows of up to k_max elements | extra), or 0 where two buffers of PREFETCH_MIN_TILE do not fit."""
-    free = O.SMEM_LIMIT - O.SMEM_RESERVE - O.GEMV_SCRATCH_BYTES - max_batch * k_max * elt - extra
+    free = O.SMEM_LIMIT - O.SMEM_RESERVE - O.GEMV_SCRATCH_BYTES - max_batch * (k_max + O.ROW_PAD) * elt - extra
     wbuf = min(O.WTILE_BYTES, free // 2) // 16 * 16
     return wbuf if wbuf >= O.PREFETCH_MIN_TILE else 0
 
@@ -65,7 +67,7 @@ def prefetch_wbuf(k_max: int, max_batch: int, extra: int = 0, elt: int = 2) -> i
 def gemv_smem_bytes(K: int, rows: int, max_batch: int, elt: int = 2) -> int:
     """Shared memory of one GEMV task in the one-buffer layout (csrc/mk_gemv.cuh, `task_gemv`): reduction and
     output scratch, the tile's `rows` weight rows (all halves), then max_batch input rows."""
-    return O.GEMV_SCRATCH_BYTES + rows * K * elt + max_batch * K * elt
+    return O.GEMV_SCRATCH_BYTES + (rows + max_batch) * (K + O.ROW_PAD) * elt
 
 
 def attn_smem_bytes(d: int, g: int) -> int:
@@ -90,7 +92,7 @@ def smem_bytes(gemv_tiles: list[tuple[int, int]], Bm: int, d: int, g: int, E: in
     """Dynamic shared memory of the kernel: the max over its task kinds. gemv_tiles: (K, rows in all halves) of
     every GEMV kind the plan uses; wbuf > 0: the prefetching layout (two weight buffers, Bm rows of k_max after)."""
     if wbuf:
-        gemv = O.GEMV_SCRATCH_BYTES + 2 * wbuf + Bm * k_max * 2
+        gemv = O.GEMV_SCRATCH_BYTES + 2 * wbuf + Bm * (k_max + O.ROW_PAD) * 2
     else:
         gemv = max(gemv_smem_bytes(K, rows, Bm) for K, rows in gemv_tiles)
     return int(max(gemv, attn_smem_bytes(d, g), small_task_smem_bytes(E, H)))

@@ -246,7 +246,7 @@ def test_prefetching_tilings_on_north_dims():
         assert p.smem_bytes() <= O.SMEM_LIMIT - (O.SMEM_RESERVE if p.wbuf else 0)
         if p.wbuf:
             assert p.wbuf >= O.PREFETCH_MIN_TILE
-            assert all(K * rows * 2 <= p.wbuf for K, rows in p.gemv_tiles)
+            assert all((K + O.ROW_PAD) * rows * 2 <= p.wbuf for K, rows in p.gemv_tiles)
             assert small_task_smem_bytes(p.E, p.H) <= O.GEMV_SCRATCH_BYTES + p.wbuf
             assert p.d % p.qkv_rows == 0 and p.qkv_rows % 2 == 0
     b1 = plans[0]

@@ -5,18 +5,23 @@
 #include "mk_norm.cuh"      // residual_row / norm_row: tiles with FLAG_FUSED_NORM normalise their own inputs
 
 // ---- GEMV: a tile of weight rows (staged in shared memory) times up to MB input rows ---------------------------
-// Layouts (schedule.smem_bytes sizes both):
-//   one buffer (wbuf == 0):   sRed [64*MB] f32 | sOut [64*MB] f32 | sW [R][K] bf16 | sX [nb][K] bf16
-//   two buffers (wbuf > 0):   sRed | sOut | sW0 [wbuf B] | sW1 [wbuf B] | sX [nb][K] bf16
+// Layouts (schedule.smem_bytes sizes both; every weight and input row is padded to a pitch of K + ROW_PAD elements):
+//   one buffer (wbuf == 0):   sRed [GEMV_RED_FLOATS] f32 | sOut [64*MB] f32 | sW [R][pitch] bf16 | sX [nb][pitch] bf16
+//   two buffers (wbuf > 0):   sRed | sOut | sW0 [wbuf B] | sW1 [wbuf B] | sX [nb][pitch] bf16
 // With two buffers a block issues the weights of the task (or MoE item) it runs next into the other buffer before
 // it waits for and computes the current one: weights are immutable, so their loads never wait on a counter, and the
 // SM keeps loading through the dependency wait, the math, the epilogue and the signal.
 #define SM_RED 0
-#define SM_OUT (64 * MB * 4)
+#define SM_OUT (MK_GEMV_RED_FLOATS * 4)
 #define SM_W MK_GEMV_SCRATCH_BYTES
+__device__ __forceinline__ int row_pitch(int K) { return K + MK_ROW_PAD; }
 __device__ __forceinline__ size_t sm_w(const Params& P, int buf) { return SM_W + (size_t)buf * PI(wbuf); }
 __device__ __forceinline__ size_t sm_x(const Params& P, int R, int K) {
-    return PI(wbuf) ? SM_W + 2 * (size_t)PI(wbuf) : SM_W + (size_t)R * K * 2;
+    return PI(wbuf) ? SM_W + 2 * (size_t)PI(wbuf) : SM_W + (size_t)R * row_pitch(K) * 2;
+}
+// end of nb input rows of K elements
+__device__ __forceinline__ size_t sm_x_end(const Params& P, int R, int K, int nb) {
+    return sm_x(P, R, K) + (size_t)nb * row_pitch(K) * 2;
 }
 
 struct Tile {
@@ -33,10 +38,10 @@ struct Tile {
 // GEMV starts with nothing in flight. Thread 0 writes them; the loop reads them before its record barrier.
 __shared__ int s_next, s_pf_ticket, s_pf_buf;
 
-// Weight loads are bulk copies (TMA): thread 0 issues one copy per contiguous half of the tile (a tile's rows are
-// consecutive rows of a row-major matrix), completing on the buffer's mbarrier. No thread stalls issuing thousands
-// of 16-byte copies, so a prefetch costs the block nothing while the current tile still lands. s_wphase[b]: the
-// parity the next completion of buffer b will have; s_wpend[b]: a load into b is in flight.
+// Weight loads are bulk copies (TMA): the lanes of warp 0 issue one copy per weight row (rows land at the padded
+// pitch), completing on the buffer's mbarrier. No thread stalls issuing thousands of 16-byte copies, so a prefetch
+// costs the block nothing while the current tile still lands. s_wphase[b]: the parity the next completion of buffer
+// b will have; s_wpend[b]: a load into b is in flight.
 __shared__ __align__(8) unsigned long long s_wbar[2];
 __shared__ int s_wphase[2], s_wpend[2];
 
@@ -46,30 +51,38 @@ __device__ __forceinline__ void init_weight_buffers() {
     fence_mbar_init();
 }
 
-// Starts the copy of the tile's weights into weight buffer `buf` (immutable: safe before any wait). All threads call
-// it (uniformly); thread 0 issues. The buffer's previous contents were last read before a block barrier.
-__device__ __noinline__ void issue_weights_t0(bf16* sW, const bf16* w0, unsigned b0, const bf16* w1, unsigned b1,
-                                              int buf) {
+// Warp 0: lane 0 arms the mbarrier with the tile's bytes, then every lane copies rows lane, lane + 32, ...
+__device__ __noinline__ void issue_weights_w0(bf16* sW, const bf16* w0, int n0, const bf16* w1, int n1, int K, int buf) {
+    const int lane = threadIdx.x & 31;
+    const unsigned row_bytes = (unsigned)K * 2;
+    if (lane == 0) {
+        fence_proxy_async();                 // earlier generic reads/writes of this memory before the async writes
+        mbar_expect_tx(&s_wbar[buf], row_bytes * (unsigned)(n0 + n1));
+        s_wpend[buf] = 1;
+    }
+    __syncwarp();
+    fence_proxy_async();
     const unsigned long long pol = l2_evict_first();
-    fence_proxy_async();                     // earlier generic reads/writes of this memory before the async writes
-    mbar_expect_tx(&s_wbar[buf], b0 + b1);
-    bulk_load(sW, w0, b0, &s_wbar[buf], pol);
-    if (b1) bulk_load(reinterpret_cast<unsigned char*>(sW) + b0, w1, b1, &s_wbar[buf], pol);
-    s_wpend[buf] = 1;
+    const int pitch = row_pitch(K);
+    for (int r = lane; r < n0 + n1; r += 32) {
+        const bf16* src = r < n0 ? w0 + (size_t)r * K : w1 + (size_t)(r - n0) * K;
+        bulk_load(sW + (size_t)r * pitch, src, row_bytes, &s_wbar[buf], pol);
+    }
 }
+
+// Starts the copy of the tile's weights into weight buffer `buf` (immutable: safe before any wait). All threads call
+// it (uniformly); warp 0 issues. The buffer's previous contents were last read before a block barrier.
 __device__ __forceinline__ void issue_weights(const Params& P, const Tile& T, int buf) {
-    if (threadIdx.x == 0)
-        issue_weights_t0(reinterpret_cast<bf16*>(smem + sm_w(P, buf)), T.w0, (unsigned)T.n0 * T.K * 2, T.w1,
-                         (unsigned)T.n1 * T.K * 2, buf);
+    if (threadIdx.x < 32)
+        issue_weights_w0(reinterpret_cast<bf16*>(smem + sm_w(P, buf)), T.w0, T.n0, T.w1, T.n1, T.K, buf);
 }
 
 __shared__ const bf16* s_xrow[MB];
 
-// Copies nb input rows (pointers in s_xrow) of K elements into sX with plain L2 loads (the inputs were written in
-// this launch), four 16-byte loads in flight per thread. Not cp.async: a prefetched tile committed after the current
-// one must stay in flight while the current task waits for its own weights (cp.async groups complete in order).
+// Copies nb input rows (pointers in s_xrow) of K elements into sX (pitch row_pitch(K)) with plain L2 loads (the
+// inputs were written in this launch), four 16-byte loads in flight per thread.
 __device__ __forceinline__ void load_x(bf16* sX, int nb, int K) {
-    const int per_row = K >> 3, n = nb * per_row;
+    const int per_row = K >> 3, n = nb * per_row, pitch = row_pitch(K);
     for (int u0 = threadIdx.x; u0 < n; u0 += 4 * NT) {
         uint4 v[4];
 #pragma unroll
@@ -85,7 +98,7 @@ __device__ __forceinline__ void load_x(bf16* sX, int nb, int K) {
             const int u = u0 + j * NT;
             if (u < n) {
                 const int b = u / per_row;
-                reinterpret_cast<uint4*>(sX + (size_t)b * K)[u - b * per_row] = v[j];
+                reinterpret_cast<uint4*>(sX + (size_t)b * pitch)[u - b * per_row] = v[j];
             }
         }
     }
@@ -108,47 +121,71 @@ __device__ __forceinline__ void drain_weights() {
     __syncthreads();
 }
 
-// sOut[r * MB + b] = dot(W[r, :], X[b, :]) in fp32 for r < R, b < nb. Each warp takes (row, K-slice) items.
-template <int BM>
+// One m16n8k16 bf16 MMA, fp32 accumulate: c += A B.
+__device__ __forceinline__ void mma_bf16(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                                         unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// sOut[r * MB + b] = dot(W[r, :], X[b, :]) in fp32 for r < R, b < nb, on tensor cores. W rows are the MMA's M
+// (16-row blocks), the input rows its N (NB blocks of 8), K in steps of 32: lane (g, t) loads 16 bytes of weight
+// rows g and g + 8 and of input row g at k offset 8t of the step, i.e. the step's k order is permuted the same way
+// for both operands (the two MMAs of a step take words 0-1 and 2-3 of each load). A warp takes one (row block,
+// K slice) item; the K slices' partial sums meet in sRed and are added in slice order (deterministic). Rows past
+// R and inputs past nb read clamped (valid) rows whose outputs are dropped.
+template <int NB>
 __device__ __forceinline__ void gemv_core(const bf16* sW, const bf16* sX, int R, int K, int nb) {
     float* sRed = reinterpret_cast<float*>(smem + SM_RED);
     float* sOut = reinterpret_cast<float*>(smem + SM_OUT);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int KC = K >> 3;
-    const int KS = (R >= NW) ? 1 : (NW / R);
-    const int items = R * KS;
-    for (int it = warp; it < items; it += NW) {
-        const int r = it / KS, ks = it - r * KS;
-        const int c0 = (ks * KC) / KS, c1 = ((ks + 1) * KC) / KS;
-        float acc[BM];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int pitch = row_pitch(K);
+    const int RB = (R + 15) >> 4;
+    const int KS = max(1, NW / RB);
+    const int steps = (K + 31) >> 5;
+    const bool tail = (K & 31) != 0;
+    for (int it = warp; it < RB * KS; it += NW) {
+        const int rb = it / KS, ks = it - rb * KS;
+        const int s0 = (ks * steps) / KS, s1 = ((ks + 1) * steps) / KS;
+        const bf16* wa = sW + (size_t)min(rb * 16 + g, R - 1) * pitch + 8 * t;
+        const bf16* wc = sW + (size_t)min(rb * 16 + g + 8, R - 1) * pitch + 8 * t;
+        const bf16* xr[NB];
 #pragma unroll
-        for (int b = 0; b < BM; b++) acc[b] = 0.f;
-        const uint4* wrow = reinterpret_cast<const uint4*>(sW + (size_t)r * K);
-        for (int c = c0 + lane; c < c1; c += 32) {
-            float wf[8];
-            unpack8(wrow[c], wf);
+        for (int j = 0; j < NB; j++) xr[j] = sX + (size_t)min(j * 8 + g, nb - 1) * pitch + 8 * t;
+        float c[NB][4];
 #pragma unroll
-            for (int b = 0; b < BM; b++) {
-                if (b < nb) {
-                    float xf[8];
-                    unpack8(reinterpret_cast<const uint4*>(sX + (size_t)b * K)[c], xf);
+        for (int j = 0; j < NB; j++) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.f;
+#pragma unroll 2
+        for (int s = s0; s < s1; s++) {
+            uint4 A = *reinterpret_cast<const uint4*>(wa + s * 32);
+            uint4 C = *reinterpret_cast<const uint4*>(wc + s * 32);
+            if (tail && s * 32 + 8 * t >= K) A = C = make_uint4(0, 0, 0, 0);     // past K: zero weights
 #pragma unroll
-                    for (int e = 0; e < 8; e++) acc[b] = fmaf(wf[e], xf[e], acc[b]);
-                }
+            for (int j = 0; j < NB; j++) {
+                uint4 X = *reinterpret_cast<const uint4*>(xr[j] + s * 32);
+                if (tail && s * 32 + 8 * t >= K) X = make_uint4(0, 0, 0, 0);
+                mma_bf16(c[j], A.x, C.x, A.y, C.y, X.x, X.y);
+                mma_bf16(c[j], A.z, C.z, A.w, C.w, X.z, X.w);
             }
         }
+        // c[j][0..1]: rows rb*16 + g, inputs j*8 + 2t, +1; c[j][2..3]: row + 8
+        float* red = sRed + (size_t)(ks * RB + rb) * 16 * MB;
 #pragma unroll
-        for (int b = 0; b < BM; b++) {
-            const float v = warp_sum(acc[b]);
-            if (lane == 0 && b < nb) sRed[it * MB + b] = v;
+        for (int j = 0; j < NB; j++) {
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const int r = g + (q >> 1) * 8, b = j * 8 + 2 * t + (q & 1);
+                if (b < nb) red[r * MB + b] = c[j][q];
+            }
         }
     }
     __syncthreads();
     for (int i = threadIdx.x; i < R * nb; i += NT) {
-        const int r = i / nb, b = i - r * nb;
-        float s = 0.f;
-        for (int ks = 0; ks < KS; ks++) s += sRed[(r * KS + ks) * MB + b];
-        sOut[r * MB + b] = s;
+        const int r = i / nb, b = i - r * nb, rb = r >> 4;
+        float sum = 0.f;
+        for (int ks = 0; ks < KS; ks++) sum += sRed[((size_t)(ks * RB + rb) * 16 + (r & 15)) * MB + b];
+        sOut[r * MB + b] = sum;
     }
     __syncthreads();
 }
@@ -157,11 +194,8 @@ __device__ __forceinline__ void gemv_core(const bf16* sW, const bf16* sX, int R,
 __device__ __noinline__ void gemv(const Params& P, int buf, int R, int K, int nb) {
     const bf16* sW = reinterpret_cast<const bf16*>(smem + sm_w(P, buf));
     const bf16* sX = reinterpret_cast<const bf16*>(smem + sm_x(P, R, K));
-    if (nb <= 1) gemv_core<1>(sW, sX, R, K, nb);
-    else if (nb <= 2) gemv_core<2>(sW, sX, R, K, nb);
-    else if (nb <= 4) gemv_core<4>(sW, sX, R, K, nb);
-    else if (nb <= 8) gemv_core<8>(sW, sX, R, K, nb);
-    else gemv_core<16>(sW, sX, R, K, nb);
+    if (nb <= 8) gemv_core<1>(sW, sX, R, K, nb);
+    else gemv_core<2>(sW, sX, R, K, nb);
     prof_mark(PS_COMPUTED);                 // after gemv_core's closing barrier: every partial sum is in sOut
 }
 
@@ -227,7 +261,7 @@ __device__ __forceinline__ bool prefetch_next(const Params& P, int buf) {
     const int op = __ldg(r + RF_OP);
     if (!is_gemv_op(op)) return false;
     const Tile T = static_tile(P, op, __ldg(r + RF_LAYER), __ldg(r + RF_A0), __ldg(r + RF_A1));
-    if ((size_t)(T.n0 + T.n1) * T.K * 2 > (size_t)PI(wbuf)) return false;     // the plan keeps tiles in a buffer
+    if ((size_t)(T.n0 + T.n1) * row_pitch(T.K) * 2 > (size_t)PI(wbuf)) return false;   // the plan keeps tiles in a buffer
     issue_weights(P, T, buf);
     if (threadIdx.x == 0) { s_pf_ticket = next; s_pf_buf = buf; }
     return true;
@@ -247,7 +281,7 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
     const int flags = rec[RF_FLAGS];
     const bool fused = (flags & MK_FLAG_FUSED_NORM) != 0;      // QKV / ROUTER / MLP_GU only: K == H
     const int R = T.n0 + T.n1;
-    const size_t x_end = sm_x(P, R, T.K) + (size_t)B * T.K * 2;
+    const size_t x_end = sm_x_end(P, R, T.K, B);
     if (!smem_fits(P, x_end + (fused ? (size_t)(H + NW) * 4 : 0), ticket)) { drain_weights(); return false; }
     int buf = 0;
     if (pf_buf >= 0) {
@@ -265,10 +299,10 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
         for (int b = 0; b < B; b++) {
             residual_row(P, l, b, sH);
             bf16* hdst = (flags & MK_FLAG_WRITE_H) ? PP(bf16*, h) + ((size_t)l * Bm + b) * H : nullptr;
-            norm_row(P, l, sH, sH + H, sX + (size_t)b * T.K, hdst);
+            norm_row(P, l, sH, sH + H, sX + (size_t)b * row_pitch(T.K), hdst);
             if (flags & MK_FLAG_WRITE_X) {      // same columns per thread as norm_row wrote: no barrier needed
                 bf16* xg = PP(bf16*, x) + ((size_t)l * Bm + b) * H;
-                for (int i = threadIdx.x; i < H; i += NT) xg[i] = sX[(size_t)b * T.K + i];
+                for (int i = threadIdx.x; i < H; i += NT) xg[i] = sX[(size_t)b * row_pitch(T.K) + i];
             }
             __syncthreads();                    // sH is the next row's
         }

@@ -157,7 +157,7 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
     while (item < n_items) {
         prof_reset();
         const MoeItem it = moe_item(P, route, egu, edn, item, n_gu);
-        if (!smem_fits(P, sm_x(P, it.T.n0 + it.T.n1, it.T.K) + (size_t)it.cnt * it.T.K * 2, ticket)) {
+        if (!smem_fits(P, sm_x_end(P, it.T.n0 + it.T.n1, it.T.K, it.cnt), ticket)) {
             drain_weights();
             return false;
         }

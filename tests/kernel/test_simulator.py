@@ -250,7 +250,7 @@ def test_prefetching_tilings_on_north_dims():
             assert small_task_smem_bytes(p.E, p.H) <= O.GEMV_SCRATCH_BYTES + p.wbuf
             assert p.d % p.qkv_rows == 0 and p.qkv_rows % 2 == 0
     b1 = plans[0]
-    assert b1.wbuf >= 100 * 1024 and b1.gu_rows * 2 * b1.H * 2 > 96 * 1024      # ~104 KB tiles at batch 1
+    assert b1.wbuf >= 96 * 1024 and b1.gu_rows * 2 * b1.H * 2 >= 96 * 1024      # ~98 KB tiles at batch 1
     # the smaller tiles of the prefetching plans need more LM-head maxima than the full plan: the backend sizes the
     # scratch from the max over its plans
     need = max(p.n_lm_tiles for p in plans)

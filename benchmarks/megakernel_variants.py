@@ -57,8 +57,13 @@ def main() -> int:
     defaults = current()
     for B, ctx in points:
         for var in variants:
-            be.set_tuning(**{**defaults, **var})           # rebuilds the plans; task lists are rebuilt
             label = ",".join(f"{k}={x}" for k, x in var.items()) or "default"
+            try:
+                be.set_tuning(**{**defaults, **var})       # rebuilds the plans; task lists are rebuilt
+            except ValueError as e:                        # e.g. a combination that overflows shared memory
+                print(f"b{B} ctx {ctx} {label}: skipped ({e})", flush=True)
+                rows.append(dict(batch_size=B, context=ctx, variant=label, skipped=str(e)))
+                continue
             t0 = time.perf_counter()
             p = _run_point(engine, cfg, B, ctx, args.steps, "synthetic", peak, f"v{len(rows)}-{B}-{ctx}")
             rows.append(dict(batch_size=B, context=ctx, variant=label, **current(),
@@ -68,7 +73,10 @@ def main() -> int:
                   f"{p.gb_per_s:.0f} GB/s, {p.roofline_pct:.1f}% of the roofline ({time.perf_counter() - t0:.0f} s)",
                   flush=True)
     if args.json:
-        doc = dict(**run_record(), peak_read_gb_per_s=peak, points=rows)
+        import os
+
+        doc = dict(**run_record(), kernel_defines=os.environ.get("MEGAKERNEL_KERNEL_DEFINES", ""),
+                   peak_read_gb_per_s=peak, points=rows)
         Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
     return 0
 

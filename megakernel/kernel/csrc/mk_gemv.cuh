@@ -14,7 +14,9 @@
 #define SM_RED 0
 #define SM_OUT (MK_GEMV_RED_FLOATS * 4)
 #define SM_W MK_GEMV_SCRATCH_BYTES
-__device__ __forceinline__ int row_pitch(int K) { return K + MK_ROW_PAD; }
+// MK_W_PAD=0 (a measurement switch): rows at pitch K (contiguous, one bulk copy per tile half); the host's sizes,
+// which assume the padded pitch, are then upper bounds.
+__device__ __forceinline__ int row_pitch(int K) { return K + (MK_W_PAD ? MK_ROW_PAD : 0); }
 __device__ __forceinline__ size_t sm_w(const Params& P, int buf) { return SM_W + (size_t)buf * PI(wbuf); }
 __device__ __forceinline__ size_t sm_x(const Params& P, int R, int K) {
     return PI(wbuf) ? SM_W + 2 * (size_t)PI(wbuf) : SM_W + (size_t)R * row_pitch(K) * 2;
@@ -63,11 +65,16 @@ __device__ __noinline__ void issue_weights_w0(bf16* sW, const bf16* w0, int n0, 
     __syncwarp();
     fence_proxy_async();
     const unsigned long long pol = l2_evict_first();
+#if MK_W_PAD
     const int pitch = row_pitch(K);
     for (int r = lane; r < n0 + n1; r += 32) {
         const bf16* src = r < n0 ? w0 + (size_t)r * K : w1 + (size_t)(r - n0) * K;
         bulk_load(sW + (size_t)r * pitch, src, row_bytes, &s_wbar[buf], pol);
     }
+#else
+    if (lane == 0) bulk_load(sW, w0, row_bytes * n0, &s_wbar[buf], pol);
+    if (lane == 1 && n1) bulk_load(sW + (size_t)n0 * K, w1, row_bytes * n1, &s_wbar[buf], pol);
+#endif
 }
 
 // Starts the copy of the tile's weights into weight buffer `buf` (immutable: safe before any wait). All threads call
@@ -190,12 +197,66 @@ __device__ __forceinline__ void gemv_core(const bf16* sW, const bf16* sX, int R,
     __syncthreads();
 }
 
+// The CUDA-core variant (MK_GEMV_TC=0): each warp takes (row, K-slice) items, x re-read from shared memory per row.
+template <int BM>
+__device__ __forceinline__ void gemv_core_cc(const bf16* sW, const bf16* sX, int R, int K, int nb) {
+    const int pitch = row_pitch(K);
+    float* sRed = reinterpret_cast<float*>(smem + SM_RED);
+    float* sOut = reinterpret_cast<float*>(smem + SM_OUT);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int KC = K >> 3;
+    const int KS = (R >= NW) ? 1 : (NW / R);
+    const int items = R * KS;
+    for (int it = warp; it < items; it += NW) {
+        const int r = it / KS, ks = it - r * KS;
+        const int c0 = (ks * KC) / KS, c1 = ((ks + 1) * KC) / KS;
+        float acc[BM];
+#pragma unroll
+        for (int b = 0; b < BM; b++) acc[b] = 0.f;
+        const uint4* wrow = reinterpret_cast<const uint4*>(sW + (size_t)r * pitch);
+        for (int c = c0 + lane; c < c1; c += 32) {
+            float wf[8];
+            unpack8(wrow[c], wf);
+#pragma unroll
+            for (int b = 0; b < BM; b++) {
+                if (b < nb) {
+                    float xf[8];
+                    unpack8(reinterpret_cast<const uint4*>(sX + (size_t)b * pitch)[c], xf);
+#pragma unroll
+                    for (int e = 0; e < 8; e++) acc[b] = fmaf(wf[e], xf[e], acc[b]);
+                }
+            }
+        }
+#pragma unroll
+        for (int b = 0; b < BM; b++) {
+            const float v = warp_sum(acc[b]);
+            if (lane == 0 && b < nb) sRed[it * MB + b] = v;
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < R * nb; i += NT) {
+        const int r = i / nb, b = i - r * nb;
+        float s = 0.f;
+        for (int ks = 0; ks < KS; ks++) s += sRed[(r * KS + ks) * MB + b];
+        sOut[r * MB + b] = s;
+    }
+    __syncthreads();
+}
+
 // The tile in weight buffer `buf` times the nb rows in sX.
 __device__ __noinline__ void gemv(const Params& P, int buf, int R, int K, int nb) {
     const bf16* sW = reinterpret_cast<const bf16*>(smem + sm_w(P, buf));
     const bf16* sX = reinterpret_cast<const bf16*>(smem + sm_x(P, R, K));
+#if MK_GEMV_TC
     if (nb <= 8) gemv_core<1>(sW, sX, R, K, nb);
     else gemv_core<2>(sW, sX, R, K, nb);
+#else
+    if (nb <= 1) gemv_core_cc<1>(sW, sX, R, K, nb);
+    else if (nb <= 2) gemv_core_cc<2>(sW, sX, R, K, nb);
+    else if (nb <= 4) gemv_core_cc<4>(sW, sX, R, K, nb);
+    else if (nb <= 8) gemv_core_cc<8>(sW, sX, R, K, nb);
+    else gemv_core_cc<16>(sW, sX, R, K, nb);
+#endif
     prof_mark(PS_COMPUTED);                 // after gemv_core's closing barrier: every partial sum is in sOut
 }
 

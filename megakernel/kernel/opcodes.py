@@ -16,8 +16,9 @@ NUM_WARPS = NUM_THREADS // 32
 MAX_BATCH = 16               # rows per decode step the kernel supports
 WTILE_BYTES = 128 * 1024     # bytes of weights one GEMV task stages in shared memory, at most (the plan lowers
                              # it for an inner size whose input rows would not fit beside it: schedule.gemv_tiles)
-ROW_PAD = 32                 # elements after every GEMV weight and input row in shared memory: a row pitch of 64 mod
-                             # 128 bytes keeps the tensor-core GEMV's 16-byte fragment loads free of bank conflicts
+ROW_PAD = 0                  # elements after every GEMV weight and input row in shared memory. 32 (a pitch of 64 mod
+                             # 128 bytes) frees the tensor-core GEMV's fragment loads of 2-way bank conflicts but needs
+                             # one bulk copy per row: measured slower (b1 8K +0.2 ms, b8 +1.4 ms) than contiguous tiles
 GEMV_RED_FLOATS = NUM_WARPS * 16 * MAX_BATCH   # the tensor-core GEMV's per-warp partial sums (16 rows x the batch)
 GEMV_SCRATCH_BYTES = (GEMV_RED_FLOATS + 64 * MAX_BATCH) * 4   # partial sums and the output [64][MAX_BATCH] f32
 MAX_TILE_ROWS = 64           # rows of one GEMV tile at most (bounds the reduction scratch)

@@ -114,8 +114,9 @@ class ModelPlan:
                                          # QKV / router / MLP gate-up tiles normalise their own inputs
     tile_batch: int = 0                  # rows the GEMV tiles leave room for (0: max_batch); launches of at most
                                          # this many rows may use the larger tiles (the backend's `batch_tiles`)
-    prefetch: int = 1                    # 1: two GEMV weight buffers where they fit (prefetch_wbuf): each block
+    prefetch: int = 0                    # 1: two GEMV weight buffers where they fit (prefetch_wbuf): each block
                                          # issues its next task's tile before it waits for and computes this one
+                                         # (measured slower so far: SPEED_NOTES.md)
 
     def __post_init__(self) -> None:
         cfg = self.cfg
@@ -292,7 +293,7 @@ def tiling_plans(cfg: ModelConfig, layout: KVLayout, max_batch: int, per_batch: 
         return [full]
     key = lambda p: (tuple(p.gemv_tiles), p.wbuf)          # noqa: E731
     by_tiles: dict[tuple, ModelPlan] = {}
-    cands = range(1, max_batch) if not knobs.get("prefetch", 1) else [1 << i for i in range(max_batch.bit_length())
+    cands = range(1, max_batch) if not knobs.get("prefetch", ModelPlan.prefetch) else [1 << i for i in range(max_batch.bit_length())
                                                                         if 1 << i < max_batch]
     for tb in cands:
         p = ModelPlan(cfg, layout, max_batch, tile_batch=tb, **knobs)

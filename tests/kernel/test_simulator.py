@@ -230,7 +230,7 @@ def test_per_batch_tilings_on_north_dims():
 
 
 def test_prefetching_tilings_on_north_dims():
-    """Prefetching plans (the default): launches of 1, 2, 4 and 8 rows get two weight buffers, each tile filling
+    """Prefetching plans (prefetch=1): launches of 1, 2, 4 and 8 rows get two weight buffers, each tile filling
     one, the inputs after both; 16 rows of 4096 inputs leave no room for two buffers of PREFETCH_MIN_TILE, so that
     plan keeps one buffer. Every plan fits the shared memory with the static part reserved, every tile fits its
     buffer, a QKV tile stays inside one head, and the small task kinds stay clear of buffer 1."""
@@ -239,7 +239,7 @@ def test_prefetching_tilings_on_north_dims():
     from megakernel.kv.cache import KVLayout
 
     cfg = north_mini_code_config()
-    plans = tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, True, n_workers=132)
+    plans = tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, True, n_workers=132, prefetch=1)
     assert [p.tb for p in plans] == [1, 2, 4, 8, 16]
     assert [p.wbuf > 0 for p in plans] == [True, True, True, True, False]
     for p in plans:

@@ -16,13 +16,10 @@ typedef __nv_bfloat16 bf16;
 #ifndef MK_SIGNAL_FENCE
 #define MK_SIGNAL_FENCE 1
 #endif
-// MK_GEMV_TC: the GEMV core on tensor cores (1) or CUDA cores (0). MK_W_PAD: weight and input rows padded in shared
-// memory by ROW_PAD, one bulk copy per weight row (1), or contiguous, one copy per tile half (0). mk_gemv.cuh.
+// MK_GEMV_TC: the GEMV core on tensor cores for launches of more than one row (1), or on CUDA cores always (0);
+// mk_gemv.cuh.
 #ifndef MK_GEMV_TC
 #define MK_GEMV_TC 1
-#endif
-#ifndef MK_W_PAD
-#define MK_W_PAD 1
 #endif
 
 struct Params {

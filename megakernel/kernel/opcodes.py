@@ -112,6 +112,9 @@ PARAM_FIELDS = (
     "gu_rows", "gu_tiles", "dn_rows", "dn_tiles", "n_slots", "n_pairs",
     # bytes of each of the two GEMV weight buffers (0: one buffer, the inputs right after the tile; no prefetch)
     "wbuf",
+    # O-projection tiles in each MoE layer's work queue (the `o_queue` knob; 0: static OPROJ tasks), their rows, and
+    # the per-layer offset of the attention-combine counter they wait on
+    "o_items", "o_rows", "c_comb",
     # route buffer layout (int32 offsets inside one MoE layer's route record)
     "r_stride", "r_slot_expert", "r_slot_start", "r_slot_cnt", "r_pair_row", "r_pair_rank", "r_pair_w",
     "r_topk_ids",
@@ -139,7 +142,8 @@ PROF_INTS = len(PROF_FIELDS)
 PROF_STAMPS = ("claim", "issued", "waited", "landed", "computed", "end")
 PROF_BLOCK_FIELDS = ("g_start", "c_start", "g_end", "c_end", "timer_step_ns", "sm")
 PROF_BLOCK_INTS = len(PROF_BLOCK_FIELDS)
-PROF_ITEM_GU, PROF_ITEM_DN = 100, 101      # pseudo-opcodes of MoE work items (gate/up tile, down tile)
+PROF_ITEM_GU, PROF_ITEM_DN, PROF_ITEM_O = 100, 101, 102   # pseudo-opcodes of MoE work items (gate/up tile, down
+                                                         # tile, O-projection tile in the queue)
 
 # ---- per-layer info (int32) and weight pointers (int64) ------------------------------------------------------------
 LAYER_INFO_FIELDS = ("uses_rope", "group", "lig", "window", "moe_idx", "mlp_kind", "mlp_width", "pad")
@@ -174,7 +178,7 @@ def generate_header() -> str:
                   MLP_NONE=MLP_NONE, MLP_DENSE=MLP_DENSE, MLP_SHARED=MLP_SHARED,
                   NORM_RMS=NORM_RMS, NORM_LAYER=NORM_LAYER, SEL_SIGMOID=SEL_SIGMOID, SEL_SOFTMAX=SEL_SOFTMAX,
                   COMB_SUM=COMB_SUM, COMB_AVERAGE=COMB_AVERAGE, PROF_INTS=PROF_INTS, PROF_N_STAMPS=len(PROF_STAMPS),
-                  PROF_BLOCK_INTS=PROF_BLOCK_INTS, PROF_ITEM_GU=PROF_ITEM_GU, PROF_ITEM_DN=PROF_ITEM_DN)
+                  PROF_BLOCK_INTS=PROF_BLOCK_INTS, PROF_ITEM_GU=PROF_ITEM_GU, PROF_ITEM_DN=PROF_ITEM_DN, PROF_ITEM_O=PROF_ITEM_O)
     lines += [f"#define MK_{k} {v}" for k, v in consts.items()]
     lines.append("")
     lines += [f"#define OP_{op.name} {int(op)}" for op in Op]

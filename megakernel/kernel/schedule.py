@@ -14,11 +14,13 @@ which runs the same list in random dependency-respecting orders, too):
 
   Routed experts are data dependent. Each MoE layer gets `n_workers` MOE_WORKER tasks (after the layer's TOPK in
   the list) that wait for the routing, then claim work items from the layer's queue with a second atomic
-  counter: first every gate/up tile of every active expert, then every down tile. A down item waits for the
-  gate/up items of its expert, which have smaller item numbers and were therefore claimed earlier by workers
-  that execute them without waiting on anything else; so the same induction applies to items. A worker signals
-  the layer's MLP counter once, after it found the queue empty; the counter reaches n_workers only when every
-  claimed item is finished.
+  counter: first every gate/up tile of every active expert, then (knob `o_queue`) the layer's O-projection tiles,
+  then every down tile. A down item waits for the gate/up items of its expert, which have smaller item numbers
+  and were therefore claimed earlier by workers that execute them without waiting on anything else; an O item
+  waits for the layer's attention combines, static tasks with smaller tickets than every worker, so the ticket
+  induction finishes them; so the same induction applies to items. A worker runs its items in claim order and
+  signals the layer's MLP counter once, after it found the queue empty; the counter reaches n_workers only when
+  every claimed item is finished.
 
 `validate()` checks the precondition (every wait refers only to earlier producers and its target equals the
 number of producers) on every list built in tests.
@@ -114,6 +116,9 @@ class ModelPlan:
                                          # QKV / router / MLP gate-up tiles normalise their own inputs
     tile_batch: int = 0                  # rows the GEMV tiles leave room for (0: max_batch); launches of at most
                                          # this many rows may use the larger tiles (the backend's `batch_tiles`)
+    o_queue: int = 0                     # 1: each MoE layer's O-projection tiles are items of its expert queue
+                                         # (after the gate/up items, before the down items) instead of static
+                                         # tasks listed after the workers, which only free blocks claim
     prefetch: int = 0                    # 1: two GEMV weight buffers where they fit (prefetch_wbuf): each block
                                          # issues its next task's tile before it waits for and computes this one
                                          # (measured slower so far: SPEED_NOTES.md)
@@ -183,6 +188,8 @@ class ModelPlan:
             self.gemv_tiles.append((self.H, 2 * self.mgu_rows))
             self.gemv_tiles += [(w, r) for w, r in self.mdn_rows.items()]
         self.n_lm_tiles = math.ceil(cfg.vocab_size / self.lm_rows)
+        self.n_o_tiles = math.ceil(self.H / self.o_rows)
+        self.o_items = self.n_o_tiles if self.o_queue and self.Lm else 0     # per MoE layer's queue
         # route record layout (int32 offsets)
         ns, npair = self.n_slots, self.n_pairs
         off = 2                              # [0] n_active, [1] n_items
@@ -417,7 +424,7 @@ def build_tasks(plan: ModelPlan, B: int, nsplit: np.ndarray) -> TaskList:
         names[c] = f"layer {l} {name}"
         return c
 
-    n_o_tiles = math.ceil(H / plan.o_rows)
+    n_o_tiles = plan.n_o_tiles
     part = 0
     prev_done: list[tuple[int, int]] = []
     for l in range(L):
@@ -498,7 +505,8 @@ def build_tasks(plan: ModelPlan, B: int, nsplit: np.ndarray) -> TaskList:
             em.emit(Op.OPROJ, l, len(r0), sig=c, waits=[(c_comb, B * nkv)], a0=r0, a1=nr)
             return c
 
-        c_o = emit_oproj() if plan.oproj_first else -1
+        o_in_queue = moe and plan.o_items > 0
+        c_o = emit_oproj() if plan.oproj_first and not o_in_queue else -1
         # 8. MoE workers
         mlp_target = 0
         c_mlp = l * cpl + plan.c_mlp
@@ -511,10 +519,14 @@ def build_tasks(plan: ModelPlan, B: int, nsplit: np.ndarray) -> TaskList:
             em.emit(Op.MLP_DOWN, l, len(r0), sig=c_mlp, waits=[(c_mgu, n_mgu)], a0=r0, a1=nr)
             mlp_target += n_mdn
         ctr(l, plan.c_mlp, "mlp (workers + down tiles)", mlp_target)
-        # 10. output projection (unless listed before the workers)
-        if not plan.oproj_first:
-            c_o = emit_oproj()
-        prev_done = [(c_o, n_o_tiles), (c_mlp, mlp_target)]
+        # 10. output projection (unless listed before the workers, or items of the expert queue: then the workers'
+        #     counter covers them, since a worker signals only after its last item)
+        if o_in_queue:
+            prev_done = [(c_mlp, mlp_target)]
+        else:
+            if not plan.oproj_first:
+                c_o = emit_oproj()
+            prev_done = [(c_o, n_o_tiles), (c_mlp, mlp_target)]
     # final norm, LM head, argmax
     targets[plan.c_xf] = B
     names[plan.c_xf] = "final norm (rows)"

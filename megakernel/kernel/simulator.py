@@ -372,7 +372,7 @@ class Simulator:
                 wbits[pi] = float(sc[s, kk])
                 route[p.r_topk_ids + s * k + kk] = e
         route[0] = len(active)
-        route[1] = len(active) * (p.gu_tiles + p.dn_tiles)
+        route[1] = len(active) * (p.gu_tiles + p.dn_tiles) + p.o_items
         self.wr("route", (m,), route)
 
     def t_worker(self, l, m, *_):
@@ -384,16 +384,23 @@ class Simulator:
         route = self.rd("route", (m,))
         n_active, n_items = int(route[0]), int(route[1])
         n_gu = n_active * p.gu_tiles
+        n_o = p.o_items
         I = p.I
         while True:
             item = int(self.moe_work[m])
             self.moe_work[m] += 1
             if item >= n_items:
                 return
+            if n_gu <= item < n_gu + n_o:           # an O-projection tile: waits for the layer's combines
+                yield (l * p.cpl + p.c_comb, self.B * p.nkv)
+                self.cur_op = "MOE_WORKER(o-proj)"
+                r0 = (item - n_gu) * p.o_rows
+                self.t_oproj(l, r0, min(p.o_rows, p.H - r0))
+                continue
             if item < n_gu:
                 slot, t = divmod(item, p.gu_tiles)
             else:
-                slot, t = divmod(item - n_gu, p.dn_tiles)
+                slot, t = divmod(item - n_gu - n_o, p.dn_tiles)
                 yield (l * p.cpl + p.c_gu + slot, p.gu_tiles)
                 self.cur_op = "MOE_WORKER(down)"
             e = int(route[p.r_slot_expert + slot])

@@ -29,6 +29,8 @@ def op_name(op: int) -> str:
         return "MOE_GATE_UP"
     if op == O.PROF_ITEM_DN:
         return "MOE_DOWN"
+    if op == O.PROF_ITEM_O:
+        return "OPROJ_ITEM"
     try:
         return O.Op(op).name
     except ValueError:
@@ -428,7 +430,8 @@ def task_bytes(plan, si, records: np.ndarray) -> tuple[np.ndarray, dict[int, int
         lo = max(0, p - W + 1) if W > 0 else 0
         k0 = lo + j * S
         out[i] = max(0, min(p + 1, k0 + S) - k0) * d * 2 * elt
-    items = {O.PROF_ITEM_GU: 2 * plan.gu_rows * H * elt, O.PROF_ITEM_DN: plan.dn_rows * plan.I * elt}
+    items = {O.PROF_ITEM_GU: 2 * plan.gu_rows * H * elt, O.PROF_ITEM_DN: plan.dn_rows * plan.I * elt,
+             O.PROF_ITEM_O: plan.o_rows * Q * elt}
     return out, items
 
 

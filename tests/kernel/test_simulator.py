@@ -281,3 +281,20 @@ def test_simulator_with_fused_norm(variant, B):
     flags = rec[:, O.R["flags"]]
     assert ((flags & O.FLAG_WRITE_H) != 0).sum() == (cfg.num_layers - 1 if B <= 2 else 0)
     _check_step(cfg, w, st, nxt, plan, seeds=[B, B + 5])
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("B", [1, 4])
+def test_simulator_with_oproj_in_the_expert_queue(variant, B):
+    """o_queue: a MoE layer's O-projection tiles are items of its expert queue (after the gate/up items, waiting
+    for the layer's combines) instead of static OPROJ tasks, and the next layer waits on the workers' counter only;
+    dense layers keep their OPROJ tasks. Exact in random orders, with fewer workers than items."""
+    cfg, w, st, nxt = _setup(variant, B, seed=31 + B)
+    plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=2, split_tokens=4, o_queue=1)
+    assert plan.o_items == plan.n_o_tiles > 0
+    batch = decode_batch(st, nxt)
+    si = step_inputs(plan, batch.input_ids.tolist(), batch.positions.tolist(), batch.block_tables)
+    rec = build_tasks(plan, si.B, si.nsplit).records
+    o_layers = sorted(set(rec[rec[:, 0] == int(O.Op.OPROJ), 1].tolist()))
+    assert o_layers == [l for l in range(cfg.num_layers) if not cfg.is_moe(l)]
+    _check_step(cfg, w, st, nxt, plan, seeds=[B, B + 9])

@@ -329,6 +329,21 @@ __device__ __forceinline__ bool prefetch_next(const Params& P, int buf) {
     return true;
 }
 
+// The O projection's rows r0..r0+nr of every row of the step (in sOut) plus the bias, into ao (a static OPROJ task
+// and an O item of the expert queue share it).
+__device__ __forceinline__ void oproj_epilogue(const Params& P, int l, int r0, int nr) {
+    const int H = PI(H), B = PI(B);
+    const float* sOut = reinterpret_cast<const float*>(smem + SM_OUT);
+    const bf16* bias = reinterpret_cast<const bf16*>(layer_wptr(P, l)[WP_O_BIAS]);
+    bf16* out = PP(bf16*, ao) + (size_t)l * PI(Bm) * H;
+    for (int i = threadIdx.x; i < nr * B; i += NT) {
+        const int r = i / B, b = i - r * B;
+        float v = sOut[r * MB + b];
+        if (bias) v += bf2f(bias[r0 + r]);
+        out[(size_t)b * H + r0 + r] = f2bf(v);
+    }
+}
+
 // Weights first (this task's, unless prefetched, then the next task's), then the waits, then the inputs, then the
 // math and the task's epilogue. pf_buf: the buffer the previous task issued this task's weights into (-1: none).
 __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_buf) {
@@ -408,17 +423,9 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
             }
             break;
         }
-        case OP_OPROJ: {
-            const bf16* bias = reinterpret_cast<const bf16*>(wp[WP_O_BIAS]);
-            bf16* out = PP(bf16*, ao) + (size_t)l * Bm * H;
-            for (int i = threadIdx.x; i < nr * B; i += NT) {
-                const int r = i / B, b = i - r * B;
-                float v = sOut[r * MB + b];
-                if (bias) v += bf2f(bias[r0 + r]);
-                out[(size_t)b * H + r0 + r] = f2bf(v);
-            }
+        case OP_OPROJ:
+            oproj_epilogue(P, l, r0, nr);
             break;
-        }
         case OP_ROUTER: {
             const int E = PI(E);
             float* out = PP(float*, rlog) + (size_t)li[LI_MOE_IDX] * Bm * E;

@@ -76,7 +76,7 @@ __device__ bool task_topk(const Params& P, const int* rec, int ticket) {
             }
         }
         route[0] = na;
-        route[1] = na * (PI(gu_tiles) + PI(dn_tiles));
+        route[1] = na * (PI(gu_tiles) + PI(dn_tiles)) + PI(o_items);
     }
     __syncthreads();
     for (int i = threadIdx.x; i < B * k; i += NT) {
@@ -98,17 +98,27 @@ __device__ bool task_topk(const Params& P, const int* rec, int ticket) {
 }
 
 // ---- MOE_WORKER: claims expert work items of one layer until the queue is empty --------------------------------
-// One work item: a gate/up tile (with SiLU * up) or a down tile of one active expert slot.
+// One work item: a gate/up tile (with SiLU * up) or a down tile of one active expert slot, or (o_queue) a tile of
+// the layer's O projection (slot -1).
 struct MoeItem {
     bool down;
     int slot, e, st, cnt, r0, nr;
     Tile T;
 };
 
-__device__ __forceinline__ MoeItem moe_item(const Params& P, const int* route, const bf16* egu, const bf16* edn,
-                                            int item, int n_gu) {
+__device__ __forceinline__ MoeItem moe_item(const Params& P, int l, const int* route, const bf16* egu,
+                                            const bf16* edn, int item, int n_gu) {
     const int H = PI(H), I = PI(I), gu_tiles = PI(gu_tiles), gu_rows = PI(gu_rows), dn_rows = PI(dn_rows);
+    const int n_o = PI(o_items);
     MoeItem it;
+    if (item >= n_gu && item < n_gu + n_o) {
+        it.down = false;
+        it.slot = -1; it.e = -1; it.st = 0; it.cnt = PI(B);
+        it.r0 = (item - n_gu) * PI(o_rows); it.nr = min(PI(o_rows), H - it.r0);
+        it.T = static_tile(P, OP_OPROJ, l, it.r0, it.nr);
+        return it;
+    }
+    if (item >= n_gu) item -= n_o;
     it.down = item >= n_gu;
     int t;
     if (!it.down) { it.slot = item / gu_tiles; t = item - it.slot * gu_tiles; }
@@ -156,7 +166,7 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
     if (item >= n_items) prefetch_next(P, 1);
     while (item < n_items) {
         prof_reset();
-        const MoeItem it = moe_item(P, route, egu, edn, item, n_gu);
+        const MoeItem it = moe_item(P, l, route, egu, edn, item, n_gu);
         if (!smem_fits(P, sm_x_end(P, it.T.n0 + it.T.n1, it.T.K, it.cnt), ticket)) {
             drain_weights();
             return false;
@@ -169,18 +179,22 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
         bool prefetched = false;             // the next item's tile is in flight in buf ^ 1
         if (two) {
             if (nxt < n_items) {
-                issue_weights(P, moe_item(P, route, egu, edn, nxt, n_gu).T, buf ^ 1);
+                issue_weights(P, moe_item(P, l, route, egu, edn, nxt, n_gu).T, buf ^ 1);
                 prefetched = true;
             } else {
                 prefetch_next(P, buf ^ 1);
             }
         }
+        const bool oitem = it.slot < 0;
         const int gu_ctr = l * PI(cpl) + PI(c_gu) + it.slot;
         if (it.down && !block_wait(P, gu_ctr, PI(gu_tiles), ticket)) { drain_weights(); return false; }
+        if (oitem && !block_wait(P, l * PI(cpl) + PI(c_comb), PI(B) * PI(n_kv), ticket)) { drain_weights(); return false; }
         prof_mark(PS_WAITED);
         if (threadIdx.x < it.cnt) {
             const int i = threadIdx.x;
-            s_xrow[i] = it.down ? PP(const bf16*, eact) + ((size_t)m * np + it.st + i) * I
+            const int Q = PI(n_heads) * PI(head_dim);
+            s_xrow[i] = oitem ? PP(const bf16*, attn) + ((size_t)l * PI(Bm) + i) * Q
+                      : it.down ? PP(const bf16*, eact) + ((size_t)m * np + it.st + i) * I
                                 : PP(const bf16*, x) + ((size_t)l * PI(Bm) + ldcg_i(route + PI(r_pair_row) + it.st + i)) * PI(H);
         }
         __syncthreads();
@@ -189,7 +203,15 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
         gemv(P, buf, it.T.n0 + it.T.n1, it.T.K, it.cnt);
         const float* sOut = reinterpret_cast<const float*>(smem + SM_OUT);
         const int nr = it.nr, cnt = it.cnt, r0 = it.r0, st = it.st;
-        if (!it.down) {
+        if (oitem) {
+            oproj_epilogue(P, l, r0, nr);
+#if MK_PROFILE
+            __syncthreads();
+            prof_mark(PS_END);
+            prof_record(PP(long long*, prof_items) + ((size_t)m * PI(prof_items_per_layer) + item) * MK_PROF_INTS,
+                        MK_PROF_ITEM_O, l, item);
+#endif
+        } else if (!it.down) {
             bf16* out = PP(bf16*, eact) + ((size_t)m * np + st) * I;
             for (int i = threadIdx.x; i < nr * cnt; i += NT) {
                 const int r = i / cnt, b = i - r * cnt;

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call of the speed loop: the megakernel's knob sweep (benchmarks/megakernel_variants.py), every
 # gpu-marked test, the prefill bench up to 32K with the stream gap, and (if present) the prefill-attention tuner;
-# on request the SM timeline of batch 1 at 8K (trace) and compute-sanitizer memcheck + racecheck on a tiny config
-# (sanitizer). Logs and JSON under $OUT. STAGES picks: variants tests prefill tune trace sanitizer (default: the
-# first four).
+# on request the SM timeline of batch 1 at 8K (trace), compute-sanitizer memcheck + racecheck on a tiny config
+# (sanitizer) and the GEMV streaming microbenchmark (stream: benchmarks/gemv_stream.py). Logs and JSON under $OUT.
+# STAGES picks: variants tests prefill tune trace sanitizer stream (default: the first four).
 #   run(command="MEGAKERNEL_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu_dev_loop.sh", timeout_s=600)
 set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
@@ -25,6 +25,8 @@ for s in ${STAGES:-variants tests prefill tune}; do
     trace) timeout ${TRACE_TIMEOUT:-150} python3 -m megakernel bench --random-north --backend megakernel --batch-size 1 \
         --context 8192 --steps 20 --trace "$OUT/tl_b1.json.gz" 2>&1 | tee "$OUT/trace.log" | grep -vE "^\s*$" | tail -24 ;;
     sanitizer) OUT=$OUT bash scripts/gpu_kernel_check.sh sanitizer 2>&1 | tail -30 ;;
+    stream) timeout ${STREAM_TIMEOUT:-90} python3 benchmarks/gemv_stream.py --json "$OUT/gemv_stream.json" 2>&1 \
+        | tee "$OUT/gemv_stream.log" | tail -40 ;;
     tune) [ -f benchmarks/prefill_attention_tune.py ] && timeout ${TUNE_TIMEOUT:-120} python3 \
         benchmarks/prefill_attention_tune.py --json "$OUT/prefill_tune.json" 2>&1 | tee "$OUT/prefill_tune.log" | tail -20 ;;
   esac

@@ -45,3 +45,23 @@ def test_kernel_switches_from_the_environment(monkeypatch):
         monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", bad)
         with pytest.raises(build.BuildError, match="MEGAKERNEL_KERNEL_DEFINES"):
             build.switch_flags()
+
+
+def test_gemv_stream_microbenchmark_compiles():
+    """benchmarks/gemv_stream.cu includes the kernel's loader and GEMV core unchanged: it must keep compiling as they
+    change (the benchmark itself needs an sm_90 GPU)."""
+    import sys
+    from pathlib import Path
+
+    if build.find_nvcc() is None:
+        pytest.skip("nvcc not installed")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    try:
+        import gemv_stream
+    finally:
+        sys.path.pop(0)
+    so = gemv_stream.compile_bench()
+    assert hasattr(so, "gemv_stream_launch")
+    wbuf, smem = gemv_stream.smem_for(24, 2048, 1, double=True)      # two 96 KB buffers fit, two 128 KB do not
+    assert wbuf == 24 * 2048 * 2 and smem <= build.opcodes.SMEM_LIMIT - build.opcodes.SMEM_RESERVE
+    assert gemv_stream.smem_for(32, 2048, 1, double=True)[1] > build.opcodes.SMEM_LIMIT

@@ -1,0 +1,59 @@
+// Microbenchmark of the megakernel's GEMV inner loop (benchmarks/gemv_stream.py builds and runs it): every block
+// streams its own run of weight tiles from HBM through the kernel's own bulk-copy loader (issue_weights /
+// wait_weights) and GEMV core (gemv), with nothing else in the way: no task list, no counters. Modes:
+//   0 serial    issue a tile, wait for it, compute it (what a megakernel task does today)
+//   1 double    two buffers: tile t + 1 is issued before tile t is computed (the `prefetch` plan knob)
+//   2 load      serial loads, no math (the loader's ceiling)
+//   3 compute   the math on the tile already in shared memory, no loads (the core's ceiling)
+// Each block writes sOut's first value per tile into out, so the math cannot be optimised away.
+#include "mk_common.cuh"
+#include "mk_gemv.cuh"
+
+extern "C" __global__ void __launch_bounds__(NT, 1) gemv_stream(const __grid_constant__ Params P, const bf16* W,
+                                                                 const bf16* X, int tiles, int R, int K, int nb,
+                                                                 int mode, float* out) {
+    if (threadIdx.x == 0) init_weight_buffers();
+    __syncthreads();
+    const size_t tile_elems = (size_t)R * K;
+    const bf16* base = W + (size_t)blockIdx.x * tiles * tile_elems;
+    if (threadIdx.x < nb) s_xrow[threadIdx.x] = X + (size_t)threadIdx.x * K;
+    __syncthreads();
+    load_x(reinterpret_cast<bf16*>(smem + sm_x(P, R, K)), nb, K);
+    __syncthreads();
+    auto tile = [&](int t) {
+        Tile T;
+        T.w0 = base + (size_t)t * tile_elems; T.n0 = R; T.w1 = nullptr; T.n1 = 0; T.K = K;
+        return T;
+    };
+    const float* sOut = reinterpret_cast<const float*>(smem + SM_OUT);
+    if (mode == 1) issue_weights(P, tile(0), 0);
+    if (mode == 3) { issue_weights(P, tile(0), 0); wait_weights(0); }
+    for (int t = 0; t < tiles; t++) {
+        int buf = 0;
+        if (mode == 0 || mode == 2) {
+            issue_weights(P, tile(t), 0);
+            wait_weights(0);
+        } else if (mode == 1) {
+            buf = t & 1;
+            if (t + 1 < tiles) issue_weights(P, tile(t + 1), buf ^ 1);
+            wait_weights(buf);
+        }
+        if (mode != 2) {
+            gemv(P, buf, R, K, nb);
+            if (threadIdx.x == 0) out[(size_t)blockIdx.x * tiles + t] = sOut[0];
+        }
+        __syncthreads();
+    }
+}
+
+extern "C" int gemv_stream_launch(const long long* params, const void* W, const void* X, int tiles, int R, int K,
+                                  int nb, int mode, void* out, int grid, int smem_bytes, void* stream) {
+    Params P;
+    for (int i = 0; i < MK_NUM_PARAMS; i++) P.v[i] = params[i];
+    cudaError_t e = cudaFuncSetAttribute(gemv_stream, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+    if (e != cudaSuccess) return (int)e;
+    gemv_stream<<<grid, NT, smem_bytes, reinterpret_cast<cudaStream_t>(stream)>>>(
+        P, reinterpret_cast<const bf16*>(W), reinterpret_cast<const bf16*>(X), tiles, R, K, nb, mode,
+        reinterpret_cast<float*>(out));
+    return (int)cudaGetLastError();
+}

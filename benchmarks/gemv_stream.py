@@ -1,0 +1,130 @@
+"""Microbenchmark of the megakernel's GEMV inner loop on its own: the kernel's bulk-copy loader and GEMV core
+(csrc/mk_gemv.cuh, included unchanged) streaming weight tiles through every SM, without the task list (see
+gemv_stream.cu for the modes: serial, double-buffered, loads only, math only).
+
+    python benchmarks/gemv_stream.py --json OUT.json        # on an sm_90 GPU, ~20 s
+
+Per (tile shape, input rows, mode) it prints us per tile per SM and the GB/s of weights over all SMs, next to the
+peak read bandwidth measured in the same run; it checks each tile's first output against torch (fp32) first. What
+it answers: how fast one SM can stream and multiply tiles when nothing else is in the way, and whether issuing the
+next tile before computing this one pays by itself (the megakernel's `prefetch` knob measured slower in the step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from megakernel.kernel import build, opcodes as O
+
+HERE = Path(__file__).parent
+MODES = {"serial": 0, "double": 1, "load": 2, "compute": 3}
+
+
+def compile_bench(arch: str = "sm_90a") -> ctypes.CDLL:
+    nvcc = build.find_nvcc()
+    if nvcc is None:
+        raise SystemExit("nvcc not found")
+    d = Path(tempfile.mkdtemp(prefix="gemv_stream_"))
+    for name, text in build.source_texts().items():
+        (d / name).write_text(text)
+    (d / "gemv_stream.cu").write_text((HERE / "gemv_stream.cu").read_text())
+    lib = d / "libgemv_stream.so"
+    cmd = [nvcc, *build.NVCC_FLAGS, *build.ARCH_FLAGS[arch], *build.switch_flags(), "-I", str(d),
+           str(d / "gemv_stream.cu"), "-o", str(lib)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode:
+        raise SystemExit(f"nvcc failed:\n{res.stderr[-3000:]}")
+    so = ctypes.CDLL(str(lib))
+    so.gemv_stream_launch.argtypes = [ctypes.POINTER(ctypes.c_longlong), ctypes.c_void_p, ctypes.c_void_p,
+                                      ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                      ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    so.gemv_stream_launch.restype = ctypes.c_int
+    return so
+
+
+def smem_for(R: int, K: int, nb: int, double: bool) -> tuple[int, int]:
+    """(wbuf param, dynamic shared memory) of the kernel's layouts (schedule.smem_bytes)."""
+    tile = (R * (K + O.ROW_PAD) * 2 + 15) // 16 * 16
+    x = nb * (K + O.ROW_PAD) * 2
+    if double:
+        return tile, O.GEMV_SCRATCH_BYTES + 2 * tile + x
+    return 0, O.GEMV_SCRATCH_BYTES + tile + x
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default="32x2048,24x2048,16x4096,12x4096,64x768,48x768",
+                    help="RxK tile shapes: the plan's 128 KB tiles, and ~96 KB ones that fit twice (double mode)")
+    ap.add_argument("--rows", default="1,8,16", help="input rows (batch)")
+    ap.add_argument("--tiles", type=int, default=48, help="tiles per SM per launch")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    from megakernel.bench import measure_read_bandwidth, run_record
+
+    dev = torch.device("cuda")
+    so = compile_bench()
+    grid = torch.cuda.get_device_properties(dev).multi_processor_count
+    peak = measure_read_bandwidth(dev) / 1e9
+    print(f"peak read bandwidth {peak:.0f} GB/s, {grid} SMs, {args.tiles} tiles per SM", flush=True)
+    stream = torch.cuda.current_stream(dev)
+    rows = []
+    gen = torch.Generator(device=dev).manual_seed(0)
+    for shape in args.shapes.split(","):
+        R, K = (int(v) for v in shape.split("x"))
+        W = (torch.randn(grid * args.tiles * R, K, device=dev, generator=gen) * 0.05).to(torch.bfloat16)
+        for nb in (int(v) for v in args.rows.split(",")):
+            X = torch.randn(nb, K, device=dev, generator=gen).to(torch.bfloat16)
+            ref = (W[::R].float() @ X[0].float())                  # each tile's row 0 times input row 0
+            for mode, code in MODES.items():
+                wbuf, smem = smem_for(R, K, nb, mode == "double")
+                if smem > O.SMEM_LIMIT - O.SMEM_RESERVE:
+                    print(f"R={R} K={K} nb={nb} {mode}: skipped ({smem} B of shared memory)")
+                    continue
+                params = np.zeros(O.NUM_PARAMS, dtype=np.int64)
+                params[O.P["wbuf"]] = wbuf
+                out = torch.zeros(grid * args.tiles, device=dev)
+                pp = params.ctypes.data_as(ctypes.POINTER(ctypes.c_longlong))
+
+                def launch() -> None:
+                    rc = so.gemv_stream_launch(pp, W.data_ptr(), X.data_ptr(), args.tiles, R, K, nb, code,
+                                               out.data_ptr(), grid, smem, stream.cuda_stream)
+                    if rc:
+                        raise SystemExit(f"launch failed: {rc}")
+
+                launch()
+                torch.cuda.synchronize()
+                if mode != "load" and mode != "compute":
+                    err = ((out - ref).abs() / ref.abs().clamp_min(1e-2)).max().item()
+                    if err > 2e-2:
+                        raise SystemExit(f"R={R} K={K} nb={nb} {mode}: first outputs off by {err:.3g} (rel)")
+                times = []
+                for _ in range(5):
+                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    a.record(stream)
+                    launch()
+                    b.record(stream)
+                    b.synchronize()
+                    times.append(a.elapsed_time(b) * 1e3)
+                us = min(times)
+                per_tile = us / args.tiles
+                gbs = grid * args.tiles * R * K * 2 / (us * 1e3) if mode != "compute" else 0.0
+                rows.append(dict(R=R, K=K, nb=nb, mode=mode, us_per_tile=per_tile, gb_per_s=gbs,
+                                 pct_of_peak=100 * gbs / peak))
+                print(f"R={R:3d} K={K:5d} nb={nb:2d} {mode:8s}: {per_tile:6.2f} us/tile/SM"
+                      + (f", {gbs:6.0f} GB/s ({100 * gbs / peak:4.1f}% of peak)" if gbs else ""), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(dict(**run_record(), peak_read_gb_per_s=peak,
+                                                   kernel_defines=build.switch_flags(), points=rows), indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

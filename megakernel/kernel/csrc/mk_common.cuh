@@ -21,6 +21,12 @@ typedef __nv_bfloat16 bf16;
 #ifndef MK_GEMV_TC
 #define MK_GEMV_TC 1
 #endif
+// MK_NORM_VEC: the residual add and norm with 8 columns per thread and 16-byte loads, all of a column group's L2
+// loads in flight together (1), or the scalar loop, one column per thread (0); mk_norm.cuh. Off until it has run
+// on the GPU.
+#ifndef MK_NORM_VEC
+#define MK_NORM_VEC 0
+#endif
 
 struct Params {
     long long v[MK_NUM_PARAMS];

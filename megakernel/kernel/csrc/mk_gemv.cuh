@@ -377,9 +377,13 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
             residual_row(P, l, b, sH);
             bf16* hdst = (flags & MK_FLAG_WRITE_H) ? PP(bf16*, h) + ((size_t)l * Bm + b) * H : nullptr;
             norm_row(P, l, sH, sH + H, sX + (size_t)b * row_pitch(T.K), hdst);
-            if (flags & MK_FLAG_WRITE_X) {      // same columns per thread as norm_row wrote: no barrier needed
+            if (flags & MK_FLAG_WRITE_X) {      // the same columns per thread as norm_row wrote: no barrier
                 bf16* xg = PP(bf16*, x) + ((size_t)l * Bm + b) * H;
-                for (int i = threadIdx.x; i < H; i += NT) xg[i] = sX[(size_t)b * row_pitch(T.K) + i];
+                const bf16* xs = sX + (size_t)b * row_pitch(T.K);
+                for (int c = threadIdx.x; c < H / NORM_COLS_PER_THREAD; c += NT)
+#pragma unroll
+                    for (int j = 0; j < NORM_COLS_PER_THREAD; j++)
+                        xg[c * NORM_COLS_PER_THREAD + j] = xs[c * NORM_COLS_PER_THREAD + j];
             }
             __syncthreads();                    // sH is the next row's
         }

@@ -3,6 +3,113 @@
 #pragma once
 #include "mk_common.cuh"
 
+#if MK_NORM_VEC
+// Both work on 8 consecutive columns per thread (16-byte loads and stores): thread t owns the columns 8c..8c+7 for
+// c = t, t + NT, ... (H is a multiple of 8), and norm_row reads exactly the columns residual_row wrote, so the two
+// need no barrier between them. All of a thread's L2 loads for a group of columns are issued before any is used:
+// one round trip per group instead of one per column and source (the scalar loop took ~10 us per row).
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+    return (unsigned)__bfloat16_as_ushort(f2bf(lo)) | ((unsigned)__bfloat16_as_ushort(f2bf(hi)) << 16);
+}
+__device__ __forceinline__ uint4 pack8(const float* f) {
+    return make_uint4(pack2(f[0], f[1]), pack2(f[2], f[3]), pack2(f[4], f[5]), pack2(f[6], f[7]));
+}
+
+// The residual stream of `row` entering layer l into sH (fp32): the embedding for l == 0, else h_{l-1} + the
+// attention output + the MLP output of layer l-1, rounded as the PyTorch path rounds them (per column: the routed
+// experts' outputs added in rank order, then the shared / dense MLP, then h + attention + that). All threads.
+__device__ __forceinline__ void residual_row(const Params& P, int l, int row, float* sH) {
+    const int H = PI(H), Bm = PI(Bm), topk = PI(topk), C = H >> 3;
+    if (l == 0) {
+        const int tok = step_in(P)[row];
+        const uint4* e = reinterpret_cast<const uint4*>(PP(const bf16*, embed) + (size_t)tok * H);
+        for (int c = threadIdx.x; c < C; c += NT) unpack8(__ldg(e + c), sH + 8 * c);
+        return;
+    }
+    const int lp = l - 1;
+    const int* li = layer_info(P, lp);
+    const int m = li[LI_MOE_IDX], kind = li[LI_MLP_KIND];
+    const uint4* hp = reinterpret_cast<const uint4*>(PP(const bf16*, h) + ((size_t)lp * Bm + row) * H);
+    const uint4* ao = reinterpret_cast<const uint4*>(PP(const bf16*, ao) + ((size_t)lp * Bm + row) * H);
+    const uint4* y = reinterpret_cast<const uint4*>(PP(const bf16*, y) + ((size_t)(m < 0 ? 0 : m) * Bm + row) * topk * H);
+    const uint4* mo = reinterpret_cast<const uint4*>(PP(const bf16*, mout) + ((size_t)lp * Bm + row) * H);
+    const int comb = PI(shared_comb);
+    const int ny = m >= 0 ? topk : 0;
+    for (int c = threadIdx.x; c < C; c += NT) {
+        const uint4 hv = __ldcg(hp + c), av = __ldcg(ao + c);
+        const uint4 mv = kind != MK_MLP_NONE ? __ldcg(mo + c) : make_uint4(0, 0, 0, 0);
+        float acc[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[j] = 0.f;
+        for (int k0 = 0; k0 < ny; k0 += 4) {            // the experts' outputs, 4 loads in flight
+            uint4 yv[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                yv[k] = k0 + k < ny ? __ldcg(y + (size_t)(k0 + k) * C + c) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                if (k0 + k < ny) {
+                    float f[8];
+                    unpack8(yv[k], f);
+#pragma unroll
+                    for (int j = 0; j < 8; j++) acc[j] = (k0 + k == 0) ? f[j] : rbf(acc[j] + f[j]);
+                }
+            }
+        }
+        float hf[8], af[8], mf[8];
+        unpack8(hv, hf);
+        unpack8(av, af);
+        unpack8(mv, mf);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float a = acc[j];
+            if (kind == MK_MLP_DENSE) a = mf[j];
+            else if (kind == MK_MLP_SHARED) a = comb == MK_COMB_SUM ? rbf(a + mf[j]) : rbf(rbf(a + mf[j]) * 0.5f);
+            sH[8 * c + j] = rbf(rbf(hf[j] + af[j]) + a);
+        }
+    }
+}
+
+// The norm of layer l (l == L: the final norm) of the row in sH: x (bf16, shared or global memory, 16-byte aligned)
+// and, when hout is given, the row itself (bf16). All threads; red holds NW floats.
+__device__ __forceinline__ void norm_row(const Params& P, int l, const float* sH, float* red, bf16* x, bf16* hout) {
+    const int H = PI(H), L = PI(L), C = H >> 3;
+    const uint4* w = reinterpret_cast<const uint4*>(
+        (l == L) ? PP(const bf16*, final_norm) : reinterpret_cast<const bf16*>(layer_wptr(P, l)[WP_NORM]));
+    const float eps = PF(norm_eps);
+    const bool rms = PI(norm_type) == MK_NORM_RMS;
+    float part = 0.f;
+    for (int c = threadIdx.x; c < C; c += NT)
+#pragma unroll
+        for (int j = 0; j < 8; j++) part += rms ? sH[8 * c + j] * sH[8 * c + j] : sH[8 * c + j];
+    float mean = 0.f, r;
+    if (rms) {
+        r = rsqrtf(block_sum(part, red) / (float)H + eps);
+    } else {
+        mean = block_sum(part, red) / (float)H;
+        float pv = 0.f;
+        for (int c = threadIdx.x; c < C; c += NT)
+#pragma unroll
+            for (int j = 0; j < 8; j++) pv += (sH[8 * c + j] - mean) * (sH[8 * c + j] - mean);
+        r = rsqrtf(block_sum(pv, red) / (float)H + eps);
+    }
+    for (int c = threadIdx.x; c < C; c += NT) {
+        float wf[8], xf[8], hf[8];
+        unpack8(__ldg(w + c), wf);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const float v = sH[8 * c + j];
+            hf[j] = v;
+            xf[j] = rms ? bf2f(f2bf(wf[j] * rbf(v * r))) : bf2f(f2bf(wf[j] * ((v - mean) * r)));
+        }
+        reinterpret_cast<uint4*>(x)[c] = pack8(xf);
+        if (hout) reinterpret_cast<uint4*>(hout)[c] = pack8(hf);
+    }
+}
+
+// the columns a thread owns: 8c..8c+7 for c = t, t + NT, ...
+#define NORM_COLS_PER_THREAD 8
+#else
 // The residual stream of `row` entering layer l into sH (fp32): the embedding for l == 0, else h_{l-1} + the
 // attention output + the MLP output of layer l-1, rounded as the PyTorch path rounds them. All threads; thread t
 // writes the columns t, t + NT, ... (norm_row reads the same ones).
@@ -65,6 +172,10 @@ __device__ __forceinline__ void norm_row(const Params& P, int l, const float* sH
         }
     }
 }
+
+// the columns a thread owns: t, t + NT, ...
+#define NORM_COLS_PER_THREAD 1
+#endif
 
 // ---- NORM: residual add (+ MoE combine) and norm of one row ----------------------------------------------------
 __device__ bool task_norm(const Params& P, const int* rec, int ticket) {

@@ -5,13 +5,30 @@
 //   1 double    two buffers: tile t + 1 is issued before tile t is computed (the `prefetch` plan knob)
 //   2 load      serial loads, no math (the loader's ceiling)
 //   3 compute   the math on the tile already in shared memory, no loads (the core's ceiling)
+//   4 queue     as serial, but tiles are claimed one at a time from one global atomic counter and the claimed
+//               number is looked up in a table in global memory, as MoE workers claim items and read their route
+//   5 queue2    as queue, double-buffered: the next tile is claimed, looked up and issued before this one computes
 // Each block writes sOut's first value per tile into out, so the math cannot be optimised away.
 #include "mk_common.cuh"
 #include "mk_gemv.cuh"
 
+// queue modes: claim the next tile number (thread 0, one atomic on the shared counter) and map it through the table
+// (a dependent L2 load), as a MoE worker does; every thread gets it through shared memory.
+__device__ __forceinline__ int claim_tile(int* queue, const int* table, int n) {
+    __shared__ int s_claim;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const int v = atomicAdd(queue, 1);
+        s_claim = v < n ? __ldcg(table + v) : -1;
+    }
+    __syncthreads();
+    return s_claim;
+}
+
 extern "C" __global__ void __launch_bounds__(NT, 1) gemv_stream(const __grid_constant__ Params P, const bf16* W,
                                                                  const bf16* X, int tiles, int R, int K, int nb,
-                                                                 int mode, float* out) {
+                                                                 int mode, float* out, int* queue,
+                                                                 const int* table) {
     if (threadIdx.x == 0) init_weight_buffers();
     __syncthreads();
     const size_t tile_elems = (size_t)R * K;
@@ -26,6 +43,38 @@ extern "C" __global__ void __launch_bounds__(NT, 1) gemv_stream(const __grid_con
         return T;
     };
     const float* sOut = reinterpret_cast<const float*>(smem + SM_OUT);
+    if (mode >= 4) {                         // tiles from the global queue: tile numbers index all of W
+        const int n = gridDim.x * tiles;
+        auto qtile = [&](int t) {
+            Tile T;
+            T.w0 = W + (size_t)t * tile_elems; T.n0 = R; T.w1 = nullptr; T.n1 = 0; T.K = K;
+            return T;
+        };
+        int t = claim_tile(queue, table, n), buf = 0;
+        if (mode == 5 && t >= 0) issue_weights(P, qtile(t), 0);
+        while (t >= 0) {
+            int nxt;
+            if (mode == 4) {
+                issue_weights(P, qtile(t), 0);
+                wait_weights(0);
+                buf = 0;
+                nxt = -1;
+            } else {
+                nxt = claim_tile(queue, table, n);
+                if (nxt >= 0) issue_weights(P, qtile(nxt), buf ^ 1);
+                wait_weights(buf);
+            }
+            gemv(P, buf, R, K, nb);
+            if (threadIdx.x == 0) out[t] = sOut[0];
+            if (mode == 4) {
+                nxt = claim_tile(queue, table, n);
+            } else {
+                buf ^= 1;
+            }
+            t = nxt;
+        }
+        return;
+    }
     if (mode == 1) issue_weights(P, tile(0), 0);
     if (mode == 3) { issue_weights(P, tile(0), 0); wait_weights(0); }
     for (int t = 0; t < tiles; t++) {
@@ -47,13 +96,14 @@ extern "C" __global__ void __launch_bounds__(NT, 1) gemv_stream(const __grid_con
 }
 
 extern "C" int gemv_stream_launch(const long long* params, const void* W, const void* X, int tiles, int R, int K,
-                                  int nb, int mode, void* out, int grid, int smem_bytes, void* stream) {
+                                  int nb, int mode, void* out, void* queue, const void* table, int grid,
+                                  int smem_bytes, void* stream) {
     Params P;
     for (int i = 0; i < MK_NUM_PARAMS; i++) P.v[i] = params[i];
     cudaError_t e = cudaFuncSetAttribute(gemv_stream, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
     if (e != cudaSuccess) return (int)e;
     gemv_stream<<<grid, NT, smem_bytes, reinterpret_cast<cudaStream_t>(stream)>>>(
         P, reinterpret_cast<const bf16*>(W), reinterpret_cast<const bf16*>(X), tiles, R, K, nb, mode,
-        reinterpret_cast<float*>(out));
+        reinterpret_cast<float*>(out), reinterpret_cast<int*>(queue), reinterpret_cast<const int*>(table));
     return (int)cudaGetLastError();
 }

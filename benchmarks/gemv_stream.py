@@ -1,13 +1,15 @@
 """Microbenchmark of the megakernel's GEMV inner loop on its own: the kernel's bulk-copy loader and GEMV core
 (csrc/mk_gemv.cuh, included unchanged) streaming weight tiles through every SM, without the task list (see
-gemv_stream.cu for the modes: serial, double-buffered, loads only, math only).
+gemv_stream.cu for the modes: serial, double-buffered, loads only, math only, and serial / double-buffered with
+tiles claimed from one global queue as MoE workers claim items).
 
     python benchmarks/gemv_stream.py --json OUT.json        # on an sm_90 GPU, ~20 s
 
 Per (tile shape, input rows, mode) it prints us per tile per SM and the GB/s of weights over all SMs, next to the
 peak read bandwidth measured in the same run; it checks each tile's first output against torch (fp32) first. What
-it answers: how fast one SM can stream and multiply tiles when nothing else is in the way, and whether issuing the
-next tile before computing this one pays by itself (the megakernel's `prefetch` knob measured slower in the step).
+it answers: how fast one SM can stream and multiply tiles when nothing else is in the way, whether issuing the
+next tile before computing this one pays by itself (the megakernel's `prefetch` knob measured slower in the step),
+and what claiming each tile from a shared queue costs on top.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch
 from megakernel.kernel import build, opcodes as O
 
 HERE = Path(__file__).parent
-MODES = {"serial": 0, "double": 1, "load": 2, "compute": 3}
+MODES = {"serial": 0, "double": 1, "load": 2, "compute": 3, "queue": 4, "queue2": 5}
 
 
 def compile_bench(arch: str = "sm_90a") -> ctypes.CDLL:
@@ -45,7 +47,8 @@ def compile_bench(arch: str = "sm_90a") -> ctypes.CDLL:
     so = ctypes.CDLL(str(lib))
     so.gemv_stream_launch.argtypes = [ctypes.POINTER(ctypes.c_longlong), ctypes.c_void_p, ctypes.c_void_p,
                                       ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                      ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+                                      ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                                      ctypes.c_void_p]
     so.gemv_stream_launch.restype = ctypes.c_int
     return so
 
@@ -83,19 +86,23 @@ def main() -> int:
         for nb in (int(v) for v in args.rows.split(",")):
             X = torch.randn(nb, K, device=dev, generator=gen).to(torch.bfloat16)
             ref = (W[::R].float() @ X[0].float())                  # each tile's row 0 times input row 0
+            table = torch.arange(grid * args.tiles, dtype=torch.int32, device=dev)   # queue modes: claim -> tile
             for mode, code in MODES.items():
-                wbuf, smem = smem_for(R, K, nb, mode == "double")
+                wbuf, smem = smem_for(R, K, nb, mode in ("double", "queue2"))
                 if smem > O.SMEM_LIMIT - O.SMEM_RESERVE:
                     print(f"R={R} K={K} nb={nb} {mode}: skipped ({smem} B of shared memory)")
                     continue
                 params = np.zeros(O.NUM_PARAMS, dtype=np.int64)
                 params[O.P["wbuf"]] = wbuf
                 out = torch.zeros(grid * args.tiles, device=dev)
+                queue = torch.zeros(1, dtype=torch.int32, device=dev)
                 pp = params.ctypes.data_as(ctypes.POINTER(ctypes.c_longlong))
 
                 def launch() -> None:
+                    queue.zero_()
                     rc = so.gemv_stream_launch(pp, W.data_ptr(), X.data_ptr(), args.tiles, R, K, nb, code,
-                                               out.data_ptr(), grid, smem, stream.cuda_stream)
+                                               out.data_ptr(), queue.data_ptr(), table.data_ptr(), grid, smem,
+                                               stream.cuda_stream)
                     if rc:
                         raise SystemExit(f"launch failed: {rc}")
 

@@ -8,6 +8,9 @@
 //   4 queue     as serial, but tiles are claimed one at a time from one global atomic counter and the claimed
 //               number is looked up in a table in global memory, as MoE workers claim items and read their route
 //   5 queue2    as queue, double-buffered: the next tile is claimed, looked up and issued before this one computes
+//   6 ws        warp-specialised: the last warp loads (two buffers, full / empty mbarriers), the other 15 compute
+//               on named barrier 1, no block-wide barrier per tile
+//   7 ws_queue  as ws, the loader warp claiming tiles from the global queue (the design a MoE worker would use)
 // Each block writes sOut's first value per tile into out, so the math cannot be optimised away.
 #include "mk_common.cuh"
 #include "mk_gemv.cuh"
@@ -43,6 +46,50 @@ extern "C" __global__ void __launch_bounds__(NT, 1) gemv_stream(const __grid_con
         return T;
     };
     const float* sOut = reinterpret_cast<const float*>(smem + SM_OUT);
+    if (mode >= 6) {                         // warp-specialised: loader warp NW-1, compute warps 0..NW-2
+        __shared__ __align__(8) unsigned long long s_empty[2];
+        __shared__ int s_meta[2];
+        if (threadIdx.x == 0) { mbar_init(&s_empty[0], 1); mbar_init(&s_empty[1], 1); fence_mbar_init(); }
+        __syncthreads();
+        const int n = mode == 7 ? gridDim.x * tiles : tiles;
+        const bf16* sX = reinterpret_cast<const bf16*>(smem + sm_x(P, R, K));
+        if ((threadIdx.x >> 5) == NW - 1) {
+            const int lane = threadIdx.x & 31;
+            for (int t = 0;; t++) {
+                const int slot = t & 1;
+                if (t >= 2) mbar_wait(&s_empty[slot], ((t >> 1) - 1) & 1);    // its tile t - 2 was computed
+                int id = t < n ? t : -1;
+                if (mode == 7) {
+                    if (lane == 0) {
+                        const int v = atomicAdd(queue, 1);
+                        id = v < n ? __ldcg(table + v) : -1;
+                    }
+                    id = __shfl_sync(0xffffffffu, id, 0);
+                }
+                if (lane == 0) s_meta[slot] = id;                  // published by the arrive below
+                __syncwarp();
+                if (id < 0) {
+                    if (lane == 0) mbar_arrive(&s_wbar[slot]);       // no bytes: tells the compute warps to stop
+                    break;
+                }
+                const bf16* src = (mode == 7 ? W : base) + (size_t)id * tile_elems;
+                issue_weights_w0(reinterpret_cast<bf16*>(smem + sm_w(P, slot)), src, R, nullptr, 0, K, slot);
+            }
+        } else {
+            for (int t = 0;; t++) {
+                const int slot = t & 1;
+                mbar_wait(&s_wbar[slot], (t >> 1) & 1);
+                const int id = s_meta[slot];
+                if (id < 0) break;
+                gemv_on<NW - 1>(reinterpret_cast<const bf16*>(smem + sm_w(P, slot)), sX, R, K, nb);
+                if (threadIdx.x == 0) {
+                    out[(mode == 7 ? 0 : (size_t)blockIdx.x * tiles) + id] = sOut[0];
+                    mbar_arrive(&s_empty[slot]);
+                }
+            }
+        }
+        return;
+    }
     if (mode >= 4) {                         // tiles from the global queue: tile numbers index all of W
         const int n = gridDim.x * tiles;
         auto qtile = [&](int t) {

@@ -1,7 +1,8 @@
 """Microbenchmark of the megakernel's GEMV inner loop on its own: the kernel's bulk-copy loader and GEMV core
 (csrc/mk_gemv.cuh, included unchanged) streaming weight tiles through every SM, without the task list (see
 gemv_stream.cu for the modes: serial, double-buffered, loads only, math only, and serial / double-buffered with
-tiles claimed from one global queue as MoE workers claim items).
+tiles claimed from one global queue as MoE workers claim items, and warp-specialised: one loader warp, 15 compute
+warps, with and without the queue).
 
     python benchmarks/gemv_stream.py --json OUT.json        # on an sm_90 GPU, ~20 s
 
@@ -27,7 +28,7 @@ import torch
 from megakernel.kernel import build, opcodes as O
 
 HERE = Path(__file__).parent
-MODES = {"serial": 0, "double": 1, "load": 2, "compute": 3, "queue": 4, "queue2": 5}
+MODES = {"serial": 0, "double": 1, "load": 2, "compute": 3, "queue": 4, "queue2": 5, "ws": 6, "ws_queue": 7}
 
 
 def compile_bench(arch: str = "sm_90a") -> ctypes.CDLL:
@@ -88,7 +89,7 @@ def main() -> int:
             ref = (W[::R].float() @ X[0].float())                  # each tile's row 0 times input row 0
             table = torch.arange(grid * args.tiles, dtype=torch.int32, device=dev)   # queue modes: claim -> tile
             for mode, code in MODES.items():
-                wbuf, smem = smem_for(R, K, nb, mode in ("double", "queue2"))
+                wbuf, smem = smem_for(R, K, nb, mode in ("double", "queue2", "ws", "ws_queue"))
                 if smem > O.SMEM_LIMIT - O.SMEM_RESERVE:
                     print(f"R={R} K={K} nb={nb} {mode}: skipped ({smem} B of shared memory)")
                     continue

@@ -126,6 +126,14 @@ __device__ __forceinline__ void drain_weights() {
     __syncthreads();
 }
 
+// The barrier of the warps that run a GEMV core: the whole block (NWC == NW), or warps 0..NWC-1 on named barrier 1
+// (a warp-specialised caller whose other warps load).
+template <int NWC>
+__device__ __forceinline__ void group_sync() {
+    if constexpr (NWC == NW) __syncthreads();
+    else asm volatile("bar.sync 1, %0;\n" ::"n"(NWC * 32) : "memory");
+}
+
 // One m16n8k16 bf16 MMA, fp32 accumulate: c += A B.
 __device__ __forceinline__ void mma_bf16(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
                                          unsigned b1) {
@@ -140,17 +148,17 @@ __device__ __forceinline__ void mma_bf16(float* c, unsigned a0, unsigned a1, uns
 // for both operands (the two MMAs of a step take words 0-1 and 2-3 of each load). A warp takes one (row block,
 // K slice) item; the K slices' partial sums meet in sRed and are added in slice order (deterministic). Rows past
 // R and inputs past nb read clamped (valid) rows whose outputs are dropped.
-template <int NB>
+template <int NB, int NWC = NW>
 __device__ __forceinline__ void gemv_core(const bf16* sW, const bf16* sX, int R, int K, int nb) {
     float* sRed = reinterpret_cast<float*>(smem + SM_RED);
     float* sOut = reinterpret_cast<float*>(smem + SM_OUT);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int pitch = row_pitch(K);
     const int RB = (R + 15) >> 4;
-    const int KS = max(1, NW / RB);
+    const int KS = max(1, NWC / RB);
     const int steps = (K + 31) >> 5;
     const bool tail = (K & 31) != 0;
-    for (int it = warp; it < RB * KS; it += NW) {
+    for (int it = warp; it < RB * KS; it += NWC) {
         const int rb = it / KS, ks = it - rb * KS;
         const int s0 = (ks * steps) / KS, s1 = ((ks + 1) * steps) / KS;
         const bf16* wa = sW + (size_t)min(rb * 16 + g, R - 1) * pitch + 8 * t;
@@ -185,27 +193,27 @@ __device__ __forceinline__ void gemv_core(const bf16* sW, const bf16* sX, int R,
             }
         }
     }
-    __syncthreads();
-    for (int i = threadIdx.x; i < R * nb; i += NT) {
+    group_sync<NWC>();
+    for (int i = threadIdx.x; i < R * nb; i += NWC * 32) {
         const int r = i / nb, b = i - r * nb, rb = r >> 4;
         float sum = 0.f;
         for (int ks = 0; ks < KS; ks++) sum += sRed[((size_t)(ks * RB + rb) * 16 + (r & 15)) * MB + b];
         sOut[r * MB + b] = sum;
     }
-    __syncthreads();
+    group_sync<NWC>();
 }
 
 // The CUDA-core variant (MK_GEMV_TC=0): each warp takes (row, K-slice) items, x re-read from shared memory per row.
-template <int BM>
+template <int BM, int NWC = NW>
 __device__ __forceinline__ void gemv_core_cc(const bf16* sW, const bf16* sX, int R, int K, int nb) {
     const int pitch = row_pitch(K);
     float* sRed = reinterpret_cast<float*>(smem + SM_RED);
     float* sOut = reinterpret_cast<float*>(smem + SM_OUT);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int KC = K >> 3;
-    const int KS = (R >= NW) ? 1 : (NW / R);
+    const int KS = (R >= NWC) ? 1 : (NWC / R);
     const int items = R * KS;
-    for (int it = warp; it < items; it += NW) {
+    for (int it = warp; it < items; it += NWC) {
         const int r = it / KS, ks = it - r * KS;
         const int c0 = (ks * KC) / KS, c1 = ((ks + 1) * KC) / KS;
         float acc[BM];
@@ -231,33 +239,38 @@ __device__ __forceinline__ void gemv_core_cc(const bf16* sW, const bf16* sX, int
             if (lane == 0 && b < nb) sRed[it * MB + b] = v;
         }
     }
-    __syncthreads();
-    for (int i = threadIdx.x; i < R * nb; i += NT) {
+    group_sync<NWC>();
+    for (int i = threadIdx.x; i < R * nb; i += NWC * 32) {
         const int r = i / nb, b = i - r * nb;
         float s = 0.f;
         for (int ks = 0; ks < KS; ks++) s += sRed[(r * KS + ks) * MB + b];
         sOut[r * MB + b] = s;
     }
-    __syncthreads();
+    group_sync<NWC>();
+}
+
+// The tile at sW times the nb rows at sX on warps 0..NWC-1.
+template <int NWC>
+__device__ __forceinline__ void gemv_on(const bf16* sW, const bf16* sX, int R, int K, int nb) {
+#if MK_GEMV_TC
+    if (nb <= 1) gemv_core_cc<1, NWC>(sW, sX, R, K, nb);
+    else if (nb <= 8) gemv_core<1, NWC>(sW, sX, R, K, nb);
+    else gemv_core<2, NWC>(sW, sX, R, K, nb);
+#else
+    if (nb <= 1) gemv_core_cc<1, NWC>(sW, sX, R, K, nb);
+    else if (nb <= 2) gemv_core_cc<2, NWC>(sW, sX, R, K, nb);
+    else if (nb <= 4) gemv_core_cc<4, NWC>(sW, sX, R, K, nb);
+    else if (nb <= 8) gemv_core_cc<8, NWC>(sW, sX, R, K, nb);
+    else gemv_core_cc<16, NWC>(sW, sX, R, K, nb);
+#endif
 }
 
 // The tile in weight buffer `buf` times the nb rows in sX.
 __device__ __noinline__ void gemv(const Params& P, int buf, int R, int K, int nb) {
-    const bf16* sW = reinterpret_cast<const bf16*>(smem + sm_w(P, buf));
-    const bf16* sX = reinterpret_cast<const bf16*>(smem + sm_x(P, R, K));
-#if MK_GEMV_TC
     // one row: the CUDA-core loop measured ahead (b1 8K 5.07 vs 5.17 ms/step); more rows: tensor cores (b8 15.98 vs
     // 17.39, b16 25.83 vs 28.92), which read the inputs once per 16 weight rows instead of once per row
-    if (nb <= 1) gemv_core_cc<1>(sW, sX, R, K, nb);
-    else if (nb <= 8) gemv_core<1>(sW, sX, R, K, nb);
-    else gemv_core<2>(sW, sX, R, K, nb);
-#else
-    if (nb <= 1) gemv_core_cc<1>(sW, sX, R, K, nb);
-    else if (nb <= 2) gemv_core_cc<2>(sW, sX, R, K, nb);
-    else if (nb <= 4) gemv_core_cc<4>(sW, sX, R, K, nb);
-    else if (nb <= 8) gemv_core_cc<8>(sW, sX, R, K, nb);
-    else gemv_core_cc<16>(sW, sX, R, K, nb);
-#endif
+    gemv_on<NW>(reinterpret_cast<const bf16*>(smem + sm_w(P, buf)), reinterpret_cast<const bf16*>(smem + sm_x(P, R, K)),
+                R, K, nb);
     prof_mark(PS_COMPUTED);                 // after gemv_core's closing barrier: every partial sum is in sOut
 }
 

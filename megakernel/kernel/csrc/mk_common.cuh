@@ -27,6 +27,11 @@ typedef __nv_bfloat16 bf16;
 #ifndef MK_NORM_VEC
 #define MK_NORM_VEC 0
 #endif
+// MK_WS_MOE: MoE workers warp-specialised (1: a loader warp claims, decodes and streams items into the two weight
+// buffers of a prefetching plan while 15 warps compute; mk_moe.cuh) or not (0). Off until it has run on the GPU.
+#ifndef MK_WS_MOE
+#define MK_WS_MOE 0
+#endif
 
 struct Params {
     long long v[MK_NUM_PARAMS];

@@ -85,14 +85,15 @@ __device__ __forceinline__ void issue_weights(const Params& P, const Tile& T, in
 __shared__ const bf16* s_xrow[MB];
 
 // Copies nb input rows (pointers in s_xrow) of K elements into sX (pitch row_pitch(K)) with plain L2 loads (the
-// inputs were written in this launch), four 16-byte loads in flight per thread.
+// inputs were written in this launch), four 16-byte loads in flight per thread; threads 0..NTHREADS-1 take part.
+template <int NTHREADS = NT>
 __device__ __forceinline__ void load_x(bf16* sX, int nb, int K) {
     const int per_row = K >> 3, n = nb * per_row, pitch = row_pitch(K);
-    for (int u0 = threadIdx.x; u0 < n; u0 += 4 * NT) {
+    for (int u0 = threadIdx.x; u0 < n; u0 += 4 * NTHREADS) {
         uint4 v[4];
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            const int u = u0 + j * NT;
+            const int u = u0 + j * NTHREADS;
             if (u < n) {
                 const int b = u / per_row;
                 v[j] = __ldcg(reinterpret_cast<const uint4*>(s_xrow[b]) + (u - b * per_row));
@@ -100,7 +101,7 @@ __device__ __forceinline__ void load_x(bf16* sX, int nb, int K) {
         }
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            const int u = u0 + j * NT;
+            const int u = u0 + j * NTHREADS;
             if (u < n) {
                 const int b = u / per_row;
                 reinterpret_cast<uint4*>(sX + (size_t)b * pitch)[u - b * per_row] = v[j];

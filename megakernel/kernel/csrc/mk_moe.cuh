@@ -139,6 +139,131 @@ __device__ __forceinline__ MoeItem moe_item(const Params& P, int l, const int* r
     return it;
 }
 
+#if MK_WS_MOE
+// ---- the warp-specialised worker (MK_WS_MOE=1, plans with two weight buffers, no O items in the queue) ----------
+// The last warp is the loader: it claims items, decodes them and streams each tile into the free one of the two
+// weight buffers (full: the buffer's s_wbar mbarrier; empty: s_wempty, armed by the compute warps when the math on
+// the buffer is done), up to two items ahead. Warps 0..NW-2 compute: wait for a full buffer, wait for the item's
+// inputs (a down item: its expert's gate/up items), load them, multiply on named barrier 1, release the buffer,
+// write the epilogue. Items still run in claim order, so the induction of schedule.py holds. No block-wide barrier
+// per item: the claim, the decode and the loads leave the compute warps' path.
+#define WS_NWC (NW - 1)
+__shared__ __align__(8) unsigned long long s_wempty[2];
+__shared__ int s_meta[2][8];                  // item (-1: the queue is empty), down, slot, e, st, cnt, r0, nr
+__shared__ volatile int s_ws_stop;            // the compute warps gave up (an aborted step): the loader stops too
+__shared__ int s_ws_ok;
+
+__device__ bool moe_worker_ws(const Params& P, int ticket, int l, int m, const int* route, const bf16* egu,
+                              const bf16* edn, int n_gu, int n_items, int first_item) {
+    const int I = PI(I), topk = PI(topk), np = PI(n_pairs), H = PI(H), Bm = PI(Bm);
+    int* work = PP(int*, moe_work) + m;
+    if (threadIdx.x == 0) {
+        mbar_init(&s_wempty[0], 1);
+        mbar_init(&s_wempty[1], 1);
+        fence_mbar_init();
+        s_ws_stop = 0;
+    }
+    __syncthreads();
+    if ((threadIdx.x >> 5) == NW - 1) {       // the loader warp
+        const int lane = threadIdx.x & 31;
+        for (int t = 0;; t++) {
+            const int slot = t & 1;
+            bool stop = false;
+            if (t >= 2)                        // the compute warps are done with its item t - 2
+                while (!mbar_try_wait(&s_wempty[slot], ((t >> 1) - 1) & 1))
+                    if (s_ws_stop) { stop = true; break; }
+            int item = 0;
+            if (lane == 0) item = stop ? n_items : (t == 0 ? first_item : atomicAdd(work, 1));
+            item = __shfl_sync(0xffffffffu, item, 0);
+            if (item >= n_items) {
+                if (lane == 0) { s_meta[slot][0] = -1; mbar_arrive(&s_wbar[slot]); }   // no bytes: stop
+                break;
+            }
+            const MoeItem it = moe_item(P, l, route, egu, edn, item, n_gu);
+            if (lane == 0) {
+                int* mt = s_meta[slot];
+                mt[0] = item; mt[1] = it.down; mt[2] = it.slot; mt[3] = it.e; mt[4] = it.st; mt[5] = it.cnt;
+                mt[6] = it.r0; mt[7] = it.nr;
+            }
+            __syncwarp();                      // lane 0's expect_tx in the issue releases the meta with it
+            issue_weights_w0(reinterpret_cast<bf16*>(smem + sm_w(P, slot)), it.T.w0, it.T.n0, it.T.w1, it.T.n1,
+                             it.T.K, slot);
+        }
+    } else {                                  // the compute warps
+        for (int t = 0;; t++) {
+            const int slot = t & 1;
+            mbar_wait(&s_wbar[slot], (unsigned)s_wphase[slot]);
+            const int* mt = s_meta[slot];
+            const int item = mt[0], down = mt[1], eslot = mt[2], e = mt[3], st = mt[4], cnt = mt[5], r0 = mt[6],
+                      nr = mt[7];
+            group_sync<WS_NWC>();              // every compute thread read the meta and the phase
+            if (threadIdx.x == 0) { s_wphase[slot] ^= 1; s_wpend[slot] = 0; }
+            if (item < 0) break;
+            prof_reset();
+            const int K = down ? I : H, R = down ? nr : 2 * nr;
+            const int gu_ctr = l * PI(cpl) + PI(c_gu) + eslot;
+            int ok = sm_x_end(P, R, K, cnt) <= dynamic_smem_bytes();
+            if (!ok && threadIdx.x == 0) record_error(P, MK_ERR_SMEM, ticket, -1, (int)sm_x_end(P, R, K, cnt),
+                                                     (int)dynamic_smem_bytes());
+            if (ok && down && threadIdx.x == 0) ok = wait_counter(P, gu_ctr, PI(gu_tiles), ticket) ? 1 : 0;
+            if (threadIdx.x == 0) s_ws_ok = ok;
+            prof_mark(PS_WAITED);
+            if (threadIdx.x < cnt) {
+                const int i = threadIdx.x;
+                s_xrow[i] = down ? PP(const bf16*, eact) + ((size_t)m * np + st + i) * I
+                                 : PP(const bf16*, x) + ((size_t)l * Bm + ldcg_i(route + PI(r_pair_row) + st + i)) * H;
+            }
+            group_sync<WS_NWC>();
+            if (!s_ws_ok) { s_ws_stop = 1; break; }
+            bf16* sX = reinterpret_cast<bf16*>(smem + sm_x(P, R, K));
+            load_x<WS_NWC * 32>(sX, cnt, K);
+            group_sync<WS_NWC>();
+            prof_mark(PS_LANDED);
+            gemv_on<WS_NWC>(reinterpret_cast<const bf16*>(smem + sm_w(P, slot)), sX, R, K, cnt);
+            prof_mark(PS_COMPUTED);
+            if (threadIdx.x == 0) mbar_arrive(&s_wempty[slot]);    // the buffer is free for the loader
+            const float* sOut = reinterpret_cast<const float*>(smem + SM_OUT);
+            if (!down) {
+                bf16* out = PP(bf16*, eact) + ((size_t)m * np + st) * I;
+                for (int i = threadIdx.x; i < nr * cnt; i += WS_NWC * 32) {
+                    const int r = i / cnt, b = i - r * cnt;
+                    const float g = rbf(sOut[r * MB + b]), u = rbf(sOut[(nr + r) * MB + b]);
+                    out[(size_t)b * I + r0 + r] = f2bf(rbf(g / (1.f + expf(-g))) * u);
+                }
+                group_sync<WS_NWC>();          // the item's writes, then its counter (as block_signal does)
+                prof_mark(PS_END);
+                if (threadIdx.x == 0) {
+#if MK_SIGNAL_FENCE
+                    __threadfence();
+#endif
+                    red_release(PP(int*, counters) + gu_ctr, 1);
+                }
+                prof_record(PP(long long*, prof_items) + ((size_t)m * PI(prof_items_per_layer) + item) * MK_PROF_INTS,
+                            MK_PROF_ITEM_GU, l, ((long long)e << 16) | item);
+            } else {
+                bf16* y = PP(bf16*, y) + (size_t)m * Bm * topk * H;
+                for (int i = threadIdx.x; i < nr * cnt; i += WS_NWC * 32) {
+                    const int r = i / cnt, b = i - r * cnt;
+                    const int pi = st + b;
+                    const float w = __int_as_float(ldcg_i(route + PI(r_pair_w) + pi));
+                    const int row = ldcg_i(route + PI(r_pair_row) + pi), rank = ldcg_i(route + PI(r_pair_rank) + pi);
+                    y[((size_t)row * topk + rank) * H + r0 + r] = f2bf(rbf(sOut[r * MB + b]) * w);
+                }
+                group_sync<WS_NWC>();          // sOut is the next item's
+#if MK_PROFILE
+                prof_mark(PS_END);
+                prof_record(PP(long long*, prof_items) + ((size_t)m * PI(prof_items_per_layer) + item) * MK_PROF_INTS,
+                            MK_PROF_ITEM_DN, l, ((long long)e << 16) | item);
+#endif
+            }
+        }
+    }
+    __syncthreads();                          // loader and compute warps meet; loads of an aborted worker drain
+    if (s_ws_stop) { drain_weights(); return false; }
+    return true;
+}
+#endif
+
 // With two weight buffers the worker claims one item ahead and issues its tile before computing the current one;
 // the claim after the last item prefetches the block's next ticket instead. Claiming ahead keeps the induction of
 // schedule.py: items run in claim order, every gate/up item precedes every down item, so a worker never holds a
@@ -161,6 +286,22 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
     const int n_active = s_w[0], n_items = s_w[1];
     const int n_gu = n_active * PI(gu_tiles);
     int* work = PP(int*, moe_work) + m;
+#if MK_WS_MOE
+    if (two && PI(o_items) == 0) {
+        // the item claimed above is the loader's first; it claims the rest
+        if (!moe_worker_ws(P, ticket, l, m, route, egu, edn, n_gu, n_items, s_w[2])) return false;
+        prefetch_next(P, 0);
+#if MK_PROFILE
+        if (threadIdx.x == 0) {
+            s_prof[PS_CLAIM] = task_claim;
+            s_prof[PS_ISSUED] = s_prof[PS_WAITED] = s_prof[PS_LANDED] = task_waited;
+            s_prof[PS_COMPUTED] = -1;
+        }
+#endif
+        block_signal(P, rec[RF_SIG]);
+        return true;
+    }
+#endif
     int item = s_w[2], buf = 0;
     bool issued = false;                     // the current item's tile is in flight in `buf`
     if (item >= n_items) prefetch_next(P, 1);

@@ -56,9 +56,9 @@ __device__ __noinline__ void issue_weights_w0(bf16* sW, const bf16* w0, int n0, 
     const int lane = threadIdx.x & 31;
     const unsigned row_bytes = (unsigned)K * 2;
     if (lane == 0) {
+        s_wpend[buf] = 1;                    // before the arrive: its release publishes the flag with the meta
         fence_proxy_async();                 // earlier generic reads/writes of this memory before the async writes
         mbar_expect_tx(&s_wbar[buf], row_bytes * (unsigned)(n0 + n1));
-        s_wpend[buf] = 1;
     }
     __syncwarp();
     fence_proxy_async();
@@ -172,13 +172,13 @@ __device__ __forceinline__ void gemv_core(const bf16* sW, const bf16* sX, int R,
         for (int j = 0; j < NB; j++) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.f;
 #pragma unroll 2
         for (int s = s0; s < s1; s++) {
-            uint4 A = *reinterpret_cast<const uint4*>(wa + s * 32);
-            uint4 C = *reinterpret_cast<const uint4*>(wc + s * 32);
-            if (tail && s * 32 + 8 * t >= K) A = C = make_uint4(0, 0, 0, 0);     // past K: zero weights
+            const bool in = !tail || s * 32 + 8 * t < K;        // past K: zeros, and no load past the last row
+            const uint4 zero = make_uint4(0, 0, 0, 0);
+            const uint4 A = in ? *reinterpret_cast<const uint4*>(wa + s * 32) : zero;
+            const uint4 C = in ? *reinterpret_cast<const uint4*>(wc + s * 32) : zero;
 #pragma unroll
             for (int j = 0; j < NB; j++) {
-                uint4 X = *reinterpret_cast<const uint4*>(xr[j] + s * 32);
-                if (tail && s * 32 + 8 * t >= K) X = make_uint4(0, 0, 0, 0);
+                const uint4 X = in ? *reinterpret_cast<const uint4*>(xr[j] + s * 32) : zero;
                 mma_bf16(c[j], A.x, C.x, A.y, C.y, X.x, X.y);
                 mma_bf16(c[j], A.z, C.z, A.w, C.w, X.z, X.w);
             }

@@ -149,7 +149,8 @@ __device__ __forceinline__ MoeItem moe_item(const Params& P, int l, const int* r
 // per item: the claim, the decode and the loads leave the compute warps' path.
 #define WS_NWC (NW - 1)
 __shared__ __align__(8) unsigned long long s_wempty[2];
-__shared__ int s_meta[2][8];                  // item (-1: the queue is empty), down, slot, e, st, cnt, r0, nr
+__shared__ int s_meta[2][8];                  // item (-1: the queue is empty, -2: the tile does not fit), down,
+                                              // slot, e, st, cnt, r0, nr
 __shared__ volatile int s_ws_stop;            // the compute warps gave up (an aborted step): the loader stops too
 __shared__ int s_ws_ok;
 
@@ -157,8 +158,8 @@ __device__ bool moe_worker_ws(const Params& P, int ticket, int l, int m, const i
                               const bf16* edn, int n_gu, int n_items, int first_item) {
     const int I = PI(I), topk = PI(topk), np = PI(n_pairs), H = PI(H), Bm = PI(Bm);
     int* work = PP(int*, moe_work) + m;
-    if (threadIdx.x == 0) {
-        mbar_init(&s_wempty[0], 1);
+    if (threadIdx.x == 0) {                   // invalidated again when the worker ends, so each init is on a
+        mbar_init(&s_wempty[0], 1);           // location that holds no live mbarrier
         mbar_init(&s_wempty[1], 1);
         fence_mbar_init();
         s_ws_stop = 0;
@@ -172,14 +173,23 @@ __device__ bool moe_worker_ws(const Params& P, int ticket, int l, int m, const i
             if (t >= 2)                        // the compute warps are done with its item t - 2
                 while (!mbar_try_wait(&s_wempty[slot], ((t >> 1) - 1) & 1))
                     if (s_ws_stop) { stop = true; break; }
+            if (stop) break;                   // the compute warps left: nobody waits for this slot
             int item = 0;
-            if (lane == 0) item = stop ? n_items : (t == 0 ? first_item : atomicAdd(work, 1));
+            if (lane == 0) item = t == 0 ? first_item : atomicAdd(work, 1);
             item = __shfl_sync(0xffffffffu, item, 0);
-            if (item >= n_items) {
-                if (lane == 0) { s_meta[slot][0] = -1; mbar_arrive(&s_wbar[slot]); }   // no bytes: stop
+            const MoeItem it = moe_item(P, l, route, egu, edn, item < n_items ? item : 0, n_gu);
+            const int R = it.T.n0 + it.T.n1;
+            const bool fits = (size_t)R * row_pitch(it.T.K) * 2 <= (size_t)PI(wbuf)
+                              && sm_x_end(P, R, it.T.K, it.cnt) <= dynamic_smem_bytes();
+            if (item >= n_items || !fits) {    // no bytes: the compute warps stop (and report a misfit)
+                if (lane == 0) {
+                    s_meta[slot][0] = item >= n_items ? -1 : -2;
+                    s_meta[slot][5] = (int)sm_x_end(P, R, it.T.K, it.cnt);
+                    s_wpend[slot] = 1;         // an unconsumed stop is drained like a load
+                    mbar_arrive(&s_wbar[slot]);
+                }
                 break;
             }
-            const MoeItem it = moe_item(P, l, route, egu, edn, item, n_gu);
             if (lane == 0) {
                 int* mt = s_meta[slot];
                 mt[0] = item; mt[1] = it.down; mt[2] = it.slot; mt[3] = it.e; mt[4] = it.st; mt[5] = it.cnt;
@@ -198,14 +208,17 @@ __device__ bool moe_worker_ws(const Params& P, int ticket, int l, int m, const i
                       nr = mt[7];
             group_sync<WS_NWC>();              // every compute thread read the meta and the phase
             if (threadIdx.x == 0) { s_wphase[slot] ^= 1; s_wpend[slot] = 0; }
+            if (item == -2) {                  // the loader found the item's layout larger than the launch's
+                if (threadIdx.x == 0) record_error(P, MK_ERR_SMEM, ticket, -1, cnt, (int)dynamic_smem_bytes());
+                s_ws_stop = 1;
+                break;
+            }
             if (item < 0) break;
             prof_reset();
             const int K = down ? I : H, R = down ? nr : 2 * nr;
             const int gu_ctr = l * PI(cpl) + PI(c_gu) + eslot;
-            int ok = sm_x_end(P, R, K, cnt) <= dynamic_smem_bytes();
-            if (!ok && threadIdx.x == 0) record_error(P, MK_ERR_SMEM, ticket, -1, (int)sm_x_end(P, R, K, cnt),
-                                                     (int)dynamic_smem_bytes());
-            if (ok && down && threadIdx.x == 0) ok = wait_counter(P, gu_ctr, PI(gu_tiles), ticket) ? 1 : 0;
+            int ok = 1;
+            if (down && threadIdx.x == 0) ok = wait_counter(P, gu_ctr, PI(gu_tiles), ticket) ? 1 : 0;
             if (threadIdx.x == 0) s_ws_ok = ok;
             prof_mark(PS_WAITED);
             if (threadIdx.x < cnt) {
@@ -259,6 +272,7 @@ __device__ bool moe_worker_ws(const Params& P, int ticket, int l, int m, const i
         }
     }
     __syncthreads();                          // loader and compute warps meet; loads of an aborted worker drain
+    if (threadIdx.x == 0) { mbar_inval(&s_wempty[0]); mbar_inval(&s_wempty[1]); }
     if (s_ws_stop) { drain_weights(); return false; }
     return true;
 }

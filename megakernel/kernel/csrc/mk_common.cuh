@@ -21,11 +21,13 @@ typedef __nv_bfloat16 bf16;
 #ifndef MK_GEMV_TC
 #define MK_GEMV_TC 1
 #endif
-// MK_NORM_VEC: the residual add and norm with 8 columns per thread and 16-byte loads, all of a column group's L2
-// loads in flight together (1), or the scalar loop, one column per thread (0); mk_norm.cuh. Off until it has run
+// MK_SMALL_VEC: the single-block tasks on every layer's critical path with all of a thread's L2 loads in flight
+// together (1): NORM's residual add and norm with 8 columns per thread and 16-byte loads (mk_norm.cuh), the
+// attention combine reading each split's log-sum-exp once and 16 splits' partial outputs at a time
+// (mk_attention.cuh); or the loops that chain them (0). The same per-element math either way. Off until it has run
 // on the GPU.
-#ifndef MK_NORM_VEC
-#define MK_NORM_VEC 0
+#ifndef MK_SMALL_VEC
+#define MK_SMALL_VEC 0
 #endif
 // MK_WS_MOE: MoE workers warp-specialised (1: a loader warp claims, decodes and streams items into the two weight
 // buffers of a prefetching plan while 15 warps compute; mk_moe.cuh) or not (0). Off until it has run on the GPU.

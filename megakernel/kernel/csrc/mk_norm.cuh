@@ -3,7 +3,7 @@
 #pragma once
 #include "mk_common.cuh"
 
-#if MK_NORM_VEC
+#if MK_SMALL_VEC
 // Both work on 8 consecutive columns per thread (16-byte loads and stores): thread t owns the columns 8c..8c+7 for
 // c = t, t + NT, ... (H is a multiple of 8), and norm_row reads exactly the columns residual_row wrote, so the two
 // need no barrier between them. All of a thread's L2 loads for a group of columns are issued before any is used:

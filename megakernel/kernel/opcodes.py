@@ -112,6 +112,8 @@ PARAM_FIELDS = (
     "gu_rows", "gu_tiles", "dn_rows", "dn_tiles", "n_slots", "n_pairs",
     # bytes of each of the two GEMV weight buffers (0: one buffer, the inputs right after the tile; no prefetch)
     "wbuf",
+    # bytes of each of the expert items' two weight buffers (the warp-specialised worker's ring; 0: none)
+    "moe_wbuf",
     # O-projection tiles in each MoE layer's work queue (the `o_queue` knob; 0: static OPROJ tasks), their rows, and
     # the per-layer offset of the attention-combine counter they wait on
     "o_items", "o_rows", "c_comb",

@@ -119,6 +119,9 @@ class ModelPlan:
     o_queue: int = 0                     # 1: each MoE layer's O-projection tiles are items of its expert queue
                                          # (after the gate/up items, before the down items) instead of static
                                          # tasks listed after the workers, which only free blocks claim
+    moe_ring: int = 0                    # 1: the expert items get a ring of two weight buffers of their own (their
+                                         # tiles sized to fill one; the static tasks keep one large buffer): the
+                                         # layout of the warp-specialised MoE worker (build switch MK_WS_MOE)
     prefetch: int = 0                    # 1: two GEMV weight buffers where they fit (prefetch_wbuf): each block
                                          # issues its next task's tile before it waits for and computes this one
                                          # (measured slower so far: SPEED_NOTES.md)
@@ -174,9 +177,18 @@ class ModelPlan:
         self.router_rows = rows(self.H)
         self.mgu_rows = rows(self.H, 2)
         self.mdn_rows = {w: rows(w) for w in set(self.mlp_width) if w}
-        self.gu_rows = rows(self.H, 2)
+        # the expert items' buffers: the prefetching layout's, or (moe_ring) a ring of two inside the same memory
+        # with the inputs of the plan's rows after it
+        self.moe_wbuf = self.wbuf
+        if self.moe_ring and not self.wbuf and self.Lm:
+            kx = max(self.H, self.I)
+            ring = prefetch_wbuf(kx, self.tb, fused)
+            if ring and small_task_smem_bytes(self.E, self.H) <= O.GEMV_SCRATCH_BYTES + ring:
+                self.moe_wbuf = ring
+        mrows = lambda K, halves=1: tile_rows(K, halves, max_batch=self.tb, wbuf=self.moe_wbuf)
+        self.gu_rows = mrows(self.H, 2)
         self.gu_tiles = math.ceil(self.I / self.gu_rows)
-        self.dn_rows = rows(self.I)
+        self.dn_rows = mrows(self.I)
         self.dn_tiles = math.ceil(self.H / self.dn_rows)
         self.lm_rows = rows(self.H)
         # (K, rows in all halves) of every GEMV kind: the shared-memory size is derived from these
@@ -218,7 +230,11 @@ class ModelPlan:
         """Dynamic shared memory of the kernel (its task kinds' layouts are in csrc/mk_*.cuh, described by
         `smem_bytes` above from this plan's tiles)."""
         fused = (self.H + O.NUM_WARPS) * 4 if self.fused_norm else 0      # the fused tiles' residual row
-        return smem_bytes(self.gemv_tiles, self.tb, self.d, self.g, self.E, self.H, self.wbuf, self.k_max) + fused
+        total = smem_bytes(self.gemv_tiles, self.tb, self.d, self.g, self.E, self.H, self.wbuf, self.k_max)
+        if self.moe_wbuf and not self.wbuf:  # the expert items' ring and their inputs
+            total = max(total, O.GEMV_SCRATCH_BYTES + 2 * self.moe_wbuf
+                        + self.tb * (max(self.H, self.I) + O.ROW_PAD) * 2)
+        return total + fused
 
     def check_supported(self) -> None:
         """Raise ValueError naming the first dimension the kernel does not handle."""
@@ -294,13 +310,15 @@ def tiling_plans(cfg: ModelConfig, layout: KVLayout, max_batch: int, per_batch: 
     scratch, but for the LM-head maxima and MoE items: a plan of fewer rows may have smaller, double-buffered
     tiles, so the backend sizes those from the max over its plans).
     per_batch: one plan per distinct tiling over 1..max_batch rows (fewer rows leave room for larger tiles); with
-    prefetching the tiles shrink with every row, so only powers of two are candidates (as the graph's buckets)."""
+    prefetching (or the expert ring) the tiles shrink with every row, so only powers of two are candidates (as the
+    graph's buckets)."""
     full = ModelPlan(cfg, layout, max_batch, **knobs)
     if not per_batch:
         return [full]
     key = lambda p: (tuple(p.gemv_tiles), p.wbuf)          # noqa: E731
     by_tiles: dict[tuple, ModelPlan] = {}
-    cands = range(1, max_batch) if not knobs.get("prefetch", ModelPlan.prefetch) else [1 << i for i in range(max_batch.bit_length())
+    cands = range(1, max_batch) if not (knobs.get("prefetch", ModelPlan.prefetch)
+                                        or knobs.get("moe_ring", ModelPlan.moe_ring)) else [1 << i for i in range(max_batch.bit_length())
                                                                         if 1 << i < max_batch]
     for tb in cands:
         p = ModelPlan(cfg, layout, max_batch, tile_batch=tb, **knobs)

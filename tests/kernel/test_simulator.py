@@ -298,3 +298,30 @@ def test_simulator_with_oproj_in_the_expert_queue(variant, B):
     o_layers = sorted(set(rec[rec[:, 0] == int(O.Op.OPROJ), 1].tolist()))
     assert o_layers == [l for l in range(cfg.num_layers) if not cfg.is_moe(l)]
     _check_step(cfg, w, st, nxt, plan, seeds=[B, B + 9])
+
+
+def test_expert_ring_tilings_on_north_dims():
+    """moe_ring: the static tasks keep one large buffer (128 KB tiles) while the expert items get a ring of two
+    buffers with their inputs after it (the warp-specialised worker's layout): each item tile fits one buffer, the
+    plan fits the shared memory, and batch 1 gets ~96 KB expert tiles."""
+    from megakernel.config import north_mini_code_config
+    from megakernel.kernel.schedule import tiling_plans
+    from megakernel.kv.cache import KVLayout
+
+    cfg = north_mini_code_config()
+    plans = tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, True, n_workers=132, moe_ring=1)
+    assert [p.tb for p in plans] == [2, 4, 8, 16]          # 1 and 2 rows tile alike (the larger tile_batch wins)
+    for p in plans:
+        assert p.wbuf == 0 and p.moe_wbuf >= O.PREFETCH_MIN_TILE
+        assert 2 * p.gu_rows * (p.H + O.ROW_PAD) * 2 <= p.moe_wbuf and p.dn_rows * (p.I + O.ROW_PAD) * 2 <= p.moe_wbuf
+        assert O.GEMV_SCRATCH_BYTES + 2 * p.moe_wbuf + p.tb * (max(p.H, p.I) + O.ROW_PAD) * 2 <= p.smem_bytes()
+        assert p.smem_bytes() <= O.SMEM_LIMIT - O.SMEM_RESERVE
+    assert plans[0].qkv_rows * plans[0].H * 2 == 128 * 1024 and 2 * plans[0].gu_rows * plans[0].H * 2 >= 96 * 1024
+
+
+@pytest.mark.parametrize("B", [1, 3])
+def test_simulator_with_the_expert_ring(B):
+    """moe_ring changes only the expert items' tile rows (more items per expert): exact in random orders."""
+    cfg, w, st, nxt = _setup("north_like", B, seed=41 + B)
+    plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=2, split_tokens=4, moe_ring=1)
+    _check_step(cfg, w, st, nxt, plan, seeds=[B, B + 3])

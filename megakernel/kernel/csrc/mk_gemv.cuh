@@ -19,6 +19,9 @@ __device__ __forceinline__ size_t sm_w(const Params& P, int buf) { return SM_W +
 __device__ __forceinline__ size_t sm_x(const Params& P, int R, int K) {
     return PI(wbuf) ? SM_W + 2 * (size_t)PI(wbuf) : SM_W + (size_t)R * row_pitch(K) * 2;
 }
+// The expert items' ring of the warp-specialised worker (moe_wbuf > 0): two buffers, the inputs after both.
+__device__ __forceinline__ size_t moe_w(const Params& P, int slot) { return SM_W + (size_t)slot * PI(moe_wbuf); }
+__device__ __forceinline__ size_t moe_x(const Params& P) { return SM_W + 2 * (size_t)PI(moe_wbuf); }
 // end of nb input rows of K elements
 __device__ __forceinline__ size_t sm_x_end(const Params& P, int R, int K, int nb) {
     return sm_x(P, R, K) + (size_t)nb * row_pitch(K) * 2;

@@ -140,7 +140,7 @@ __device__ __forceinline__ MoeItem moe_item(const Params& P, int l, const int* r
 }
 
 #if MK_WS_MOE
-// ---- the warp-specialised worker (MK_WS_MOE=1, plans with two weight buffers, no O items in the queue) ----------
+// ---- the warp-specialised worker (MK_WS_MOE=1, plans with an expert ring: moe_ring=1 or prefetch=1; no O items) ----
 // The last warp is the loader: it claims items, decodes them and streams each tile into the free one of the two
 // weight buffers (full: the buffer's s_wbar mbarrier; empty: s_wempty, armed by the compute warps when the math on
 // the buffer is done), up to two items ahead. Warps 0..NW-2 compute: wait for a full buffer, wait for the item's
@@ -179,12 +179,12 @@ __device__ bool moe_worker_ws(const Params& P, int ticket, int l, int m, const i
             item = __shfl_sync(0xffffffffu, item, 0);
             const MoeItem it = moe_item(P, l, route, egu, edn, item < n_items ? item : 0, n_gu);
             const int R = it.T.n0 + it.T.n1;
-            const bool fits = (size_t)R * row_pitch(it.T.K) * 2 <= (size_t)PI(wbuf)
-                              && sm_x_end(P, R, it.T.K, it.cnt) <= dynamic_smem_bytes();
+            const size_t x_end = moe_x(P) + (size_t)it.cnt * row_pitch(it.T.K) * 2;
+            const bool fits = (size_t)R * row_pitch(it.T.K) * 2 <= (size_t)PI(moe_wbuf) && x_end <= dynamic_smem_bytes();
             if (item >= n_items || !fits) {    // no bytes: the compute warps stop (and report a misfit)
                 if (lane == 0) {
                     s_meta[slot][0] = item >= n_items ? -1 : -2;
-                    s_meta[slot][5] = (int)sm_x_end(P, R, it.T.K, it.cnt);
+                    s_meta[slot][5] = (int)x_end;
                     s_wpend[slot] = 1;         // an unconsumed stop is drained like a load
                     mbar_arrive(&s_wbar[slot]);
                 }
@@ -196,7 +196,7 @@ __device__ bool moe_worker_ws(const Params& P, int ticket, int l, int m, const i
                 mt[6] = it.r0; mt[7] = it.nr;
             }
             __syncwarp();                      // lane 0's expect_tx in the issue releases the meta with it
-            issue_weights_w0(reinterpret_cast<bf16*>(smem + sm_w(P, slot)), it.T.w0, it.T.n0, it.T.w1, it.T.n1,
+            issue_weights_w0(reinterpret_cast<bf16*>(smem + moe_w(P, slot)), it.T.w0, it.T.n0, it.T.w1, it.T.n1,
                              it.T.K, slot);
         }
     } else {                                  // the compute warps
@@ -228,11 +228,11 @@ __device__ bool moe_worker_ws(const Params& P, int ticket, int l, int m, const i
             }
             group_sync<WS_NWC>();
             if (!s_ws_ok) { s_ws_stop = 1; break; }
-            bf16* sX = reinterpret_cast<bf16*>(smem + sm_x(P, R, K));
+            bf16* sX = reinterpret_cast<bf16*>(smem + moe_x(P));
             load_x<WS_NWC * 32>(sX, cnt, K);
             group_sync<WS_NWC>();
             prof_mark(PS_LANDED);
-            gemv_on<WS_NWC>(reinterpret_cast<const bf16*>(smem + sm_w(P, slot)), sX, R, K, cnt);
+            gemv_on<WS_NWC>(reinterpret_cast<const bf16*>(smem + moe_w(P, slot)), sX, R, K, cnt);
             prof_mark(PS_COMPUTED);
             if (threadIdx.x == 0) mbar_arrive(&s_wempty[slot]);    // the buffer is free for the loader
             const float* sOut = reinterpret_cast<const float*>(smem + SM_OUT);
@@ -301,7 +301,7 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
     const int n_gu = n_active * PI(gu_tiles);
     int* work = PP(int*, moe_work) + m;
 #if MK_WS_MOE
-    if (two && PI(o_items) == 0) {
+    if (PI(moe_wbuf) && PI(o_items) == 0) {
         // the item claimed above is the loader's first; it claims the rest
         if (!moe_worker_ws(P, ticket, l, m, route, egu, edn, n_gu, n_items, s_w[2])) return false;
         prefetch_next(P, 0);

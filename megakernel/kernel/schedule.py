@@ -168,6 +168,8 @@ class ModelPlan:
         self.wbuf = prefetch_wbuf(self.k_max, self.tb, fused) if self.prefetch else 0
         if small_task_smem_bytes(self.E, self.H) > O.GEMV_SCRATCH_BYTES + self.wbuf:
             self.wbuf = 0                    # the small tasks' layouts would overlap a prefetch into buffer 1
+        if self.wbuf < 2 * (self.k_max + O.ROW_PAD) * 2:
+            self.wbuf = 0                    # a buffer must hold a tile of at least one row (two for gate/up)
         rows = lambda K, halves=1: tile_rows(K, halves, max_batch=self.tb, wbuf=self.wbuf)
         r = rows(self.H)
         while r > 1 and (d % r or r % 2):    # a QKV tile stays inside one head (its counter, RoPE pairs)
@@ -180,10 +182,11 @@ class ModelPlan:
         # the expert items' buffers: the prefetching layout's, or (moe_ring) a ring of two inside the same memory
         # with the inputs of the plan's rows after it
         self.moe_wbuf = self.wbuf
-        if self.moe_ring and not self.wbuf and self.Lm:
+        if self.moe_ring and not self.wbuf and self.Lm and not self.o_queue:   # (o_queue: the plain worker runs)
             kx = max(self.H, self.I)
             ring = prefetch_wbuf(kx, self.tb, fused)
-            if ring and small_task_smem_bytes(self.E, self.H) <= O.GEMV_SCRATCH_BYTES + ring:
+            if (ring and small_task_smem_bytes(self.E, self.H) <= O.GEMV_SCRATCH_BYTES + ring
+                    and ring >= 2 * (self.H + O.ROW_PAD) * 2 and ring >= (self.I + O.ROW_PAD) * 2):
                 self.moe_wbuf = ring
         mrows = lambda K, halves=1: tile_rows(K, halves, max_batch=self.tb, wbuf=self.moe_wbuf)
         self.gu_rows = mrows(self.H, 2)

@@ -173,6 +173,7 @@ __device__ bool moe_worker_ws(const Params& P, int ticket, int l, int m, const i
             if (t >= 2)                        // the compute warps are done with its item t - 2
                 while (!mbar_try_wait(&s_wempty[slot], ((t >> 1) - 1) & 1))
                     if (s_ws_stop) { stop = true; break; }
+            stop = __any_sync(0xffffffffu, stop);   // one decision for the warp (its shuffles need every lane)
             if (stop) break;                   // the compute warps left: nobody waits for this slot
             int item = 0;
             if (lane == 0) item = t == 0 ? first_item : atomicAdd(work, 1);
@@ -184,7 +185,8 @@ __device__ bool moe_worker_ws(const Params& P, int ticket, int l, int m, const i
             if (item >= n_items || !fits) {    // no bytes: the compute warps stop (and report a misfit)
                 if (lane == 0) {
                     s_meta[slot][0] = item >= n_items ? -1 : -2;
-                    s_meta[slot][5] = (int)x_end;
+                    s_meta[slot][5] = (int)(moe_x(P) + (size_t)max(R * row_pitch(it.T.K) * 2 - PI(moe_wbuf), 0) * 2
+                                            + (size_t)it.cnt * row_pitch(it.T.K) * 2);   // what it would need
                     s_wpend[slot] = 1;         // an unconsumed stop is drained like a load
                     mbar_arrive(&s_wbar[slot]);
                 }

@@ -40,11 +40,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) gemv_stream(const __grid_con
     __syncthreads();
     load_x(reinterpret_cast<bf16*>(smem + sm_x(P, R, K)), nb, K);
     __syncthreads();
-    auto tile = [&](int t) {
+    auto tile_at = [&](const bf16* from, int t) {   // tile t of this block's run (from = base) or of all of W
         Tile T;
-        T.w0 = base + (size_t)t * tile_elems; T.n0 = R; T.w1 = nullptr; T.n1 = 0; T.K = K;
+        T.w0 = from + (size_t)t * tile_elems; T.n0 = R; T.w1 = nullptr; T.n1 = 0; T.K = K;
         return T;
     };
+    auto tile = [&](int t) { return tile_at(base, t); };
     const float* sOut = reinterpret_cast<const float*>(smem + SM_OUT);
     if (mode >= 6) {                         // warp-specialised: loader warp NW-1, compute warps 0..NW-2
         __shared__ __align__(8) unsigned long long s_empty[2];
@@ -92,11 +93,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) gemv_stream(const __grid_con
     }
     if (mode >= 4) {                         // tiles from the global queue: tile numbers index all of W
         const int n = gridDim.x * tiles;
-        auto qtile = [&](int t) {
-            Tile T;
-            T.w0 = W + (size_t)t * tile_elems; T.n0 = R; T.w1 = nullptr; T.n1 = 0; T.K = K;
-            return T;
-        };
+        auto qtile = [&](int t) { return tile_at(W, t); };
         int t = claim_tile(queue, table, n), buf = 0;
         if (mode == 5 && t >= 0) issue_weights(P, qtile(t), 0);
         while (t >= 0) {

@@ -165,11 +165,7 @@ class ModelPlan:
         d = self.d
         self.k_max = max(self.H, self.Q, self.I, self.I_mlp)
         fused = (self.H + O.NUM_WARPS) * 4 if self.fused_norm else 0      # the fused tiles' residual row
-        self.wbuf = prefetch_wbuf(self.k_max, self.tb, fused) if self.prefetch else 0
-        if small_task_smem_bytes(self.E, self.H) > O.GEMV_SCRATCH_BYTES + self.wbuf:
-            self.wbuf = 0                    # the small tasks' layouts would overlap a prefetch into buffer 1
-        if self.wbuf < 2 * (self.k_max + O.ROW_PAD) * 2:
-            self.wbuf = 0                    # a buffer must hold a tile of at least one row (two for gate/up)
+        self.wbuf = self._two_buffers(self.k_max, 2 * (self.k_max + O.ROW_PAD) * 2, fused) if self.prefetch else 0
         rows = lambda K, halves=1: tile_rows(K, halves, max_batch=self.tb, wbuf=self.wbuf)
         r = rows(self.H)
         while r > 1 and (d % r or r % 2):    # a QKV tile stays inside one head (its counter, RoPE pairs)
@@ -183,11 +179,8 @@ class ModelPlan:
         # with the inputs of the plan's rows after it
         self.moe_wbuf = self.wbuf
         if self.moe_ring and not self.wbuf and self.Lm and not self.o_queue:   # (o_queue: the plain worker runs)
-            kx = max(self.H, self.I)
-            ring = prefetch_wbuf(kx, self.tb, fused)
-            if (ring and small_task_smem_bytes(self.E, self.H) <= O.GEMV_SCRATCH_BYTES + ring
-                    and ring >= 2 * (self.H + O.ROW_PAD) * 2 and ring >= (self.I + O.ROW_PAD) * 2):
-                self.moe_wbuf = ring
+            one_row = max(2 * (self.H + O.ROW_PAD) * 2, (self.I + O.ROW_PAD) * 2)   # a gate/up pair, a down row
+            self.moe_wbuf = self._two_buffers(max(self.H, self.I), one_row, fused)
         mrows = lambda K, halves=1: tile_rows(K, halves, max_batch=self.tb, wbuf=self.moe_wbuf)
         self.gu_rows = mrows(self.H, 2)
         self.gu_tiles = math.ceil(self.I / self.gu_rows)
@@ -227,6 +220,14 @@ class ModelPlan:
         self.c_lm = self.c_xf + 1
         self.n_counters = self.c_lm + 1
         self.sync_ints = O.CTRL_INTS + self.n_counters + max(1, self.Lm)
+
+    def _two_buffers(self, k_x: int, min_tile: int, extra: int) -> int:
+        """Bytes of each of two weight buffers followed by tile_batch input rows of k_x elements (prefetch_wbuf), or 0
+        unless a buffer holds a tile of min_tile bytes and the small tasks' layouts stay clear of buffer 1 (they
+        prefetch into it while they run)."""
+        b = prefetch_wbuf(k_x, self.tb, extra)
+        ok = b >= min_tile and small_task_smem_bytes(self.E, self.H) <= O.GEMV_SCRATCH_BYTES + b
+        return b if ok else 0
 
     # ---- smem -----------------------------------------------------------------------------------------------------
     def smem_bytes(self) -> int:
@@ -320,9 +321,8 @@ def tiling_plans(cfg: ModelConfig, layout: KVLayout, max_batch: int, per_batch: 
         return [full]
     key = lambda p: (tuple(p.gemv_tiles), p.wbuf)          # noqa: E731
     by_tiles: dict[tuple, ModelPlan] = {}
-    cands = range(1, max_batch) if not (knobs.get("prefetch", ModelPlan.prefetch)
-                                        or knobs.get("moe_ring", ModelPlan.moe_ring)) else [1 << i for i in range(max_batch.bit_length())
-                                                                        if 1 << i < max_batch]
+    shrinking = knobs.get("prefetch", ModelPlan.prefetch) or knobs.get("moe_ring", ModelPlan.moe_ring)
+    cands = [1 << i for i in range(max_batch.bit_length()) if 1 << i < max_batch] if shrinking else range(1, max_batch)
     for tb in cands:
         p = ModelPlan(cfg, layout, max_batch, tile_batch=tb, **knobs)
         by_tiles[key(p)] = p                               # the largest tile_batch with this tiling wins

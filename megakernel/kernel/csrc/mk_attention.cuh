@@ -218,63 +218,49 @@ __device__ bool task_attn(const Params& P, const int* rec, int ticket) {
     }
 }
 
-#if MK_SMALL_VEC
-// The combine with every log-sum-exp read once (all in flight) and 16 splits' partial outputs per round trip; the same
-// math in the same order as the loop in task_combine (n <= MAXS splits). Its own function: its 16 loads in flight per
-// output would otherwise crowd the persistent loop's registers (the switch's build still spills 24 bytes there).
-__device__ __noinline__ void combine_vec(const Params& P, const int* rec, const float* lse, const float* po,
-                                         float* sMx, float* sDen, float* sWt) {
-    const int l = rec[RF_LAYER], s = rec[RF_A0], kvh = rec[RF_A1], n = rec[RF_A2];
-    const int d = PI(head_dim), nkv = PI(n_kv), gq = PI(n_heads) / nkv, Q = PI(n_heads) * d, Bm = PI(Bm);
+// ---- attention combine: merge the splits of one (sequence, kv head) ---------------------------------------------
+// Per query head h of the kv head: the max and the sum of exp of the n splits' log-sum-exps lse[j * gq + h], read
+// from L2 (FROM_L2) or from shared memory.
+template <bool FROM_L2>
+__device__ __forceinline__ void combine_stats(const float* lse, int n, int gq, float* sMx, float* sDen) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-       // every log-sum-exp read once, all in flight; 16 splits' partials per round trip
-        for (int i = threadIdx.x; i < n * gq; i += NT) sWt[i] = ldcg_f(lse + i);
-        __syncthreads();
-        for (int h = warp; h < gq; h += NW) {
-            float mx = -INFINITY;
-            for (int j = lane; j < n; j += 32) mx = fmaxf(mx, sWt[j * gq + h]);
-            mx = warp_max(mx);
-            float den = 0.f;
-            for (int j = lane; j < n; j += 32) den += expf(sWt[j * gq + h] - mx);
-            den = warp_sum(den);
-            if (lane == 0) { sMx[h] = mx; sDen[h] = den; }
-        }
-        __syncthreads();
-        for (int i = threadIdx.x; i < n * gq; i += NT) {
-            const int h = i % gq;
-            sWt[i] = expf(sWt[i] - sMx[h]) / sDen[h];
-        }
-        __syncthreads();
-        float acc[MK_ATTN_OUT_PER_THREAD];
-#pragma unroll
-        for (int k = 0; k < MK_ATTN_OUT_PER_THREAD; k++) acc[k] = 0.f;
-        for (int jj = 0; jj < n; jj += 16) {
-#pragma unroll 1
-            for (int k = 0; k < MK_ATTN_OUT_PER_THREAD; k++) {
-                const int o = threadIdx.x + k * NT;
-                if (o < gq * d) {
-                    const int h = o / d;
-                    float v[16];
-#pragma unroll
-                    for (int u = 0; u < 16; u++) v[u] = jj + u < n ? ldcg_f(po + (size_t)(jj + u) * gq * d + o) : 0.f;
-                    float a = acc[k];
-#pragma unroll
-                    for (int u = 0; u < 16; u++)
-                        if (jj + u < n) a = fmaf(sWt[(jj + u) * gq + h], v[u], a);
-                    acc[k] = a;
-                }
-            }
-        }
-        bf16* out = PP(bf16*, attn) + ((size_t)l * Bm + s) * Q + (size_t)kvh * gq * d;
+    auto at = [&](int j, int h) { return FROM_L2 ? ldcg_f(lse + (size_t)j * gq + h) : lse[j * gq + h]; };
+    for (int h = warp; h < gq; h += NW) {
+        float mx = -INFINITY;
+        for (int j = lane; j < n; j += 32) mx = fmaxf(mx, at(j, h));
+        mx = warp_max(mx);
+        float den = 0.f;
+        for (int j = lane; j < n; j += 32) den += expf(at(j, h) - mx);
+        den = warp_sum(den);
+        if (lane == 0) { sMx[h] = mx; sDen[h] = den; }
+    }
+}
+
+// acc[k] += the weighted partial outputs of splits 0..jn-1 (po and sWt start at the first of them) for this thread's
+// outputs threadIdx.x + k * NT, in split order; U splits' loads are issued before any is used, so their L2 round
+// trips overlap instead of chaining.
+template <int U>
+__device__ __forceinline__ void combine_accumulate(const float* po, const float* sWt, int jn, int gq, int d,
+                                                   float* acc) {
+    for (int jj = 0; jj < jn; jj += U) {
 #pragma unroll
         for (int k = 0; k < MK_ATTN_OUT_PER_THREAD; k++) {
             const int o = threadIdx.x + k * NT;
-            if (o < gq * d) out[o] = f2bf(acc[k]);
+            if (o < gq * d) {
+                const int h = o / d;
+                float v[U];
+#pragma unroll
+                for (int u = 0; u < U; u++) v[u] = jj + u < jn ? ldcg_f(po + (size_t)(jj + u) * gq * d + o) : 0.f;
+                float a = acc[k];
+#pragma unroll
+                for (int u = 0; u < U; u++)
+                    if (jj + u < jn) a = fmaf(sWt[(jj + u) * gq + h], v[u], a);
+                acc[k] = a;
+            }
         }
     }
-#endif
+}
 
-// ---- attention combine: merge the splits of one (sequence, kv head) ---------------------------------------------
 __device__ bool task_combine(const Params& P, const int* rec, int ticket) {
     if (!wait_rec(P, rec, ticket)) return false;
     const int l = rec[RF_LAYER], s = rec[RF_A0], kvh = rec[RF_A1], n = rec[RF_A2], pbase = rec[RF_A3];
@@ -286,54 +272,36 @@ __device__ bool task_combine(const Params& P, const int* rec, int ticket) {
     float* sMx = reinterpret_cast<float*>(smem);
     float* sDen = sMx + MK_MAX_GROUP;
     float* sWt = sDen + MK_MAX_GROUP;          // [MAXS][gq]
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-#if MK_SMALL_VEC
-    if (n <= MAXS) {       // every log-sum-exp read once, all in flight; 16 splits' partials per round trip
-        combine_vec(P, rec, lse, po, sMx, sDen, sWt);
-        block_signal(P, rec[RF_SIG]);
-        return true;
-    }
-#endif
-    for (int h = warp; h < gq; h += NW) {
-        float mx = -INFINITY;
-        for (int j = lane; j < n; j += 32) mx = fmaxf(mx, ldcg_f(lse + (size_t)j * gq + h));
-        mx = warp_max(mx);
-        float den = 0.f;
-        for (int j = lane; j < n; j += 32) den += expf(ldcg_f(lse + (size_t)j * gq + h) - mx);
-        den = warp_sum(den);
-        if (lane == 0) { sMx[h] = mx; sDen[h] = den; }
-    }
-    __syncthreads();
     float acc[MK_ATTN_OUT_PER_THREAD];
 #pragma unroll
     for (int k = 0; k < MK_ATTN_OUT_PER_THREAD; k++) acc[k] = 0.f;
-    for (int j0 = 0; j0 < n; j0 += MAXS) {
-        const int jn = min(MAXS, n - j0);
-        for (int i = threadIdx.x; i < jn * gq; i += NT) {
+#if MK_SMALL_VEC
+    if (n <= MAXS) {       // every log-sum-exp read once, all in flight; 16 splits' partials per round trip
+        for (int i = threadIdx.x; i < n * gq; i += NT) sWt[i] = ldcg_f(lse + i);
+        __syncthreads();
+        combine_stats<false>(sWt, n, gq, sMx, sDen);
+        __syncthreads();
+        for (int i = threadIdx.x; i < n * gq; i += NT) {
             const int h = i % gq;
-            sWt[i] = expf(ldcg_f(lse + (size_t)j0 * gq + i) - sMx[h]) / sDen[h];
+            sWt[i] = expf(sWt[i] - sMx[h]) / sDen[h];
         }
         __syncthreads();
-        // 8 splits' partial outputs loaded before any is used: the L2 round trips overlap instead of chaining
-        for (int jj = 0; jj < jn; jj += 8) {
-#pragma unroll
-            for (int k = 0; k < MK_ATTN_OUT_PER_THREAD; k++) {
-                const int o = threadIdx.x + k * NT;
-                if (o < gq * d) {
-                    const int h = o / d;
-                    float v[8];
-#pragma unroll
-                    for (int u = 0; u < 8; u++)
-                        v[u] = jj + u < jn ? ldcg_f(po + (size_t)(j0 + jj + u) * gq * d + o) : 0.f;
-                    float a = acc[k];
-#pragma unroll
-                    for (int u = 0; u < 8; u++)
-                        if (jj + u < jn) a = fmaf(sWt[(jj + u) * gq + h], v[u], a);
-                    acc[k] = a;
-                }
+        combine_accumulate<16>(po, sWt, n, gq, d, acc);
+    } else
+#endif
+    {
+        combine_stats<true>(lse, n, gq, sMx, sDen);
+        __syncthreads();
+        for (int j0 = 0; j0 < n; j0 += MAXS) {
+            const int jn = min(MAXS, n - j0);
+            for (int i = threadIdx.x; i < jn * gq; i += NT) {
+                const int h = i % gq;
+                sWt[i] = expf(ldcg_f(lse + (size_t)j0 * gq + i) - sMx[h]) / sDen[h];
             }
+            __syncthreads();
+            combine_accumulate<8>(po + (size_t)j0 * gq * d, sWt, jn, gq, d, acc);
+            __syncthreads();
         }
-        __syncthreads();
     }
     bf16* out = PP(bf16*, attn) + ((size_t)l * Bm + s) * Q + (size_t)kvh * gq * d;
 #pragma unroll

@@ -24,13 +24,14 @@ typedef __nv_bfloat16 bf16;
 // MK_SMALL_VEC: the single-block tasks on every layer's critical path with all of a thread's L2 loads in flight
 // together (1): NORM's residual add and norm with 8 columns per thread and 16-byte loads (mk_norm.cuh), the
 // attention combine reading each split's log-sum-exp once and 16 splits' partial outputs at a time
-// (mk_attention.cuh); or the loops that chain them (0). The same per-element math either way. Off until it has run
+// (mk_attention.cuh); or the loops that chain them (0). The same per-element math either way (the build spills 24
+// bytes in the persistent loop). Off until it has run
 // on the GPU.
 #ifndef MK_SMALL_VEC
 #define MK_SMALL_VEC 0
 #endif
-// MK_WS_MOE: MoE workers warp-specialised (1: a loader warp claims, decodes and streams items into the two weight
-// buffers of a prefetching plan while 15 warps compute; mk_moe.cuh) or not (0). Off until it has run on the GPU.
+// MK_WS_MOE: MoE workers warp-specialised (1: a loader warp claims, decodes and streams items into the expert ring
+// of a moe_ring or prefetch plan while 15 warps compute; mk_moe.cuh) or not (0). Off until it has run on the GPU.
 #ifndef MK_WS_MOE
 #define MK_WS_MOE 0
 #endif
@@ -191,18 +192,6 @@ __device__ __forceinline__ bool block_wait(const Params& P, int c, int target, i
     return __syncthreads_and(ok) != 0;
 }
 
-// All threads: everything this block wrote is published, then counters[c] += 1 (release, gpu scope). The task's
-// end stamp is taken before the release, so no consumer can see the counter before it.
-__device__ __forceinline__ void block_signal(const Params& P, int c) {
-    __syncthreads();
-    prof_mark(PS_END);
-    if (c >= 0 && threadIdx.x == 0) {
-#if MK_SIGNAL_FENCE
-        __threadfence();
-#endif
-        red_release(PP(int*, counters) + c, 1);
-    }
-}
 
 // Every task kind checks its shared-memory layout against the launch's dynamic shared memory before using it
 // (uniform over the block): a host/kernel layout mismatch is ERR_SMEM with both sizes, never a silent overflow.
@@ -257,6 +246,29 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
 #define MB MK_MAX_BATCH
 
 extern __shared__ __align__(16) unsigned char smem[];
+
+// The barrier of the warps that run a task: the whole block (NWC == NW), or warps 0..NWC-1 on named barrier 1 (a
+// warp-specialised task whose other warps load).
+template <int NWC>
+__device__ __forceinline__ void group_sync() {
+    if constexpr (NWC == NW) __syncthreads();
+    else asm volatile("bar.sync 1, %0;\n" ::"n"(NWC * 32) : "memory");
+}
+
+// Warps 0..NWC-1: everything they wrote is published, then counters[c] += 1 (release, gpu scope). The task's end
+// stamp is taken before the release, so no consumer can see the counter before it.
+template <int NWC>
+__device__ __forceinline__ void group_signal(const Params& P, int c) {
+    group_sync<NWC>();
+    prof_mark(PS_END);
+    if (c >= 0 && threadIdx.x == 0) {
+#if MK_SIGNAL_FENCE
+        __threadfence();
+#endif
+        red_release(PP(int*, counters) + c, 1);
+    }
+}
+__device__ __forceinline__ void block_signal(const Params& P, int c) { group_signal<NW>(P, c); }
 
 // ---- small accessors -----------------------------------------------------------------------------------------
 __device__ __forceinline__ const int* layer_info(const Params& P, int l) {

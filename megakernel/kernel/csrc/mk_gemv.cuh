@@ -41,8 +41,8 @@ struct Tile {
 // GEMV starts with nothing in flight. Thread 0 writes them; the loop reads them before its record barrier.
 __shared__ int s_next, s_pf_ticket, s_pf_buf;
 
-// Weight loads are bulk copies (TMA): the lanes of warp 0 issue one copy per weight row (rows land at the padded
-// pitch), completing on the buffer's mbarrier. No thread stalls issuing thousands of 16-byte copies, so a prefetch
+// Weight loads are bulk copies (TMA) completing on the buffer's mbarrier: one copy per tile half (contiguous rows),
+// or with ROW_PAD one per row, spread over the lanes of the issuing warp. No thread stalls issuing thousands of 16-byte copies, so a prefetch
 // costs the block nothing while the current tile still lands. s_wphase[b]: the parity the next completion of buffer
 // b will have; s_wpend[b]: a load into b is in flight.
 __shared__ __align__(8) unsigned long long s_wbar[2];
@@ -54,7 +54,7 @@ __device__ __forceinline__ void init_weight_buffers() {
     fence_mbar_init();
 }
 
-// Warp 0: lane 0 arms the mbarrier with the tile's bytes, then every lane copies rows lane, lane + 32, ...
+// One warp: lane 0 arms the mbarrier with the tile's bytes, then the lanes issue the copies.
 __device__ __noinline__ void issue_weights_w0(bf16* sW, const bf16* w0, int n0, const bf16* w1, int n1, int K, int buf) {
     const int lane = threadIdx.x & 31;
     const unsigned row_bytes = (unsigned)K * 2;
@@ -128,14 +128,6 @@ __device__ __forceinline__ void drain_weights() {
     for (int b = 0; b < 2; b++)
         if (s_wpend[b]) wait_weights(b);
     __syncthreads();
-}
-
-// The barrier of the warps that run a GEMV core: the whole block (NWC == NW), or warps 0..NWC-1 on named barrier 1
-// (a warp-specialised caller whose other warps load).
-template <int NWC>
-__device__ __forceinline__ void group_sync() {
-    if constexpr (NWC == NW) __syncthreads();
-    else asm volatile("bar.sync 1, %0;\n" ::"n"(NWC * 32) : "memory");
 }
 
 // One m16n8k16 bf16 MMA, fp32 accumulate: c += A B.
@@ -332,18 +324,17 @@ __device__ __forceinline__ Tile static_tile(const Params& P, int op, int l, int 
 }
 
 // All threads: with two weight buffers, issue the tile of the block's next ticket into buffer `buf` if that task is a
-// GEMV (its record is read here; the loop reads it again when it runs it). Returns whether a group was committed.
-__device__ __forceinline__ bool prefetch_next(const Params& P, int buf) {
+// GEMV (its record is read here; the loop reads it again when it runs it) and record it in s_pf_ticket / s_pf_buf.
+__device__ __forceinline__ void prefetch_next(const Params& P, int buf) {
     const int next = s_next;
-    if (!PI(wbuf) || next >= PI(n_tasks)) return false;
+    if (!PI(wbuf) || next >= PI(n_tasks)) return;
     const int* r = PP(const int*, tasks) + (size_t)next * MK_REC_INTS;
     const int op = __ldg(r + RF_OP);
-    if (!is_gemv_op(op)) return false;
+    if (!is_gemv_op(op)) return;
     const Tile T = static_tile(P, op, __ldg(r + RF_LAYER), __ldg(r + RF_A0), __ldg(r + RF_A1));
-    if ((size_t)(T.n0 + T.n1) * row_pitch(T.K) * 2 > (size_t)PI(wbuf)) return false;   // the plan keeps tiles in a buffer
+    if ((size_t)(T.n0 + T.n1) * row_pitch(T.K) * 2 > (size_t)PI(wbuf)) return;   // the plan keeps tiles in a buffer
     issue_weights(P, T, buf);
     if (threadIdx.x == 0) { s_pf_ticket = next; s_pf_buf = buf; }
-    return true;
 }
 
 // The O projection's rows r0..r0+nr of every row of the step (in sOut) plus the bias, into ao (a static OPROJ task

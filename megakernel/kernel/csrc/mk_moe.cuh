@@ -139,6 +139,58 @@ __device__ __forceinline__ MoeItem moe_item(const Params& P, int l, const int* r
     return it;
 }
 
+// Input row i of an item: a down item's gate/up activations (its pairs), a gate/up item's routed row of x.
+__device__ __forceinline__ const bf16* item_xrow(const Params& P, int l, int m, const int* route, bool down, int st,
+                                                 int i) {
+    return down ? PP(const bf16*, eact) + ((size_t)m * PI(n_pairs) + st + i) * PI(I)
+                : PP(const bf16*, x) + ((size_t)l * PI(Bm) + ldcg_i(route + PI(r_pair_row) + st + i)) * PI(H);
+}
+
+// A gate/up item's epilogue: SiLU(gate) * up of its rows (sOut) into eact. Threads 0..NTHREADS-1.
+template <int NTHREADS>
+__device__ __forceinline__ void gu_epilogue(const Params& P, int m, int st, int cnt, int r0, int nr) {
+    const int I = PI(I);
+    const float* sOut = reinterpret_cast<const float*>(smem + SM_OUT);
+    bf16* out = PP(bf16*, eact) + ((size_t)m * PI(n_pairs) + st) * I;
+    for (int i = threadIdx.x; i < nr * cnt; i += NTHREADS) {
+        const int r = i / cnt, b = i - r * cnt;
+        const float g = rbf(sOut[r * MB + b]), u = rbf(sOut[(nr + r) * MB + b]);
+        out[(size_t)b * I + r0 + r] = f2bf(rbf(g / (1.f + expf(-g))) * u);
+    }
+}
+
+// A down item's epilogue: its rows (sOut) times each pair's routing weight into y. Threads 0..NTHREADS-1.
+template <int NTHREADS>
+__device__ __forceinline__ void down_epilogue(const Params& P, int m, const int* route, int st, int cnt, int r0,
+                                              int nr) {
+    const int H = PI(H), topk = PI(topk);
+    const float* sOut = reinterpret_cast<const float*>(smem + SM_OUT);
+    bf16* y = PP(bf16*, y) + (size_t)m * PI(Bm) * topk * H;
+    for (int i = threadIdx.x; i < nr * cnt; i += NTHREADS) {
+        const int r = i / cnt, b = i - r * cnt;
+        const int pi = st + b;
+        const float w = __int_as_float(ldcg_i(route + PI(r_pair_w) + pi));
+        const int row = ldcg_i(route + PI(r_pair_row) + pi), rank = ldcg_i(route + PI(r_pair_rank) + pi);
+        y[((size_t)row * topk + rank) * H + r0 + r] = f2bf(rbf(sOut[r * MB + b]) * w);
+    }
+}
+
+// The profiling record of MoE work item `item` of layer l (MoE layer m).
+__device__ __forceinline__ void prof_item(const Params& P, int m, int item, int op, int l, long long arg) {
+    prof_record(PP(long long*, prof_items) + ((size_t)m * PI(prof_items_per_layer) + item) * MK_PROF_INTS, op, l, arg);
+}
+
+#if MK_PROFILE
+// The worker task's own stamps (its items have theirs): claimed and waited for the routing, then ended.
+__device__ __forceinline__ void prof_worker_stamps(long long claim, long long waited) {
+    if (threadIdx.x == 0) {
+        s_prof[PS_CLAIM] = claim;
+        s_prof[PS_ISSUED] = s_prof[PS_WAITED] = s_prof[PS_LANDED] = waited;
+        s_prof[PS_COMPUTED] = -1;           // the worker task itself: its end
+    }
+}
+#endif
+
 #if MK_WS_MOE
 // ---- the warp-specialised worker (MK_WS_MOE=1, plans with an expert ring: moe_ring=1 or prefetch=1; no O items) ----
 // The last warp is the loader: it claims items, decodes them and streams each tile into the free one of the two
@@ -156,7 +208,7 @@ __shared__ int s_ws_ok;
 
 __device__ bool moe_worker_ws(const Params& P, int ticket, int l, int m, const int* route, const bf16* egu,
                               const bf16* edn, int n_gu, int n_items, int first_item) {
-    const int I = PI(I), topk = PI(topk), np = PI(n_pairs), H = PI(H), Bm = PI(Bm);
+    const int I = PI(I), H = PI(H);
     int* work = PP(int*, moe_work) + m;
     if (threadIdx.x == 0) {                   // invalidated again when the worker ends, so each init is on a
         mbar_init(&s_wempty[0], 1);           // location that holds no live mbarrier
@@ -223,11 +275,7 @@ __device__ bool moe_worker_ws(const Params& P, int ticket, int l, int m, const i
             if (down && threadIdx.x == 0) ok = wait_counter(P, gu_ctr, PI(gu_tiles), ticket) ? 1 : 0;
             if (threadIdx.x == 0) s_ws_ok = ok;
             prof_mark(PS_WAITED);
-            if (threadIdx.x < cnt) {
-                const int i = threadIdx.x;
-                s_xrow[i] = down ? PP(const bf16*, eact) + ((size_t)m * np + st + i) * I
-                                 : PP(const bf16*, x) + ((size_t)l * Bm + ldcg_i(route + PI(r_pair_row) + st + i)) * H;
-            }
+            if (threadIdx.x < cnt) s_xrow[threadIdx.x] = item_xrow(P, l, m, route, down, st, threadIdx.x);
             group_sync<WS_NWC>();
             if (!s_ws_ok) { s_ws_stop = 1; break; }
             bf16* sX = reinterpret_cast<bf16*>(smem + moe_x(P));
@@ -237,38 +285,16 @@ __device__ bool moe_worker_ws(const Params& P, int ticket, int l, int m, const i
             gemv_on<WS_NWC>(reinterpret_cast<const bf16*>(smem + moe_w(P, slot)), sX, R, K, cnt);
             prof_mark(PS_COMPUTED);
             if (threadIdx.x == 0) mbar_arrive(&s_wempty[slot]);    // the buffer is free for the loader
-            const float* sOut = reinterpret_cast<const float*>(smem + SM_OUT);
             if (!down) {
-                bf16* out = PP(bf16*, eact) + ((size_t)m * np + st) * I;
-                for (int i = threadIdx.x; i < nr * cnt; i += WS_NWC * 32) {
-                    const int r = i / cnt, b = i - r * cnt;
-                    const float g = rbf(sOut[r * MB + b]), u = rbf(sOut[(nr + r) * MB + b]);
-                    out[(size_t)b * I + r0 + r] = f2bf(rbf(g / (1.f + expf(-g))) * u);
-                }
-                group_sync<WS_NWC>();          // the item's writes, then its counter (as block_signal does)
-                prof_mark(PS_END);
-                if (threadIdx.x == 0) {
-#if MK_SIGNAL_FENCE
-                    __threadfence();
-#endif
-                    red_release(PP(int*, counters) + gu_ctr, 1);
-                }
-                prof_record(PP(long long*, prof_items) + ((size_t)m * PI(prof_items_per_layer) + item) * MK_PROF_INTS,
-                            MK_PROF_ITEM_GU, l, ((long long)e << 16) | item);
+                gu_epilogue<WS_NWC * 32>(P, m, st, cnt, r0, nr);
+                group_signal<WS_NWC>(P, gu_ctr);   // the item's writes, then its counter
+                prof_item(P, m, item, MK_PROF_ITEM_GU, l, ((long long)e << 16) | item);
             } else {
-                bf16* y = PP(bf16*, y) + (size_t)m * Bm * topk * H;
-                for (int i = threadIdx.x; i < nr * cnt; i += WS_NWC * 32) {
-                    const int r = i / cnt, b = i - r * cnt;
-                    const int pi = st + b;
-                    const float w = __int_as_float(ldcg_i(route + PI(r_pair_w) + pi));
-                    const int row = ldcg_i(route + PI(r_pair_row) + pi), rank = ldcg_i(route + PI(r_pair_rank) + pi);
-                    y[((size_t)row * topk + rank) * H + r0 + r] = f2bf(rbf(sOut[r * MB + b]) * w);
-                }
+                down_epilogue<WS_NWC * 32>(P, m, route, st, cnt, r0, nr);
                 group_sync<WS_NWC>();          // sOut is the next item's
 #if MK_PROFILE
                 prof_mark(PS_END);
-                prof_record(PP(long long*, prof_items) + ((size_t)m * PI(prof_items_per_layer) + item) * MK_PROF_INTS,
-                            MK_PROF_ITEM_DN, l, ((long long)e << 16) | item);
+                prof_item(P, m, item, MK_PROF_ITEM_DN, l, ((long long)e << 16) | item);
 #endif
             }
         }
@@ -290,7 +316,6 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
     const long long task_claim = s_prof[PS_CLAIM], task_waited = s_prof[PS_WAITED];   // thread 0's copies
 #endif
     const int l = rec[RF_LAYER], m = rec[RF_A0];
-    const int I = PI(I), topk = PI(topk), np = PI(n_pairs);
     const int* route = PP(const int*, route) + (size_t)m * PI(r_stride);
     const long long* wp = layer_wptr(P, l);
     const bf16* egu = reinterpret_cast<const bf16*>(wp[WP_E_GU]);
@@ -308,11 +333,7 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
         if (!moe_worker_ws(P, ticket, l, m, route, egu, edn, n_gu, n_items, s_w[2])) return false;
         prefetch_next(P, 0);
 #if MK_PROFILE
-        if (threadIdx.x == 0) {
-            s_prof[PS_CLAIM] = task_claim;
-            s_prof[PS_ISSUED] = s_prof[PS_WAITED] = s_prof[PS_LANDED] = task_waited;
-            s_prof[PS_COMPUTED] = -1;
-        }
+        prof_worker_stamps(task_claim, task_waited);
 #endif
         block_signal(P, rec[RF_SIG]);
         return true;
@@ -349,49 +370,30 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
         prof_mark(PS_WAITED);
         if (threadIdx.x < it.cnt) {
             const int i = threadIdx.x;
-            const int Q = PI(n_heads) * PI(head_dim);
-            s_xrow[i] = oitem ? PP(const bf16*, attn) + ((size_t)l * PI(Bm) + i) * Q
-                      : it.down ? PP(const bf16*, eact) + ((size_t)m * np + it.st + i) * I
-                                : PP(const bf16*, x) + ((size_t)l * PI(Bm) + ldcg_i(route + PI(r_pair_row) + it.st + i)) * PI(H);
+            s_xrow[i] = oitem ? PP(const bf16*, attn) + ((size_t)l * PI(Bm) + i) * PI(n_heads) * PI(head_dim)
+                              : item_xrow(P, l, m, route, it.down, it.st, i);
         }
         __syncthreads();
         load_x(reinterpret_cast<bf16*>(smem + sm_x(P, it.T.n0 + it.T.n1, it.T.K)), it.cnt, it.T.K);
         wait_weights(buf);
         gemv(P, buf, it.T.n0 + it.T.n1, it.T.K, it.cnt);
-        const float* sOut = reinterpret_cast<const float*>(smem + SM_OUT);
-        const int nr = it.nr, cnt = it.cnt, r0 = it.r0, st = it.st;
         if (oitem) {
-            oproj_epilogue(P, l, r0, nr);
+            oproj_epilogue(P, l, it.r0, it.nr);
 #if MK_PROFILE
             __syncthreads();
             prof_mark(PS_END);
-            prof_record(PP(long long*, prof_items) + ((size_t)m * PI(prof_items_per_layer) + item) * MK_PROF_INTS,
-                        MK_PROF_ITEM_O, l, item);
+            prof_item(P, m, item, MK_PROF_ITEM_O, l, item);
 #endif
         } else if (!it.down) {
-            bf16* out = PP(bf16*, eact) + ((size_t)m * np + st) * I;
-            for (int i = threadIdx.x; i < nr * cnt; i += NT) {
-                const int r = i / cnt, b = i - r * cnt;
-                const float g = rbf(sOut[r * MB + b]), u = rbf(sOut[(nr + r) * MB + b]);
-                out[(size_t)b * I + r0 + r] = f2bf(rbf(g / (1.f + expf(-g))) * u);
-            }
+            gu_epilogue<NT>(P, m, it.st, it.cnt, it.r0, it.nr);
             block_signal(P, gu_ctr);
-            prof_record(PP(long long*, prof_items) + ((size_t)m * PI(prof_items_per_layer) + item) * MK_PROF_INTS,
-                        MK_PROF_ITEM_GU, l, ((long long)it.e << 16) | item);
+            prof_item(P, m, item, MK_PROF_ITEM_GU, l, ((long long)it.e << 16) | item);
         } else {
-            bf16* y = PP(bf16*, y) + (size_t)m * PI(Bm) * topk * PI(H);
-            for (int i = threadIdx.x; i < nr * cnt; i += NT) {
-                const int r = i / cnt, b = i - r * cnt;
-                const int pi = st + b;
-                const float w = __int_as_float(ldcg_i(route + PI(r_pair_w) + pi));
-                const int row = ldcg_i(route + PI(r_pair_row) + pi), rank = ldcg_i(route + PI(r_pair_rank) + pi);
-                y[((size_t)row * topk + rank) * PI(H) + r0 + r] = f2bf(rbf(sOut[r * MB + b]) * w);
-            }
+            down_epilogue<NT>(P, m, route, it.st, it.cnt, it.r0, it.nr);
 #if MK_PROFILE
             __syncthreads();
             prof_mark(PS_END);
-            prof_record(PP(long long*, prof_items) + ((size_t)m * PI(prof_items_per_layer) + item) * MK_PROF_INTS,
-                        MK_PROF_ITEM_DN, l, ((long long)it.e << 16) | item);
+            prof_item(P, m, item, MK_PROF_ITEM_DN, l, ((long long)it.e << 16) | item);
 #endif
         }
         item = nxt;
@@ -399,11 +401,7 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
         if (issued) buf ^= 1;
     }
 #if MK_PROFILE
-    if (threadIdx.x == 0) {
-        s_prof[PS_CLAIM] = task_claim;
-        s_prof[PS_ISSUED] = s_prof[PS_WAITED] = s_prof[PS_LANDED] = task_waited;
-        s_prof[PS_COMPUTED] = -1;           // the worker task itself: its end
-    }
+    prof_worker_stamps(task_claim, task_waited);
 #endif
     block_signal(P, rec[RF_SIG]);
     return true;

@@ -84,7 +84,8 @@ def small_task_smem_bytes(E: int, H: int) -> int:
     """Shared memory of the task kinds that prefetch the next GEMV tile into weight buffer 1 while they run (NORM,
     TOPK, ATTN_COMBINE: csrc/mk_kernel.cu): the largest of their layouts."""
     combine = 2 * O.MAX_GROUP * 4 + O.MAX_SPLITS_PER_HEAD * O.MAX_GROUP * 4
-    route = O.MAX_BATCH * E * 4 + 2 * O.MAX_BATCH * O.MAX_TOPK * 4 + 3 * E * 4 + 64
+    e32 = (E + 31) // 32 * 32
+    route = (O.MAX_BATCH * e32 + 2 * O.MAX_BATCH * O.MAX_TOPK + e32 + O.MAX_BATCH * e32 // 32 + 2 * e32 // 32) * 4
     norm = H * 4 + 64 * 4
     return max(combine, route, norm)
 
@@ -119,6 +120,7 @@ class ModelPlan:
     o_queue: int = 0                     # 1: each MoE layer's O-projection tiles are items of its expert queue
                                          # (after the gate/up items, before the down items) instead of static
                                          # tasks listed after the workers, which only free blocks claim
+    router_first: int = 1                # 1: each MoE layer's router tiles listed ahead of its QKV tiles (0: after)
     moe_ring: int = 0                    # 1: the expert items get a ring of two weight buffers of their own (their
                                          # tiles sized to fill one; the static tasks keep one large buffer): the
                                          # layout of the warp-specialised MoE worker (build switch MK_WS_MOE)
@@ -251,7 +253,7 @@ class ModelPlan:
             raise ValueError(f"head_dim={self.d} unsupported (a multiple of 16, <= {O.ATTN_MAX_HEAD_DIM})")
         if self.g > O.ATTN_MAX_GROUP or self.g * self.d > O.NUM_THREADS * O.ATTN_OUT_PER_THREAD:
             raise ValueError(f"{self.g} query heads per kv head of dim {self.d} unsupported")
-        if self.E > O.MAX_EXPERTS or self.topk > O.MAX_TOPK:
+        if self.E > O.MAX_EXPERTS or self.topk > O.MAX_TOPK or (self.Lm and self.topk > self.E):
             raise ValueError(f"{self.E} experts / top-{self.topk} unsupported")
         if not 2 <= self.attn_stages <= O.ATTN_MAX_STAGES:
             raise ValueError(f"attn_stages={self.attn_stages} outside 2..{O.ATTN_MAX_STAGES}")
@@ -460,7 +462,19 @@ def build_tasks(plan: ModelPlan, B: int, nsplit: np.ndarray) -> TaskList:
             c_x = ctr(l, plan.c_x, "norm (rows)", B)
             em.emit(Op.NORM, l, B, sig=c_x, waits=prev_done, a0=np.arange(B))
             x_waits, fl = [(c_x, B)], 0
-        # 2. QKV tiles, grouped by the kv head whose counter they feed
+        # 2. router tiles, ahead of the QKV tiles by default (`router_first`): the router -> top-k -> experts chain
+        #    is the longer of a layer's two branches; listed after the 160 QKV tiles, its tiles were claimed in
+        #    the blocks' second wave, ~8 us after the norm
+        def emit_router() -> int:
+            r0, nr = _tiles(plan.E, plan.router_rows)
+            c = ctr(l, plan.c_rl, "router tiles", len(r0))
+            # fused: the tile of row 0 writes the normed rows the MoE items read (they wait on all router tiles)
+            em.emit(Op.ROUTER, l, len(r0), sig=c, waits=x_waits, a0=r0, a1=nr,
+                    flags=fl | np.where(fuse & (r0 == 0), O.FLAG_WRITE_X, 0))
+            return c
+
+        c_rl = emit_router() if moe and plan.router_first else -1
+        # 3. QKV tiles, grouped by the kv head whose counter they feed
         r0, nr = _tiles(Q + 2 * KV, plan.qkv_rows)
         head = np.where(r0 < Q, r0 // d // g, np.where(r0 < Q + KV, (r0 - Q) // d, (r0 - Q - KV) // d))
         if plan.qkv_by_head:     # a head's attention waits for all its tiles: list them together, K/V first, so
@@ -471,14 +485,8 @@ def build_tasks(plan: ModelPlan, B: int, nsplit: np.ndarray) -> TaskList:
         # fused: the tile of row 0 writes the residual rows the next layer's tiles (and the final norm) read
         em.emit(Op.QKV, l, len(r0), sig=np.asarray(qkv_c, np.int32)[head], waits=x_waits, a0=r0, a1=nr,
                 flags=fl | np.where(fuse & (r0 == 0), O.FLAG_WRITE_H, 0))
-        # 3. router tiles
-        if moe:
-            m = plan.moe_idx[l]
-            r0, nr = _tiles(plan.E, plan.router_rows)
-            c_rl = ctr(l, plan.c_rl, "router tiles", len(r0))
-            # fused: the tile of row 0 writes the normed rows the MoE items read (they wait on all router tiles)
-            em.emit(Op.ROUTER, l, len(r0), sig=c_rl, waits=x_waits, a0=r0, a1=nr,
-                    flags=fl | np.where(fuse & (r0 == 0), O.FLAG_WRITE_X, 0))
+        if moe and not plan.router_first:
+            c_rl = emit_router()
         # 4. static MLP gate/up tiles
         n_mgu = n_mdn = 0
         if kind != O.MLP_NONE:
@@ -490,6 +498,7 @@ def build_tasks(plan: ModelPlan, B: int, nsplit: np.ndarray) -> TaskList:
             n_mdn = math.ceil(H / plan.mdn_rows[w])
         # 5. top-k
         if moe:
+            m = plan.moe_idx[l]
             c_route = ctr(l, plan.c_route, "top-k", 1)
             em.emit(Op.TOPK, l, 1, sig=c_route, waits=[(c_rl, targets[c_rl])], a0=m)
             for j in range(plan.n_slots):

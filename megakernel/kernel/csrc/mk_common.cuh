@@ -24,11 +24,10 @@ typedef __nv_bfloat16 bf16;
 // MK_SMALL_VEC: the single-block tasks on every layer's critical path with all of a thread's L2 loads in flight
 // together (1): NORM's residual add and norm with 8 columns per thread and 16-byte loads (mk_norm.cuh), the
 // attention combine reading each split's log-sum-exp once and 16 splits' partial outputs at a time
-// (mk_attention.cuh); or the loops that chain them (0). The same per-element math either way (the build spills 24
-// bytes in the persistent loop). Off until it has run
-// on the GPU.
+// (mk_attention.cuh); or the loops that chain them (0). The same per-element math either way. On: measured b1 8K
+// 4.85 vs 5.08 ms, b8 16.03 vs 16.33 (SPEED_NOTES.md, 2026-12-01 night).
 #ifndef MK_SMALL_VEC
-#define MK_SMALL_VEC 0
+#define MK_SMALL_VEC 1
 #endif
 // MK_WS_MOE: MoE workers warp-specialised (1: a loader warp claims, decodes and streams items into the expert ring
 // of a moe_ring or prefetch plan while 15 warps compute; mk_moe.cuh) or not (0). Off until it has run on the GPU.

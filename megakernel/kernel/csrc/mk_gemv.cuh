@@ -352,6 +352,27 @@ __device__ __forceinline__ void oproj_epilogue(const Params& P, int l, int r0, i
     }
 }
 
+// A FLAG_FUSED_NORM tile's input rows: every row's residual and norm (in sH) into sX, and with FLAG_WRITE_H /
+// FLAG_WRITE_X the residual / normed rows to global memory for the tasks that read them. Not inlined: the vectorised
+// residual's registers would spill in the persistent loop.
+__device__ __noinline__ void fused_inputs(const Params& P, int l, int flags, bf16* sX, float* sH, int pitch) {
+    const int H = PI(H), Bm = PI(Bm), B = PI(B);
+    for (int b = 0; b < B; b++) {
+        residual_row(P, l, b, sH);
+        bf16* hdst = (flags & MK_FLAG_WRITE_H) ? PP(bf16*, h) + ((size_t)l * Bm + b) * H : nullptr;
+        norm_row(P, l, sH, sH + H, sX + (size_t)b * pitch, hdst);
+        if (flags & MK_FLAG_WRITE_X) {      // the same columns per thread as norm_row wrote: no barrier
+            bf16* xg = PP(bf16*, x) + ((size_t)l * Bm + b) * H;
+            const bf16* xs = sX + (size_t)b * pitch;
+            for (int c = threadIdx.x; c < H / NORM_COLS_PER_THREAD; c += NT)
+#pragma unroll
+                for (int j = 0; j < NORM_COLS_PER_THREAD; j++)
+                    xg[c * NORM_COLS_PER_THREAD + j] = xs[c * NORM_COLS_PER_THREAD + j];
+        }
+        __syncthreads();                    // sH is the next row's
+    }
+}
+
 // Weights first (this task's, unless prefetched, then the next task's), then the waits, then the inputs, then the
 // math and the task's epilogue. pf_buf: the buffer the previous task issued this task's weights into (-1: none).
 __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_buf) {
@@ -379,22 +400,8 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
     if (!fused && threadIdx.x < B) s_xrow[threadIdx.x] = xin + (size_t)threadIdx.x * xpitch;
     if (!wait_rec(P, rec, ticket)) { drain_weights(); return false; }
     if (fused) {       // the rows' residual and norm straight into sX (the weights keep landing meanwhile)
-        bf16* sX = reinterpret_cast<bf16*>(smem + sm_x(P, R, T.K));
-        float* sH = reinterpret_cast<float*>(smem + x_end);
-        for (int b = 0; b < B; b++) {
-            residual_row(P, l, b, sH);
-            bf16* hdst = (flags & MK_FLAG_WRITE_H) ? PP(bf16*, h) + ((size_t)l * Bm + b) * H : nullptr;
-            norm_row(P, l, sH, sH + H, sX + (size_t)b * row_pitch(T.K), hdst);
-            if (flags & MK_FLAG_WRITE_X) {      // the same columns per thread as norm_row wrote: no barrier
-                bf16* xg = PP(bf16*, x) + ((size_t)l * Bm + b) * H;
-                const bf16* xs = sX + (size_t)b * row_pitch(T.K);
-                for (int c = threadIdx.x; c < H / NORM_COLS_PER_THREAD; c += NT)
-#pragma unroll
-                    for (int j = 0; j < NORM_COLS_PER_THREAD; j++)
-                        xg[c * NORM_COLS_PER_THREAD + j] = xs[c * NORM_COLS_PER_THREAD + j];
-            }
-            __syncthreads();                    // sH is the next row's
-        }
+        fused_inputs(P, l, flags, reinterpret_cast<bf16*>(smem + sm_x(P, R, T.K)),
+                     reinterpret_cast<float*>(smem + x_end), row_pitch(T.K));
     } else {
         load_x(reinterpret_cast<bf16*>(smem + sm_x(P, R, T.K)), B, T.K);
     }

@@ -178,7 +178,8 @@ __device__ __forceinline__ void norm_row(const Params& P, int l, const float* sH
 #endif
 
 // ---- NORM: residual add (+ MoE combine) and norm of one row ----------------------------------------------------
-__device__ bool task_norm(const Params& P, const int* rec, int ticket) {
+// Not inlined into the persistent loop: inlined, its vectorised loads' registers spill there.
+__device__ __noinline__ bool task_norm(const Params& P, const int* rec, int ticket) {
     if (!wait_rec(P, rec, ticket)) return false;
     const int l = rec[RF_LAYER], row = rec[RF_A0];
     const int H = PI(H), Bm = PI(Bm);

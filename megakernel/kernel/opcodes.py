@@ -67,7 +67,7 @@ class Op(IntEnum):
 #   ATTN_COMBINE a0=seq, a1=kv head, a2=number of splits, a3=first partial slot
 #   TOPK         a0=moe layer index
 #   MOE_WORKER   a0=moe layer index
-#   LM_HEAD      a0=first row, a1=rows, a2=tile index
+#   LM_HEAD      a0=first row, a1=rows, a2=index of its maxima, a3=rows per tile of a streaming run (0: one tile)
 #   ARGMAX       a0=number of LM-head tiles
 # sig: counter incremented (release) when the task is done (-1: none). Waits: (counter, target) pairs, -1 unused.
 REC_FIELDS = ("op", "layer", "a0", "a1", "a2", "a3", "sig", "w0c", "w0t", "w1c", "w1t", "w2c", "w2t",
@@ -114,6 +114,8 @@ PARAM_FIELDS = (
     "wbuf",
     # bytes of each of the expert items' two weight buffers (the warp-specialised worker's ring; 0: none)
     "moe_wbuf",
+    # bytes of each of the streaming LM head's two weight buffers (schedule.ModelPlan.lm_wbuf; 0: one task per tile)
+    "lm_wbuf",
     # O-projection tiles in each MoE layer's work queue (the `o_queue` knob; 0: static OPROJ tasks), their rows, and
     # the per-layer offset of the attention-combine counter they wait on
     "o_items", "o_rows", "c_comb",

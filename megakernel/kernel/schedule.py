@@ -101,6 +101,21 @@ def smem_bytes(gemv_tiles: list[tuple[int, int]], Bm: int, d: int, g: int, E: in
     return int(max(gemv, attn_smem_bytes(d, g), small_task_smem_bytes(E, H)))
 
 
+def lm_runs(vocab: int, rows: int, blocks: int, min_tiles: int = 4) -> list[tuple[int, int]]:
+    """(first row, rows) of every LM-head task. blocks == 0: one task per tile of `rows`. Otherwise runs of tiles
+    for `blocks` blocks claiming them in order, largest first (guided self-scheduling: each run is 2/3 of an even
+    share of what is left, at least min_tiles): few tasks, so few pipeline restarts, and small ones at the end, so
+    the blocks finish together."""
+    tiles = math.ceil(vocab / rows)
+    out: list[tuple[int, int]] = []
+    t = 0
+    while t < tiles:
+        n = 1 if not blocks else min(tiles - t, max(min_tiles, math.ceil(2 * (tiles - t) / (3 * blocks))))
+        out.append((t * rows, min(n * rows, vocab - t * rows)))
+        t += n
+    return out
+
+
 @dataclass
 class ModelPlan:
     """Everything about a (model, KV layout, max batch) that does not change from step to step."""
@@ -121,9 +136,13 @@ class ModelPlan:
                                          # (after the gate/up items, before the down items) instead of static
                                          # tasks listed after the workers, which only free blocks claim
     router_first: int = 1                # 1: each MoE layer's router tiles listed ahead of its QKV tiles (0: after)
-    moe_ring: int = 0                    # 1: the expert items get a ring of two weight buffers of their own (their
-                                         # tiles sized to fill one; the static tasks keep one large buffer): the
-                                         # layout of the warp-specialised MoE worker (build switch MK_WS_MOE)
+    moe_ring: int = 0                    # plans of at most this many rows (tile_batch) give the expert items a
+                                         # ring of two weight buffers of their own (tiles sized to fill one; the
+                                         # static tasks keep one large buffer): the warp-specialised MoE worker's
+                                         # layout (build switch MK_WS_MOE); 0: none
+    lm_stream: int = 1                   # 1: the LM head as a few hundred streaming tasks, each a run of tiles
+                                         # double-buffered inside the task (lm_wbuf), sizes decreasing toward the
+                                         # end of the list; 0: one task per 128 KB tile
     prefetch: int = 0                    # 1: two GEMV weight buffers where they fit (prefetch_wbuf): each block
                                          # issues its next task's tile before it waits for and computes this one
                                          # (measured slower so far: SPEED_NOTES.md)
@@ -180,7 +199,7 @@ class ModelPlan:
         # the expert items' buffers: the prefetching layout's, or (moe_ring) a ring of two inside the same memory
         # with the inputs of the plan's rows after it
         self.moe_wbuf = self.wbuf
-        if self.moe_ring and not self.wbuf and self.Lm and not self.o_queue:   # (o_queue: the plain worker runs)
+        if self.tb <= self.moe_ring and not self.wbuf and self.Lm and not self.o_queue:   # (o_queue: plain worker)
             one_row = max(2 * (self.H + O.ROW_PAD) * 2, (self.I + O.ROW_PAD) * 2)   # a gate/up pair, a down row
             self.moe_wbuf = self._two_buffers(max(self.H, self.I), one_row, fused)
         mrows = lambda K, halves=1: tile_rows(K, halves, max_batch=self.tb, wbuf=self.moe_wbuf)
@@ -189,6 +208,13 @@ class ModelPlan:
         self.dn_rows = mrows(self.I)
         self.dn_tiles = math.ceil(self.H / self.dn_rows)
         self.lm_rows = rows(self.H)
+        # the streaming LM head: two buffers with tile_batch input rows after them (not with the prefetching layout,
+        # whose buffer-1 prefetches the LM tasks' runs would overlap)
+        self.lm_wbuf = prefetch_wbuf(self.H, self.tb) if self.lm_stream and not self.wbuf else 0
+        if self.lm_wbuf:
+            self.lm_rows = min(O.MAX_TILE_ROWS, self.lm_wbuf // ((self.H + O.ROW_PAD) * 2))
+            if self.lm_rows < 1:
+                self.lm_wbuf, self.lm_rows = 0, rows(self.H)
         # (K, rows in all halves) of every GEMV kind: the shared-memory size is derived from these
         self.gemv_tiles = [(self.H, self.qkv_rows), (self.Q, self.o_rows), (self.H, self.lm_rows),
                            (self.H, 2 * self.gu_rows), (self.I, self.dn_rows)]
@@ -197,7 +223,8 @@ class ModelPlan:
         if any(self.mlp_width):
             self.gemv_tiles.append((self.H, 2 * self.mgu_rows))
             self.gemv_tiles += [(w, r) for w, r in self.mdn_rows.items()]
-        self.n_lm_tiles = math.ceil(cfg.vocab_size / self.lm_rows)
+        self.lm_runs = lm_runs(cfg.vocab_size, self.lm_rows, self.n_workers if self.lm_wbuf else 0)
+        self.n_lm_tiles = len(self.lm_runs)          # LM-head tasks: one maximum per row each
         self.n_o_tiles = math.ceil(self.H / self.o_rows)
         self.o_items = self.n_o_tiles if self.o_queue and self.Lm else 0     # per MoE layer's queue
         # route record layout (int32 offsets)
@@ -237,6 +264,8 @@ class ModelPlan:
         `smem_bytes` above from this plan's tiles)."""
         fused = (self.H + O.NUM_WARPS) * 4 if self.fused_norm else 0      # the fused tiles' residual row
         total = smem_bytes(self.gemv_tiles, self.tb, self.d, self.g, self.E, self.H, self.wbuf, self.k_max)
+        if self.lm_wbuf:                     # the streaming LM head's two buffers and its inputs
+            total = max(total, O.GEMV_SCRATCH_BYTES + 2 * self.lm_wbuf + self.tb * (self.H + O.ROW_PAD) * 2)
         if self.moe_wbuf and not self.wbuf:  # the expert items' ring and their inputs
             total = max(total, O.GEMV_SCRATCH_BYTES + 2 * self.moe_wbuf
                         + self.tb * (max(self.H, self.I) + O.ROW_PAD) * 2)
@@ -321,7 +350,10 @@ def tiling_plans(cfg: ModelConfig, layout: KVLayout, max_batch: int, per_batch: 
     full = ModelPlan(cfg, layout, max_batch, **knobs)
     if not per_batch:
         return [full]
-    key = lambda p: (tuple(p.gemv_tiles), p.wbuf)          # noqa: E731
+    # the streaming LM head's tiles shrink with every row of input; they do not split plans (the plan of the largest
+    # tile_batch with the same other tiles serves the smaller launches, its LM tiles sized for its rows)
+    key = lambda p: (p.qkv_rows, p.o_rows, p.router_rows, p.mgu_rows, tuple(sorted(p.mdn_rows.items())),   # noqa: E731
+                     p.gu_rows, p.dn_rows, p.wbuf, p.moe_wbuf > 0, p.lm_wbuf > 0)
     by_tiles: dict[tuple, ModelPlan] = {}
     shrinking = knobs.get("prefetch", ModelPlan.prefetch) or knobs.get("moe_ring", ModelPlan.moe_ring)
     cands = [1 << i for i in range(max_batch.bit_length()) if 1 << i < max_batch] if shrinking else range(1, max_batch)
@@ -462,18 +494,25 @@ def build_tasks(plan: ModelPlan, B: int, nsplit: np.ndarray) -> TaskList:
             c_x = ctr(l, plan.c_x, "norm (rows)", B)
             em.emit(Op.NORM, l, B, sig=c_x, waits=prev_done, a0=np.arange(B))
             x_waits, fl = [(c_x, B)], 0
-        # 2. router tiles, ahead of the QKV tiles by default (`router_first`): the router -> top-k -> experts chain
-        #    is the longer of a layer's two branches; listed after the 160 QKV tiles, its tiles were claimed in
-        #    the blocks' second wave, ~8 us after the norm
-        def emit_router() -> int:
+        # 2. router tiles and the top-k, ahead of the QKV tiles by default (`router_first`): router -> top-k ->
+        #    experts is the longer of a layer's two branches; listed after the 160 QKV tiles, the router tiles and
+        #    the top-k were claimed in the blocks' second wave, ~8 us after the norm
+        m = plan.moe_idx.get(l, -1)
+
+        def emit_routing() -> int:
             r0, nr = _tiles(plan.E, plan.router_rows)
-            c = ctr(l, plan.c_rl, "router tiles", len(r0))
+            c_rl = ctr(l, plan.c_rl, "router tiles", len(r0))
             # fused: the tile of row 0 writes the normed rows the MoE items read (they wait on all router tiles)
-            em.emit(Op.ROUTER, l, len(r0), sig=c, waits=x_waits, a0=r0, a1=nr,
+            em.emit(Op.ROUTER, l, len(r0), sig=c_rl, waits=x_waits, a0=r0, a1=nr,
                     flags=fl | np.where(fuse & (r0 == 0), O.FLAG_WRITE_X, 0))
+            c = ctr(l, plan.c_route, "top-k", 1)
+            em.emit(Op.TOPK, l, 1, sig=c, waits=[(c_rl, len(r0))], a0=m)
+            for j in range(plan.n_slots):
+                # targets of the per-slot gate/up counters are dynamic (gu_tiles when the slot is active)
+                names[l * cpl + plan.c_gu + j] = f"layer {l} expert slot {j} gate/up items"
             return c
 
-        c_rl = emit_router() if moe and plan.router_first else -1
+        c_route = emit_routing() if moe and plan.router_first else -1
         # 3. QKV tiles, grouped by the kv head whose counter they feed
         r0, nr = _tiles(Q + 2 * KV, plan.qkv_rows)
         head = np.where(r0 < Q, r0 // d // g, np.where(r0 < Q + KV, (r0 - Q) // d, (r0 - Q - KV) // d))
@@ -486,7 +525,7 @@ def build_tasks(plan: ModelPlan, B: int, nsplit: np.ndarray) -> TaskList:
         em.emit(Op.QKV, l, len(r0), sig=np.asarray(qkv_c, np.int32)[head], waits=x_waits, a0=r0, a1=nr,
                 flags=fl | np.where(fuse & (r0 == 0), O.FLAG_WRITE_H, 0))
         if moe and not plan.router_first:
-            c_rl = emit_router()
+            c_route = emit_routing()
         # 4. static MLP gate/up tiles
         n_mgu = n_mdn = 0
         if kind != O.MLP_NONE:
@@ -496,15 +535,7 @@ def build_tasks(plan: ModelPlan, B: int, nsplit: np.ndarray) -> TaskList:
             c_mgu = ctr(l, plan.c_mgu, "mlp gate/up tiles", n_mgu)
             em.emit(Op.MLP_GU, l, n_mgu, sig=c_mgu, waits=x_waits, a0=r0, a1=nr, flags=fl)
             n_mdn = math.ceil(H / plan.mdn_rows[w])
-        # 5. top-k
-        if moe:
-            m = plan.moe_idx[l]
-            c_route = ctr(l, plan.c_route, "top-k", 1)
-            em.emit(Op.TOPK, l, 1, sig=c_route, waits=[(c_rl, targets[c_rl])], a0=m)
-            for j in range(plan.n_slots):
-                # targets of the per-slot gate/up counters are dynamic (gu_tiles when the slot is active)
-                names[l * cpl + plan.c_gu + j] = f"layer {l} expert slot {j} gate/up items"
-        # 6. attention splits: per (sequence, kv head) pair in sequence-major order, nsplit[s] splits each
+        # 5. attention splits: per (sequence, kv head) pair in sequence-major order, nsplit[s] splits each
         n_pair = np.repeat(nsplit[:B, gi].astype(np.int64), nkv)
         s_pair, h_pair = np.repeat(np.arange(B), nkv), np.tile(np.arange(nkv), B)
         first = part + np.concatenate([[0], np.cumsum(n_pair)[:-1]]).astype(np.int64)   # first partial slot
@@ -520,7 +551,7 @@ def build_tasks(plan: ModelPlan, B: int, nsplit: np.ndarray) -> TaskList:
         em.emit(Op.ATTN, l, len(s_a), sig=att_sig,
                 waits=[(np.asarray(qkv_c, np.int32)[h_a], np.asarray([targets[c] for c in qkv_c])[h_a])],
                 a0=s_a, a1=h_a, a2=j_a, a3=p_a)
-        # 7. attention combine, ahead of the MoE workers: a worker keeps its block until the layer's queue
+        # 6. attention combine, ahead of the MoE workers: a worker keeps its block until the layer's queue
         #    is empty, so a combine listed after them is claimed only once the experts are done
         c_comb = ctr(l, plan.c_comb, "attention combines", B * nkv)
         em.emit(Op.ATTN_COMBINE, l, len(comb), sig=c_comb, waits=[(comb[:, 4], comb[:, 2])],
@@ -537,19 +568,19 @@ def build_tasks(plan: ModelPlan, B: int, nsplit: np.ndarray) -> TaskList:
 
         o_in_queue = moe and plan.o_items > 0
         c_o = emit_oproj() if plan.oproj_first and not o_in_queue else -1
-        # 8. MoE workers
+        # 7. MoE workers
         mlp_target = 0
         c_mlp = l * cpl + plan.c_mlp
         if moe:
             em.emit(Op.MOE_WORKER, l, plan.n_workers, sig=c_mlp, waits=[(c_route, 1)], a0=m)
             mlp_target += plan.n_workers
-        # 9. static MLP down tiles
+        # 8. static MLP down tiles
         if kind != O.MLP_NONE:
             r0, nr = _tiles(H, plan.mdn_rows[plan.mlp_width[l]])
             em.emit(Op.MLP_DOWN, l, len(r0), sig=c_mlp, waits=[(c_mgu, n_mgu)], a0=r0, a1=nr)
             mlp_target += n_mdn
         ctr(l, plan.c_mlp, "mlp (workers + down tiles)", mlp_target)
-        # 10. output projection (unless listed before the workers, or items of the expert queue: then the workers'
+        # 9. output projection (unless listed before the workers, or items of the expert queue: then the workers'
         #     counter covers them, since a worker signals only after its last item)
         if o_in_queue:
             prev_done = [(c_mlp, mlp_target)]
@@ -561,11 +592,13 @@ def build_tasks(plan: ModelPlan, B: int, nsplit: np.ndarray) -> TaskList:
     targets[plan.c_xf] = B
     names[plan.c_xf] = "final norm (rows)"
     em.emit(Op.NORM, L, B, sig=plan.c_xf, waits=prev_done, a0=np.arange(B))
-    r0, nr = _tiles(plan.cfg.vocab_size, plan.lm_rows)
+    runs = np.asarray(plan.lm_runs, dtype=np.int32)
+    r0, nr = runs[:, 0], runs[:, 1]
     targets[plan.c_lm] = len(r0)
-    names[plan.c_lm] = "lm-head tiles"
+    names[plan.c_lm] = "lm-head tasks"
+    # a3: rows per tile of a streaming run (0: the task is one tile)
     em.emit(Op.LM_HEAD, L, len(r0), sig=plan.c_lm, waits=[(plan.c_xf, B)], a0=r0, a1=nr,
-            a2=np.arange(len(r0)))
+            a2=np.arange(len(r0)), a3=plan.lm_rows if plan.lm_wbuf else 0)
     em.emit(Op.ARGMAX, L, 1, sig=-1, waits=[(plan.c_lm, len(r0))], a0=len(r0))
     return TaskList(records=em.array(), n_partials=part, targets=targets, names=names)
 

@@ -309,8 +309,10 @@ def test_expert_ring_tilings_on_north_dims():
     from megakernel.kv.cache import KVLayout
 
     cfg = north_mini_code_config()
-    plans = tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, True, n_workers=132, moe_ring=1)
+    plans = tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, True, n_workers=132, moe_ring=16)
     assert [p.tb for p in plans] == [2, 4, 8, 16]          # 1 and 2 rows tile alike (the larger tile_batch wins)
+    small = tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, True, n_workers=132, moe_ring=2)
+    assert [p.moe_wbuf > 0 for p in small] == [p.tb <= 2 for p in small] and small[0].tb <= 2 < small[-1].tb
     for p in plans:
         assert p.wbuf == 0 and p.moe_wbuf >= O.PREFETCH_MIN_TILE
         assert 2 * p.gu_rows * (p.H + O.ROW_PAD) * 2 <= p.moe_wbuf and p.dn_rows * (p.I + O.ROW_PAD) * 2 <= p.moe_wbuf
@@ -323,5 +325,6 @@ def test_expert_ring_tilings_on_north_dims():
 def test_simulator_with_the_expert_ring(B):
     """moe_ring changes only the expert items' tile rows (more items per expert): exact in random orders."""
     cfg, w, st, nxt = _setup("north_like", B, seed=41 + B)
-    plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=2, split_tokens=4, moe_ring=1)
+    plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=2, split_tokens=4, moe_ring=16)
+    assert plan.moe_wbuf > 0
     _check_step(cfg, w, st, nxt, plan, seeds=[B, B + 3])

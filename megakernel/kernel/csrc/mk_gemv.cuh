@@ -261,6 +261,9 @@ __device__ __forceinline__ void gemv_on(const bf16* sW, const bf16* sX, int R, i
 #endif
 }
 
+// The tile at sW times the nb rows at sX on every warp (not inlined: one copy of the three cores for its callers).
+__device__ __noinline__ void gemv_at(const bf16* sW, const bf16* sX, int R, int K, int nb) { gemv_on<NW>(sW, sX, R, K, nb); }
+
 // The tile in weight buffer `buf` times the nb rows in sX.
 __device__ __noinline__ void gemv(const Params& P, int buf, int R, int K, int nb) {
     // one row: the CUDA-core loop measured ahead (b1 8K 5.07 vs 5.17 ms/step); more rows: tensor cores (b8 15.98 vs
@@ -349,6 +352,46 @@ __device__ __forceinline__ void oproj_epilogue(const Params& P, int l, int r0, i
         float v = sOut[r * MB + b];
         if (bias) v += bf2f(bias[r0 + r]);
         out[(size_t)b * H + r0 + r] = f2bf(v);
+    }
+}
+
+// ---- LM head ---------------------------------------------------------------------------------------------------
+static_assert(MB <= NW, "the LM head keeps row b's running maximum in warp b");
+
+// LM-head rows r0..r0+nr of every row of the step (in sOut): the scaled logits into `logits`, and each row's best
+// (value, vocab index) folded into bv / bi of warp b for row b (every lane holds it). Ties go to the smaller index.
+__device__ __forceinline__ void lm_epilogue(const Params& P, int r0, int nr, float& bv, int& bi) {
+    const int V = PI(V), B = PI(B);
+    const float scale = PF(logit_scale);
+    float* lg = PP(float*, logits);
+    float* sO = reinterpret_cast<float*>(smem + SM_OUT);
+    for (int i = threadIdx.x; i < nr * B; i += NT) {
+        const int r = i / B, b = i - r * B;
+        const float v = rbf(rbf(sO[r * MB + b]) * scale);
+        sO[r * MB + b] = v;
+        lg[(size_t)b * V + r0 + r] = v;
+    }
+    __syncthreads();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (warp < B) {
+        float tv = -INFINITY;
+        int ti = 0x7fffffff;
+        for (int r = lane; r < nr; r += 32) {
+            const float v = sO[r * MB + warp];
+            if (v > tv || (v == tv && r0 + r < ti)) { tv = v; ti = r0 + r; }
+        }
+        warp_argmax(tv, ti);
+        if (tv > bv || (tv == bv && ti < bi)) { bv = tv; bi = ti; }
+    }
+}
+
+// Lane 0 of warp b: row b's maximum of LM-head task t.
+__device__ __forceinline__ void lm_store_best(const Params& P, int t, float bv, int bi) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (warp < PI(B) && lane == 0) {
+        float* best = PP(float*, lm_best) + ((size_t)t * PI(Bm) + warp) * 2;
+        best[0] = bv;
+        best[1] = (float)bi;
     }
 }
 
@@ -472,36 +515,65 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
             }
             break;
         }
-        default: {  // OP_LM_HEAD: logits and the tile's argmax per row
-            const int V = PI(V), t = rec[RF_A2];
-            const float scale = PF(logit_scale);
-            float* lg = PP(float*, logits);
-            float* sO = reinterpret_cast<float*>(smem + SM_OUT);
-            for (int i = threadIdx.x; i < nr * B; i += NT) {
-                const int r = i / B, b = i - r * B;
-                const float v = rbf(rbf(sO[r * MB + b]) * scale);
-                sO[r * MB + b] = v;
-                lg[(size_t)b * V + r0 + r] = v;
-            }
-            __syncthreads();
-            const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-            for (int b = warp; b < B; b += NW) {
-                float bv = -INFINITY;
-                int bi = 0x7fffffff;
-                for (int r = lane; r < nr; r += 32) {
-                    const float v = sO[r * MB + b];
-                    if (v > bv || (v == bv && r0 + r < bi)) { bv = v; bi = r0 + r; }
-                }
-                warp_argmax(bv, bi);
-                if (lane == 0) {
-                    float* best = PP(float*, lm_best) + ((size_t)t * Bm + b) * 2;
-                    best[0] = bv;
-                    best[1] = (float)bi;
-                }
-            }
+        default: {  // OP_LM_HEAD (one tile): logits and the tile's argmax per row
+            float bv = -INFINITY;
+            int bi = 0x7fffffff;
+            lm_epilogue(P, r0, nr, bv, bi);
+            lm_store_best(P, rec[RF_A2], bv, bi);
             break;
         }
     }
+    block_signal(P, rec[RF_SIG]);
+    return true;
+}
+
+// A streaming LM-head task (record a3 > 0): rows a0..a0+a1 in tiles of a3 rows through two weight buffers of lm_wbuf
+// bytes (inputs after both): tile t + 2 is issued as soon as the math on tile t is done, so the SM keeps loading
+// through every tile's math and epilogue; one maximum per row for the whole run (ARGMAX reads one per task).
+__device__ __noinline__ bool task_lm_stream(const Params& P, const int* rec, int ticket) {
+    const int r_first = rec[RF_A0], n_rows = rec[RF_A1], rows = rec[RF_A3];
+    const int H = PI(H), Bm = PI(Bm), B = PI(B), L = PI(L), wb = PI(lm_wbuf);
+    const int n_t = (n_rows + rows - 1) / rows;
+    bf16* sW0 = reinterpret_cast<bf16*>(smem + SM_W);
+    bf16* sW1 = reinterpret_cast<bf16*>(smem + SM_W + wb);
+    bf16* sX = reinterpret_cast<bf16*>(smem + SM_W + 2 * (size_t)wb);
+    if (!smem_fits(P, SM_W + 2 * (size_t)wb + (size_t)B * row_pitch(H) * 2, ticket) ||
+        (size_t)rows * row_pitch(H) * 2 > (size_t)wb) {
+        drain_weights();
+        return false;
+    }
+    const bf16* W = PP(const bf16*, lm_head) + (size_t)r_first * H;
+    auto issue = [&](int t) {               // all threads call it; warp 0 issues tile t into buffer t & 1
+        if (threadIdx.x < 32)
+            issue_weights_w0((t & 1) ? sW1 : sW0, W + (size_t)t * rows * H, min(rows, n_rows - t * rows), nullptr, 0,
+                             H, t & 1);
+    };
+    issue(0);
+    if (n_t > 1) issue(1);
+    prof_mark(PS_ISSUED);
+    if (threadIdx.x < B) s_xrow[threadIdx.x] = PP(const bf16*, x) + ((size_t)L * Bm + threadIdx.x) * H;
+    if (!wait_rec(P, rec, ticket)) { drain_weights(); return false; }
+    load_x(sX, B, H);
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+#if MK_PROFILE
+    long long first_landed = 0;
+#endif
+    for (int t = 0; t < n_t; t++) {
+        const int buf = t & 1, r0 = t * rows, nr = min(rows, n_rows - r0);
+        wait_weights(buf);                  // (its barrier also publishes sX the first time)
+#if MK_PROFILE
+        if (t == 0 && threadIdx.x == 0) first_landed = s_prof[PS_LANDED];
+#endif
+        gemv_at(buf ? sW1 : sW0, sX, nr, H, B);        // ends on a barrier: buffer `buf` is read
+        if (t + 2 < n_t) issue(t + 2);
+        lm_epilogue(P, r_first + r0, nr, bv, bi);
+    }
+#if MK_PROFILE
+    if (threadIdx.x == 0) s_prof[PS_LANDED] = first_landed;   // the run's first tile: what its wait covered
+    prof_mark(PS_COMPUTED);
+#endif
+    lm_store_best(P, rec[RF_A2], bv, bi);
     block_signal(P, rec[RF_SIG]);
     return true;
 }

@@ -61,8 +61,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) mk_decode(const __grid_const
             case OP_OPROJ:
             case OP_ROUTER:
             case OP_MLP_GU:
-            case OP_MLP_DOWN:
-            case OP_LM_HEAD: ok = task_gemv(P, s_rec, ticket, pf_buf); break;
+            case OP_MLP_DOWN: ok = task_gemv(P, s_rec, ticket, pf_buf); break;
+            case OP_LM_HEAD:
+                ok = s_rec[RF_A3] > 0 ? task_lm_stream(P, s_rec, ticket) : task_gemv(P, s_rec, ticket, pf_buf);
+                break;
             case OP_ATTN: ok = task_attn(P, s_rec, ticket); break;
             case OP_ATTN_COMBINE: ok = task_combine(P, s_rec, ticket); break;
             case OP_TOPK: ok = task_topk(P, s_rec, ticket); break;

@@ -255,10 +255,14 @@ __device__ __forceinline__ void prof_worker_stamps(long long claim, long long wa
 __shared__ __align__(8) unsigned long long s_wempty[2];
 __shared__ int s_meta[2][8];                  // item (-1: the queue is empty, -2: the tile does not fit), down,
                                               // slot, e, st, cnt, r0, nr
+__shared__ int s_rows[2][MB];                 // a gate/up item's input rows (rows of x), by slot
+__shared__ int s_xkey[2 + MB];                // what sX holds: kind (0 nothing, 1 gate/up rows, 2 pairs from st),
+                                              // count, then the rows (gate/up) or st (down)
+__shared__ int s_xsame;                       // sX already holds this item's inputs
 __shared__ volatile int s_ws_stop;            // the compute warps gave up (an aborted step): the loader stops too
 __shared__ int s_ws_ok;
 
-__device__ bool moe_worker_ws(const Params& P, int ticket, int l, int m, const int* route, const bf16* egu,
+__device__ __noinline__ bool moe_worker_ws(const Params& P, int ticket, int l, int m, const int* route, const bf16* egu,
                               const bf16* edn, int n_gu, int n_items, int first_item) {
     const int I = PI(I), H = PI(H);
     int* work = PP(int*, moe_work) + m;
@@ -267,22 +271,27 @@ __device__ bool moe_worker_ws(const Params& P, int ticket, int l, int m, const i
         mbar_init(&s_wempty[1], 1);
         fence_mbar_init();
         s_ws_stop = 0;
+        s_xkey[0] = 0;                        // the other task kinds wrote over sX since the last worker
     }
     __syncthreads();
     if ((threadIdx.x >> 5) == NW - 1) {       // the loader warp
         const int lane = threadIdx.x & 31;
         for (int t = 0;; t++) {
             const int slot = t & 1;
+            // claim and decode item t (and a gate/up item's input rows) while its buffer may still be computed on:
+            // the L2 round trips leave the path between two loads
+            int item = 0;
+            if (lane == 0) item = t == 0 ? first_item : atomicAdd(work, 1);
+            item = __shfl_sync(0xffffffffu, item, 0);
+            const MoeItem it = moe_item(P, l, route, egu, edn, item < n_items ? item : 0, n_gu);
+            int row = 0;
+            if (item < n_items && !it.down && lane < it.cnt) row = ldcg_i(route + PI(r_pair_row) + it.st + lane);
             bool stop = false;
             if (t >= 2)                        // the compute warps are done with its item t - 2
                 while (!mbar_try_wait(&s_wempty[slot], ((t >> 1) - 1) & 1))
                     if (s_ws_stop) { stop = true; break; }
             stop = __any_sync(0xffffffffu, stop);   // one decision for the warp (its shuffles need every lane)
             if (stop) break;                   // the compute warps left: nobody waits for this slot
-            int item = 0;
-            if (lane == 0) item = t == 0 ? first_item : atomicAdd(work, 1);
-            item = __shfl_sync(0xffffffffu, item, 0);
-            const MoeItem it = moe_item(P, l, route, egu, edn, item < n_items ? item : 0, n_gu);
             const int R = it.T.n0 + it.T.n1;
             const size_t x_end = moe_x(P) + (size_t)it.cnt * row_pitch(it.T.K) * 2;
             const bool fits = (size_t)R * row_pitch(it.T.K) * 2 <= (size_t)PI(moe_wbuf) && x_end <= dynamic_smem_bytes();
@@ -295,6 +304,10 @@ __device__ bool moe_worker_ws(const Params& P, int ticket, int l, int m, const i
                     mbar_arrive(&s_wbar[slot]);
                 }
                 break;
+            }
+            for (int i = 0; i < (it.down ? 0 : it.cnt); i++) {  // lane 0 publishes the rows (its arrive releases them)
+                const int r = __shfl_sync(0xffffffffu, row, i);
+                if (lane == 0) s_rows[slot][i] = r;
             }
             if (lane == 0) {
                 int* mt = s_meta[slot];
@@ -325,14 +338,29 @@ __device__ bool moe_worker_ws(const Params& P, int ticket, int l, int m, const i
             const int gu_ctr = l * PI(cpl) + PI(c_gu) + eslot;
             int ok = 1;
             if (down && threadIdx.x == 0) ok = wait_counter(P, gu_ctr, PI(gu_tiles), ticket) ? 1 : 0;
-            if (threadIdx.x == 0) s_ws_ok = ok;
+            if (threadIdx.x == 0) {
+                s_ws_ok = ok;
+                // consecutive items with the same inputs (a batch-1 step's gate/up items all read row 0; an
+                // expert's down items its pairs' activations, complete once its gate/up items are) load them once
+                const int* rows = s_rows[slot];
+                int same = s_xkey[0] == (down ? 2 : 1) && s_xkey[1] == cnt;
+                for (int i = 0; i < (down ? 1 : cnt) && same; i++) same = s_xkey[2 + i] == (down ? st : rows[i]);
+                s_xsame = same;
+                s_xkey[0] = down ? 2 : 1;
+                s_xkey[1] = cnt;
+                for (int i = 0; i < (down ? 1 : cnt); i++) s_xkey[2 + i] = down ? st : rows[i];
+            }
             prof_mark(PS_WAITED);
-            if (threadIdx.x < cnt) s_xrow[threadIdx.x] = item_xrow(P, l, m, route, down, st, threadIdx.x);
+            if (threadIdx.x < cnt)
+                s_xrow[threadIdx.x] = down ? PP(const bf16*, eact) + ((size_t)m * PI(n_pairs) + st + threadIdx.x) * I
+                                           : PP(const bf16*, x) + ((size_t)l * PI(Bm) + s_rows[slot][threadIdx.x]) * H;
             group_sync<WS_NWC>();
             if (!s_ws_ok) { s_ws_stop = 1; break; }
             bf16* sX = reinterpret_cast<bf16*>(smem + moe_x(P));
-            load_x<WS_NWC * 32>(sX, cnt, K);
-            group_sync<WS_NWC>();
+            if (!s_xsame) {
+                load_x<WS_NWC * 32>(sX, cnt, K);
+                group_sync<WS_NWC>();
+            }
             prof_mark(PS_LANDED);
             gemv_on<WS_NWC>(reinterpret_cast<const bf16*>(smem + moe_w(P, slot)), sX, R, K, cnt);
             prof_mark(PS_COMPUTED);

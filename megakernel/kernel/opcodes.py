@@ -116,6 +116,8 @@ PARAM_FIELDS = (
     "moe_wbuf",
     # bytes of each of the streaming LM head's two weight buffers (schedule.ModelPlan.lm_wbuf; 0: one task per tile)
     "lm_wbuf",
+    # 1: a block claims its next ticket when it starts a task; 0: once the task has signalled (ModelPlan.claim_ahead)
+    "claim_ahead",
     # O-projection tiles in each MoE layer's work queue (the `o_queue` knob; 0: static OPROJ tasks), their rows, and
     # the per-layer offset of the attention-combine counter they wait on
     "o_items", "o_rows", "c_comb",

@@ -143,6 +143,9 @@ class ModelPlan:
     lm_stream: int = 1                   # 1: the LM head as a few hundred streaming tasks, each a run of tiles
                                          # double-buffered inside the task (lm_wbuf), sizes decreasing toward the
                                          # end of the list; 0: one task per 128 KB tile
+    claim_ahead: int = 1                 # 1: a block claims its next ticket as it starts a task (the claim's
+                                         # latency hidden); 0: after the task signalled (no ticket waits behind
+                                         # another task's dependency wait; prefetching needs 1)
     prefetch: int = 0                    # 1: two GEMV weight buffers where they fit (prefetch_wbuf): each block
                                          # issues its next task's tile before it waits for and computes this one
                                          # (measured slower so far: SPEED_NOTES.md)

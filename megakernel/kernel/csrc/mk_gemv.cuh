@@ -330,7 +330,7 @@ __device__ __forceinline__ Tile static_tile(const Params& P, int op, int l, int 
 // GEMV (its record is read here; the loop reads it again when it runs it) and record it in s_pf_ticket / s_pf_buf.
 __device__ __forceinline__ void prefetch_next(const Params& P, int buf) {
     const int next = s_next;
-    if (!PI(wbuf) || next >= PI(n_tasks)) return;
+    if (!PI(wbuf) || !PI(claim_ahead) || next >= PI(n_tasks)) return;   // (s_next is the next ticket only then)
     const int* r = PP(const int*, tasks) + (size_t)next * MK_REC_INTS;
     const int op = __ldg(r + RF_OP);
     if (!is_gemv_op(op)) return;

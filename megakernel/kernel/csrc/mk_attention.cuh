@@ -200,7 +200,7 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
         po[i] = acc / L;
         if (dd == 0) PP(float*, part_lse)[(size_t)(pbase + j) * gq + h] = M + logf(L);
     }
-    block_signal(P, rec[RF_SIG]);
+    task_signal(P, rec[RF_SIG]);
     return true;
 }
 
@@ -309,6 +309,6 @@ __device__ bool task_combine(const Params& P, const int* rec, int ticket) {
         const int o = threadIdx.x + k * NT;
         if (o < gq * d) out[o] = f2bf(acc[k]);
     }
-    block_signal(P, rec[RF_SIG]);
+    task_signal(P, rec[RF_SIG]);
     return true;
 }

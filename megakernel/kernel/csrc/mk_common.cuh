@@ -269,6 +269,16 @@ __device__ __forceinline__ void group_signal(const Params& P, int c) {
 }
 __device__ __forceinline__ void block_signal(const Params& P, int c) { group_signal<NW>(P, c); }
 
+// The block's next ticket (the persistent loop in mk_kernel.cu reads it after a barrier).
+__shared__ int s_next;
+
+// All threads, at the end of a task: its signal, then (claim_ahead == 0) thread 0 claims the block's next ticket,
+// so no ticket waits behind this task's dependency wait while another block could run it.
+__device__ __forceinline__ void task_signal(const Params& P, int c) {
+    block_signal(P, c);
+    if (threadIdx.x == 0 && !PI(claim_ahead)) s_next = atomicAdd(PP(int*, ctrl) + CTRL_TICKET, 1);
+}
+
 // ---- small accessors -----------------------------------------------------------------------------------------
 __device__ __forceinline__ const int* layer_info(const Params& P, int l) {
     return PP(const int*, layer_info) + l * MK_LAYER_INFO_INTS;

@@ -39,7 +39,7 @@ struct Tile {
 // the ticket whose weights are in flight in buffer s_pf_buf (a stale value is an older ticket, never matched). At
 // most one prefetch is pending, always for the block's next ticket, always a GEMV task; a task kind that is not a
 // GEMV starts with nothing in flight. Thread 0 writes them; the loop reads them before its record barrier.
-__shared__ int s_next, s_pf_ticket, s_pf_buf;
+__shared__ int s_pf_ticket, s_pf_buf;      // (s_next: mk_common.cuh)
 
 // Weight loads are bulk copies (TMA) completing on the buffer's mbarrier: one copy per tile half (contiguous rows),
 // or with ROW_PAD one per row, spread over the lanes of the issuing warp. No thread stalls issuing thousands of 16-byte copies, so a prefetch
@@ -523,7 +523,7 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
             break;
         }
     }
-    block_signal(P, rec[RF_SIG]);
+    task_signal(P, rec[RF_SIG]);
     return true;
 }
 
@@ -574,7 +574,7 @@ __device__ __noinline__ bool task_lm_stream(const Params& P, const int* rec, int
     prof_mark(PS_COMPUTED);
 #endif
     lm_store_best(P, rec[RF_A2], bv, bi);
-    block_signal(P, rec[RF_SIG]);
+    task_signal(P, rec[RF_SIG]);
     return true;
 }
 
@@ -595,6 +595,6 @@ __device__ bool task_argmax(const Params& P, const int* rec, int ticket) {
         warp_argmax(bv, bi);
         if (lane == 0) PP(int*, tokens)[b] = bi;
     }
-    block_signal(P, rec[RF_SIG]);
+    task_signal(P, rec[RF_SIG]);
     return true;
 }

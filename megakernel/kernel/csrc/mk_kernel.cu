@@ -14,7 +14,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) mk_decode(const __grid_const
     __shared__ int s_abort;
     int* ctrl = PP(int*, ctrl);
     const int* tasks = PP(const int*, tasks);
-    const int n_tasks = PI(n_tasks), claim_ahead = PI(claim_ahead);
+    const int n_tasks = PI(n_tasks);
 #if MK_PROFILE
     long long* pblock = PP(long long*, prof_blocks) + (size_t)blockIdx.x * MK_PROF_BLOCK_INTS;
     if (threadIdx.x == 0) {
@@ -36,15 +36,16 @@ extern "C" __global__ void __launch_bounds__(NT, 1) mk_decode(const __grid_const
     }
     __syncthreads();
     while (true) {
+        __syncthreads();                      // (claim_ahead == 0: thread 0 claimed s_next at its last task's signal)
         const int ticket = s_next;
         __syncthreads();
         if (ticket >= n_tasks) break;
         if (threadIdx.x == 0) {
             s_abort = ld_volatile(ctrl + CTRL_ABORT);
-            // claim the next ticket early (see schedule.py), or (claim_ahead == 0) once this task has signalled:
-            // a ticket claimed early waits for this task's own dependency wait, however long, while a free block
-            // could have run it
-            if (claim_ahead) s_next = atomicAdd(ctrl + CTRL_TICKET, 1);
+            // claim the next ticket early (see schedule.py), or (claim_ahead == 0) at this task's signal
+            // (task_signal): a ticket claimed early waits for this task's own dependency wait, however long, while
+            // a free block could have run it
+            if (PI(claim_ahead)) s_next = atomicAdd(ctrl + CTRL_TICKET, 1);
         }
         if (threadIdx.x < MK_REC_INTS) s_rec[threadIdx.x] = __ldg(tasks + (size_t)ticket * MK_REC_INTS + threadIdx.x);
         // this task's weights, if the previous task issued them (read before the barrier: this task's thread 0 may
@@ -79,10 +80,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1) mk_decode(const __grid_const
         }
         if (!ok) break;
         prof_record(PP(long long*, prof) + (size_t)ticket * MK_PROF_INTS, s_rec[RF_OP], s_rec[RF_LAYER], ticket);
-        if (!claim_ahead) {
-            if (threadIdx.x == 0) s_next = atomicAdd(ctrl + CTRL_TICKET, 1);
-            __syncthreads();
-        }
     }
     drain_weights();                         // an aborted step may leave a prefetch in flight
 #if MK_PROFILE

@@ -145,7 +145,7 @@ __device__ __noinline__ bool task_topk(const Params& P, const int* rec, int tick
         route[PI(r_pair_w) + pi] = __float_as_int(sSc[b * MK_MAX_TOPK + kk]);
         route[PI(r_topk_ids) + b * k + kk] = e;
     }
-    block_signal(P, rec[RF_SIG]);
+    task_signal(P, rec[RF_SIG]);
     return true;
 }
 
@@ -415,7 +415,7 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
 #if MK_PROFILE
         prof_worker_stamps(task_claim, task_waited);
 #endif
-        block_signal(P, rec[RF_SIG]);
+        task_signal(P, rec[RF_SIG]);
         return true;
     }
 #endif
@@ -483,6 +483,6 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
 #if MK_PROFILE
     prof_worker_stamps(task_claim, task_waited);
 #endif
-    block_signal(P, rec[RF_SIG]);
+    task_signal(P, rec[RF_SIG]);
     return true;
 }

@@ -187,6 +187,6 @@ __device__ __noinline__ bool task_norm(const Params& P, const int* rec, int tick
     float* sH = reinterpret_cast<float*>(smem);
     residual_row(P, l, row, sH);
     norm_row(P, l, sH, sH + H, PP(bf16*, x) + ((size_t)l * Bm + row) * H, PP(bf16*, h) + ((size_t)l * Bm + row) * H);
-    block_signal(P, rec[RF_SIG]);
+    task_signal(P, rec[RF_SIG]);
     return true;
 }

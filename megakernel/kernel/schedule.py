@@ -127,7 +127,8 @@ class ModelPlan:
     split_tokens: int | None = None      # keys per attention split (None: DEFAULT_SPLIT_TOKENS, grown for long ctx)
     attn_stages: int = O.DEFAULT_ATTN_STAGES   # K/V chunks in the attention ring (2..ATTN_MAX_STAGES)
     oproj_first: int = 0                 # 1: each layer's O-projection tiles listed ahead of its MoE workers
-    qkv_by_head: int = 0                 # 1: QKV tiles listed kv head by head (its K, V, then Q tiles), not Q, K, V
+    qkv_by_head: int = 1                 # 1: QKV tiles listed kv head by head (its K, V, then Q tiles), not Q, K, V
+                                         # (with claim_ahead=0 measured b1 8K 4.09 vs 4.16 ms, b8 14.90 vs 15.28)
     fused_norm: int = 0                  # steps of at most this many rows skip the per-row NORM tasks of layers >= 1:
                                          # QKV / router / MLP gate-up tiles normalise their own inputs
     tile_batch: int = 0                  # rows the GEMV tiles leave room for (0: max_batch); launches of at most
@@ -143,9 +144,10 @@ class ModelPlan:
     lm_stream: int = 1                   # 1: the LM head as a few hundred streaming tasks, each a run of tiles
                                          # double-buffered inside the task (lm_wbuf), sizes decreasing toward the
                                          # end of the list; 0: one task per 128 KB tile
-    claim_ahead: int = 1                 # 1: a block claims its next ticket as it starts a task (the claim's
-                                         # latency hidden); 0: after the task signalled (no ticket waits behind
-                                         # another task's dependency wait; prefetching needs 1)
+    claim_ahead: int = 0                 # 1: a block claims its next ticket as it starts a task (the claim's
+                                         # latency hidden); 0: after the task signalled, so no ticket waits behind
+                                         # another task's dependency wait (measured b1 8K 4.16 vs 4.55 ms, b8 15.28
+                                         # vs 15.78); prefetching plans always claim ahead
     prefetch: int = 0                    # 1: two GEMV weight buffers where they fit (prefetch_wbuf): each block
                                          # issues its next task's tile before it waits for and computes this one
                                          # (measured slower so far: SPEED_NOTES.md)
@@ -190,6 +192,8 @@ class ModelPlan:
         self.k_max = max(self.H, self.Q, self.I, self.I_mlp)
         fused = (self.H + O.NUM_WARPS) * 4 if self.fused_norm else 0      # the fused tiles' residual row
         self.wbuf = self._two_buffers(self.k_max, 2 * (self.k_max + O.ROW_PAD) * 2, fused) if self.prefetch else 0
+        if self.wbuf:
+            self.claim_ahead = 1             # the prefetch issues the next ticket's tile: it must know that ticket
         rows = lambda K, halves=1: tile_rows(K, halves, max_batch=self.tb, wbuf=self.wbuf)
         r = rows(self.H)
         while r > 1 and (d % r or r % 2):    # a QKV tile stays inside one head (its counter, RoPE pairs)

@@ -386,6 +386,14 @@ __device__ __noinline__ bool moe_worker_ws(const Params& P, int ticket, int l, i
 }
 #endif
 
+// An expert item's tile into buffer `buf`: of the expert ring (moe_w) or of the prefetching layout (sm_w). All
+// threads call it; warp 0 issues.
+__device__ __forceinline__ void issue_item(const Params& P, const Tile& T, int buf, bool ring) {
+    if (threadIdx.x < 32)
+        issue_weights_w0(reinterpret_cast<bf16*>(smem + (ring ? moe_w(P, buf) : sm_w(P, buf))), T.w0, T.n0, T.w1,
+                         T.n1, T.K, buf);
+}
+
 // With two weight buffers the worker claims one item ahead and issues its tile before computing the current one;
 // the claim after the last item prefetches the block's next ticket instead. Claiming ahead keeps the induction of
 // schedule.py: items run in claim order, every gate/up item precedes every down item, so a worker never holds a
@@ -400,8 +408,14 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
     const long long* wp = layer_wptr(P, l);
     const bf16* egu = reinterpret_cast<const bf16*>(wp[WP_E_GU]);
     const bf16* edn = reinterpret_cast<const bf16*>(wp[WP_E_DOWN]);
-    const bool two = PI(wbuf) != 0;
+    // two weight buffers: the prefetching layout's (shared with the static tasks) or the expert ring (moe_ring
+    // plans; without MK_WS_MOE the plain worker double-buffers its items in it, the inputs after both buffers)
+    const bool ring = PI(moe_wbuf) != 0 && PI(wbuf) == 0;
+    const bool two = PI(wbuf) != 0 || ring;
     __shared__ int s_w[4];
+    __shared__ const bf16* s_xprev[MB];      // the ring layout: the input rows sX holds (count, inner size; 0: none)
+    __shared__ int s_xprev_n, s_xprev_k;
+    if (threadIdx.x == 0) s_xprev_n = 0;
     if (threadIdx.x == 0) { s_w[0] = ldcg_i(route); s_w[1] = ldcg_i(route + 1); s_w[2] = atomicAdd(PP(int*, moe_work) + m, 1); }
     __syncthreads();
     const int n_active = s_w[0], n_items = s_w[1];
@@ -425,11 +439,14 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
     while (item < n_items) {
         prof_reset();
         const MoeItem it = moe_item(P, l, route, egu, edn, item, n_gu);
-        if (!smem_fits(P, sm_x_end(P, it.T.n0 + it.T.n1, it.T.K, it.cnt), ticket)) {
+        const int R = it.T.n0 + it.T.n1;
+        const size_t x_off = ring ? moe_x(P) : sm_x(P, R, it.T.K);
+        if (!smem_fits(P, x_off + (size_t)it.cnt * row_pitch(it.T.K) * 2, ticket) ||
+            (ring && (size_t)R * row_pitch(it.T.K) * 2 > (size_t)PI(moe_wbuf))) {
             drain_weights();
             return false;
         }
-        if (!issued) { issue_weights(P, it.T, buf); prof_mark(PS_ISSUED); }
+        if (!issued) { issue_item(P, it.T, buf, ring); prof_mark(PS_ISSUED); }
         __syncthreads();                     // s_w[2] of the previous claim has been read by every thread
         if (threadIdx.x == 0) s_w[2] = atomicAdd(work, 1);
         __syncthreads();
@@ -437,7 +454,7 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
         bool prefetched = false;             // the next item's tile is in flight in buf ^ 1
         if (two) {
             if (nxt < n_items) {
-                issue_weights(P, moe_item(P, l, route, egu, edn, nxt, n_gu).T, buf ^ 1);
+                issue_item(P, moe_item(P, l, route, egu, edn, nxt, n_gu).T, buf ^ 1, ring);
                 prefetched = true;
             } else {
                 prefetch_next(P, buf ^ 1);
@@ -454,9 +471,21 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
                               : item_xrow(P, l, m, route, it.down, it.st, i);
         }
         __syncthreads();
-        load_x(reinterpret_cast<bf16*>(smem + sm_x(P, it.T.n0 + it.T.n1, it.T.K)), it.cnt, it.T.K);
-        wait_weights(buf);
-        gemv(P, buf, it.T.n0 + it.T.n1, it.T.K, it.cnt);
+        // the ring layout keeps sX between items: consecutive items with the same input rows (a batch-1 step's
+        // gate/up items all read row 0 of x; an expert's down items its pairs' activations) load them once
+        bool same = ring && s_xprev_n == it.cnt && s_xprev_k == it.T.K;
+        for (int i = 0; same && i < it.cnt; i++) same = s_xrow[i] == s_xprev[i];
+        if (!same) load_x(reinterpret_cast<bf16*>(smem + x_off), it.cnt, it.T.K);
+        wait_weights(buf);                   // (its barrier: every thread compared s_xprev, sX is published)
+        if (ring) {
+            if (threadIdx.x < it.cnt) s_xprev[threadIdx.x] = s_xrow[threadIdx.x];
+            if (threadIdx.x == 0) { s_xprev_n = it.cnt; s_xprev_k = it.T.K; }
+            gemv_at(reinterpret_cast<const bf16*>(smem + moe_w(P, buf)), reinterpret_cast<const bf16*>(smem + x_off),
+                    R, it.T.K, it.cnt);
+            prof_mark(PS_COMPUTED);
+        } else {
+            gemv(P, buf, R, it.T.K, it.cnt);
+        }
         if (oitem) {
             oproj_epilogue(P, l, it.r0, it.nr);
 #if MK_PROFILE

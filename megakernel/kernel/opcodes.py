@@ -143,13 +143,24 @@ P = {name: i for i, name in enumerate(PARAM_FIELDS)}
 # is done (projections and MoE items; = end for tasks without one), so computed -> end is the epilogue and the
 # signal; end: its work is done, taken just before it signals its counter (so a consumer's `waited` can never
 # precede a producer's `end`).
-PROF_FIELDS = ("block", "sm", "op", "layer", "arg", "claim", "issued", "waited", "landed", "computed", "end")
-PROF_INTS = len(PROF_FIELDS)
+# m0..m3: optional marks inside a task kind's work (-1: not taken), named per kind in PROF_MARKS, in the order the
+# kind takes them: they split its time after `waited` into phases (kernel/timeline.py `phases`).
 PROF_STAMPS = ("claim", "issued", "waited", "landed", "computed", "end")
+PROF_MARK_FIELDS = ("m0", "m1", "m2", "m3")
+PROF_FIELDS = ("block", "sm", "op", "layer", "arg") + PROF_STAMPS + PROF_MARK_FIELDS
+PROF_INTS = len(PROF_FIELDS)
 PROF_BLOCK_FIELDS = ("g_start", "c_start", "g_end", "c_end", "timer_step_ns", "sm")
 PROF_BLOCK_INTS = len(PROF_BLOCK_FIELDS)
 PROF_ITEM_GU, PROF_ITEM_DN, PROF_ITEM_O = 100, 101, 102   # pseudo-opcodes of MoE work items (gate/up tile, down
                                                          # tile, O-projection tile in the queue)
+# What each mark of a task kind means (the phase that ends at it); kinds without an entry take none.
+PROF_MARKS = {
+    "NORM": ("residual loaded and summed", "normed and stored"),
+    "TOPK": ("logits loaded, experts chosen", "slots counted", "queue slots written", "pairs written"),
+    "ATTN_COMBINE": ("log-sum-exps read", "partials merged (thread 0)"),
+    "MOE_GATE_UP": ("next item claimed", "next tile issued (two buffers)", "inputs loaded"),
+    "MOE_DOWN": ("next item claimed", "next tile issued (two buffers)", "inputs loaded"),
+}
 
 # ---- per-layer info (int32) and weight pointers (int64) ------------------------------------------------------------
 LAYER_INFO_FIELDS = ("uses_rope", "group", "lig", "window", "moe_idx", "mlp_kind", "mlp_width", "pad")
@@ -184,6 +195,7 @@ def generate_header() -> str:
                   MLP_NONE=MLP_NONE, MLP_DENSE=MLP_DENSE, MLP_SHARED=MLP_SHARED,
                   NORM_RMS=NORM_RMS, NORM_LAYER=NORM_LAYER, SEL_SIGMOID=SEL_SIGMOID, SEL_SOFTMAX=SEL_SOFTMAX,
                   COMB_SUM=COMB_SUM, COMB_AVERAGE=COMB_AVERAGE, PROF_INTS=PROF_INTS, PROF_N_STAMPS=len(PROF_STAMPS),
+                  PROF_N_MARKS=len(PROF_MARK_FIELDS),
                   PROF_BLOCK_INTS=PROF_BLOCK_INTS, PROF_ITEM_GU=PROF_ITEM_GU, PROF_ITEM_DN=PROF_ITEM_DN, PROF_ITEM_O=PROF_ITEM_O)
     lines += [f"#define MK_{k} {v}" for k, v in consts.items()]
     lines.append("")

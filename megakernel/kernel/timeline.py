@@ -84,6 +84,7 @@ class Events:
     computed: np.ndarray
     end: np.ndarray
     nbytes: np.ndarray
+    marks: np.ndarray | None = None     # [n, len(PROF_MARK_FIELDS)] ns, NaN where a mark was not taken
 
     def __len__(self) -> int:
         return len(self.op)
@@ -97,17 +98,21 @@ def to_timeline(raw: RawProfile) -> Timeline:
     rate = (g1 - g0) / np.maximum(c1 - c0, 1.0)              # ns per clock, per block
     origin = g0.min()
 
+    n_marks = len(O.PROF_MARK_FIELDS)
+
     def events(rows: np.ndarray, nbytes: np.ndarray) -> Events:
-        if rows.shape[1] == O.PROF_INTS - 1:     # records from before the `computed` stamp: computed = end
-            rows = np.insert(rows, F["computed"], rows[:, -1], axis=1)
+        if rows.shape[1] == O.PROF_INTS - n_marks - 1:   # records from before the `computed` stamp: computed = end
+            rows = np.insert(rows, F["computed"], rows[:, F["computed"]], axis=1)
+        if rows.shape[1] == O.PROF_INTS - n_marks:       # records from before the marks: none taken
+            rows = np.concatenate([rows, np.full((len(rows), n_marks), -1, rows.dtype)], axis=1)
         blk = rows[:, F["block"]].astype(np.int64)
-        cols = {}
-        for k in STAMPS:
-            c = rows[:, F[k]].astype(np.float64)
-            cols[k] = g0[blk] + (c - c0[blk]) * rate[blk] - origin
+        to_ns = lambda c: g0[blk] + (c - c0[blk]) * rate[blk] - origin   # noqa: E731
+        cols = {k: to_ns(rows[:, F[k]].astype(np.float64)) for k in STAMPS}
+        raw_marks = rows[:, [F[k] for k in O.PROF_MARK_FIELDS]].astype(np.float64)
+        marks = np.where(raw_marks >= 0, to_ns(raw_marks.T).T if len(rows) else raw_marks, np.nan)
         return Events(blk, rows[:, F["sm"]].astype(np.int64), rows[:, F["op"]].astype(np.int64),
                       rows[:, F["layer"]].astype(np.int64), rows[:, F["arg"]].astype(np.int64), **cols,
-                      nbytes=nbytes.astype(np.float64))
+                      nbytes=nbytes.astype(np.float64), marks=marks)
 
     item_b = np.array([raw.item_bytes.get(int(op), 0) for op in raw.items[:, F["op"]]], dtype=np.float64)
     return Timeline(events(raw.tasks, raw.task_bytes), events(raw.items, item_b), len(raw.blocks),
@@ -196,6 +201,28 @@ def critical_path(tl: Timeline) -> list[int]:
     return path[::-1]
 
 
+def phases(tl: Timeline) -> dict[str, dict[str, float]]:
+    """For each task kind that takes marks (opcodes.PROF_MARKS): the mean time in us after its claim of every stamp
+    and every mark it took, in time order, so the phases of its work read off as differences."""
+    out: dict[str, dict[str, float]] = {}
+    for ev in (tl.tasks, tl.items):
+        if not len(ev) or ev.marks is None:
+            continue
+        for op in np.unique(ev.op):
+            name = op_name(int(op))
+            labels = O.PROF_MARKS.get(name)
+            m = ev.op == op
+            if not labels or not np.isfinite(ev.marks[m]).any():
+                continue
+            at = {k: float((getattr(ev, k)[m] - ev.claim[m]).mean()) / 1e3 for k in STAMPS if k != "claim"}
+            for j, label in enumerate(labels):
+                v = ev.marks[m, j] - ev.claim[m]
+                if np.isfinite(v).any():
+                    at[label] = float(np.nanmean(v)) / 1e3
+            out[name] = {k: round(v, 3) for k, v in sorted(at.items(), key=lambda kv: kv[1])}
+    return out
+
+
 def summarize(tl: Timeline) -> dict:
     """Where the step's time went. Time figures in microseconds; "SM-us" are summed over blocks, so dividing by
     the block count gives the share of the step's wall time."""
@@ -251,6 +278,7 @@ def summarize(tl: Timeline) -> dict:
         "between tasks (claim, record fetch)": float(gaps.sum()) / 1e3,
     }
     return dict(
+        phases=phases(tl),
         step_us=step / 1e3, n_blocks=tl.n_blocks, n_tasks=len(t), n_items=len(items),
         timer_step_ns=tl.timer_step_ns, per_op=per_op,
         last_block_start_us=float(head.max()) / 1e3,
@@ -279,6 +307,8 @@ def format_summary(s: dict) -> str:
                  f"{s['idle_tail_us']['mean']:.1f} us, max {s['idle_tail_us']['max']:.1f} us")
     lines.append("SM time per step (us, summed over blocks / blocks): "
                  + ", ".join(f"{k} {v:.1f}" for k, v in s["sm_time_us_per_step"].items()))
+    for name, at in s.get("phases", {}).items():
+        lines.append(f"phases of {name} (mean us after its claim): " + ", ".join(f"{k} {v:.2f}" for k, v in at.items()))
     return "\n".join(lines)
 
 
@@ -469,7 +499,10 @@ def emulate(records: np.ndarray, nbytes: np.ndarray, n_blocks: int, *, task_ns: 
         computed = landed + 0.75 * (end[i] - landed)
         free[b] = end[i] + 200.0
         rows[i] = [b, b, int(records[i, O.R["op"]]), int(records[i, O.R["layer"]]), i,
-                   clk(b, claim), clk(b, issued), clk(b, ready), clk(b, landed), clk(b, computed), clk(b, end[i])]
+                   clk(b, claim), clk(b, issued), clk(b, ready), clk(b, landed), clk(b, computed), clk(b, end[i]),
+                   *([-1] * len(O.PROF_MARK_FIELDS))]
+        if O.Op(int(records[i, O.R["op"]])).name in O.PROF_MARKS:     # a mark halfway through the work
+            rows[i, F["m0"]] = clk(b, (ready + end[i]) / 2)
     blocks = np.zeros((n_blocks, O.PROF_BLOCK_INTS), dtype=np.int64)
     step_end = free.max()
     for b in range(n_blocks):

@@ -106,7 +106,8 @@ def test_epilogue_is_split_from_compute_and_old_records_still_map(emulated):
     for d in s["per_op"].values():
         assert 0 < d["epilogue"] < d["compute"]
     assert "epilogue" in T.format_summary(s)
-    old = T.RawProfile(np.delete(raw.tasks, T.F["computed"], axis=1), raw.items, raw.blocks, raw.records,
+    before_marks = raw.tasks[:, :O.PROF_INTS - len(O.PROF_MARK_FIELDS)]
+    old = T.RawProfile(np.delete(before_marks, T.F["computed"], axis=1), raw.items, raw.blocks, raw.records,
                        raw.task_bytes, raw.item_bytes)
     tl_old = T.to_timeline(old)
     assert np.array_equal(tl_old.tasks.computed, tl_old.tasks.end)
@@ -115,3 +116,23 @@ def test_epilogue_is_split_from_compute_and_old_records_still_map(emulated):
     late[4, T.F["computed"]] = late[4, T.F["end"]] + 1000           # the GEMV core after the task's end
     broken = T.RawProfile(late, raw.items, raw.blocks, raw.records, raw.task_bytes, raw.item_bytes)
     assert any("out of order" in v for v in T.check_invariants(broken, T.to_timeline(broken)))
+
+
+def test_phase_marks_read_in_time_order_and_old_records_have_none(emulated):
+    """Marks inside a task kind's work (opcodes.PROF_MARKS) come out per kind as mean us after the claim, in time
+    order, next to the stamps; records from before the marks (four columns fewer) map with none taken."""
+    raw, tl, _ = emulated
+    s = T.summarize(tl)
+    assert set(s["phases"]) == {n for n in O.PROF_MARKS if n in s["per_op"]} and "NORM" in s["phases"]
+    at = s["phases"]["NORM"]
+    label = O.PROF_MARKS["NORM"][0]
+    assert list(at.values()) == sorted(at.values())
+    assert at["waited"] <= at[label] <= at["end"]           # the emulator marks halfway through the work
+    assert "phases of NORM" in T.format_summary(s)
+    norm = np.flatnonzero(raw.records[:, O.R["op"]] == O.Op.NORM)
+    assert np.isfinite(tl.tasks.marks[norm, 0]).all() and np.isnan(tl.tasks.marks[norm, 1:]).all()
+    old = T.RawProfile(raw.tasks[:, :O.PROF_INTS - len(O.PROF_MARK_FIELDS)], raw.items, raw.blocks, raw.records,
+                       raw.task_bytes, raw.item_bytes)
+    tl_old = T.to_timeline(old)
+    assert np.isnan(tl_old.tasks.marks).all() and T.summarize(tl_old)["phases"] == {}
+    assert T.check_invariants(old, tl_old) == []

@@ -279,6 +279,7 @@ __device__ bool task_combine(const Params& P, const int* rec, int ticket) {
     if (n <= MAXS) {       // every log-sum-exp read once, all in flight; 16 splits' partials per round trip
         for (int i = threadIdx.x; i < n * gq; i += NT) sWt[i] = ldcg_f(lse + i);
         __syncthreads();
+        prof_phase(0);
         combine_stats<false>(sWt, n, gq, sMx, sDen);
         __syncthreads();
         for (int i = threadIdx.x; i < n * gq; i += NT) {
@@ -303,6 +304,7 @@ __device__ bool task_combine(const Params& P, const int* rec, int ticket) {
             __syncthreads();
         }
     }
+    prof_phase(1);                           // (thread 0's share of the merge: the others may still run)
     bf16* out = PP(bf16*, attn) + ((size_t)l * Bm + s) * Q + (size_t)kvh * gq * d;
 #pragma unroll
     for (int k = 0; k < MK_ATTN_OUT_PER_THREAD; k++) {

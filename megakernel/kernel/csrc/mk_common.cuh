@@ -145,6 +145,13 @@ __device__ __forceinline__ void prof_mark(int slot) {
     if (threadIdx.x == 0) s_prof[slot] = prof_now();
 #endif
 }
+// Marks inside a task kind's work (opcodes.PROF_MARKS names them): thread 0 stamps mark k when it gets there.
+__shared__ long long s_pmark[MK_PROF_N_MARKS];
+__device__ __forceinline__ void prof_phase(int k) {
+#if MK_PROFILE
+    if (threadIdx.x == 0) s_pmark[k] = prof_now();
+#endif
+}
 
 // One thread: the first error of the step wins the control block (code, task, block and the code's counter / value /
 // target), then every block is told to stop.
@@ -324,6 +331,7 @@ __device__ __forceinline__ void prof_record(long long* r, int op, int layer, lon
     r[PF_BLOCK] = blockIdx.x; r[PF_SM] = smid(); r[PF_OP] = op; r[PF_LAYER] = layer; r[PF_ARG] = arg;
     r[PF_CLAIM] = s_prof[PS_CLAIM]; r[PF_ISSUED] = s_prof[PS_ISSUED]; r[PF_WAITED] = s_prof[PS_WAITED];
     r[PF_LANDED] = s_prof[PS_LANDED]; r[PF_COMPUTED] = s_prof[PS_COMPUTED]; r[PF_END] = s_prof[PS_END];
+    for (int k = 0; k < MK_PROF_N_MARKS; k++) r[PF_M0 + k] = s_pmark[k];
 #endif
 }
 
@@ -333,6 +341,7 @@ __device__ __forceinline__ void prof_reset() {
         const long long t = prof_now();
         for (int k = 0; k < MK_PROF_N_STAMPS; k++) s_prof[k] = t;
         s_prof[PS_COMPUTED] = -1;       // set by the GEMV core; tasks without one get their end stamp
+        for (int k = 0; k < MK_PROF_N_MARKS; k++) s_pmark[k] = -1;
     }
 #endif
 }

@@ -90,6 +90,7 @@ __device__ __noinline__ bool task_topk(const Params& P, const int* rec, int tick
         }
     }
     __syncthreads();
+    prof_phase(0);
     // 2. per expert (a thread each, whole warps): the rows that chose it, then its slot (active experts ascending)
     //    and its first pair (counts summed in that order) by a scan over the experts
     int cnt = 0, act_incl = 0, cnt_incl = 0;
@@ -111,6 +112,7 @@ __device__ __noinline__ bool task_topk(const Params& P, const int* rec, int tick
         if (lane == 31) { sTot[warp] = act_incl; sTot[nq + warp] = cnt_incl; }
     }
     __syncthreads();
+    prof_phase(1);
     if (threadIdx.x < e32) {
         int a_off = 0, c_off = 0;
         for (int w = 0; w < warp; w++) { a_off += sTot[w]; c_off += sTot[nq + w]; }
@@ -129,6 +131,7 @@ __device__ __noinline__ bool task_topk(const Params& P, const int* rec, int tick
         }
     }
     __syncthreads();
+    prof_phase(2);
     // 3. the pairs, grouped by expert (ascending), rows ascending within an expert; rank: the expert's position
     //    among the row's experts in ascending order (where the down item writes its share of y)
     for (int i = threadIdx.x; i < B * k; i += NT) {
@@ -145,6 +148,8 @@ __device__ __noinline__ bool task_topk(const Params& P, const int* rec, int tick
         route[PI(r_pair_w) + pi] = __float_as_int(sSc[b * MK_MAX_TOPK + kk]);
         route[PI(r_topk_ids) + b * k + kk] = e;
     }
+    __syncthreads();
+    prof_phase(3);
     task_signal(P, rec[RF_SIG]);
     return true;
 }
@@ -450,6 +455,7 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
         __syncthreads();                     // s_w[2] of the previous claim has been read by every thread
         if (threadIdx.x == 0) s_w[2] = atomicAdd(work, 1);
         __syncthreads();
+        prof_phase(0);
         const int nxt = s_w[2];
         bool prefetched = false;             // the next item's tile is in flight in buf ^ 1
         if (two) {
@@ -460,6 +466,7 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
                 prefetch_next(P, buf ^ 1);
             }
         }
+        prof_phase(1);
         const bool oitem = it.slot < 0;
         const int gu_ctr = l * PI(cpl) + PI(c_gu) + it.slot;
         if (it.down && !block_wait(P, gu_ctr, PI(gu_tiles), ticket)) { drain_weights(); return false; }
@@ -476,6 +483,10 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
         bool same = ring && s_xprev_n == it.cnt && s_xprev_k == it.T.K;
         for (int i = 0; same && i < it.cnt; i++) same = s_xrow[i] == s_xprev[i];
         if (!same) load_x(reinterpret_cast<bf16*>(smem + x_off), it.cnt, it.T.K);
+#if MK_PROFILE
+        __syncthreads();                     // (profiling only: the inputs' loads are done, for the mark)
+        prof_phase(2);
+#endif
         wait_weights(buf);                   // (its barrier: every thread compared s_xprev, sX is published)
         if (ring) {
             if (threadIdx.x < it.cnt) s_xprev[threadIdx.x] = s_xrow[threadIdx.x];

@@ -186,7 +186,9 @@ __device__ __noinline__ bool task_norm(const Params& P, const int* rec, int tick
     if (!smem_fits(P, (size_t)(H + NW) * 4, ticket)) return false;
     float* sH = reinterpret_cast<float*>(smem);
     residual_row(P, l, row, sH);
+    prof_phase(0);
     norm_row(P, l, sH, sH + H, PP(bf16*, x) + ((size_t)l * Bm + row) * H, PP(bf16*, h) + ((size_t)l * Bm + row) * H);
+    prof_phase(1);
     task_signal(P, rec[RF_SIG]);
     return true;
 }

@@ -33,8 +33,11 @@ MAX_HEAD_DIM = 256
 MAX_GROUP = 16               # query heads per kv head
 MAX_EXPERTS = 256
 MAX_TOPK = 16
+MAX_PAIRS = MAX_BATCH * MAX_TOPK            # (row, expert) pairs of one step's routing, at most
+MAX_SLOTS = min(MAX_EXPERTS, MAX_PAIRS)     # active experts of one layer, at most
 SMEM_LIMIT = 227 * 1024      # dynamic shared memory one block may use on sm_90
-SMEM_RESERVE = 2048          # of SMEM_LIMIT, left to the kernel's static shared memory (records, stamps, row pointers)
+SMEM_RESERVE = 3072          # of SMEM_LIMIT, left to the kernel's static shared memory (records, stamps, row pointers,
+                             # the MoE worker's route cache of MK_MOE_LOCAL; test_build checks the build's own figure)
 PREFETCH_MIN_TILE = 48 * 1024  # a plan double-buffers its GEMV weights (the next task's tile loads while this one
                              # waits and computes) only where two tiles of at least this many bytes fit
 DEFAULT_SPLIT_TOKENS = 512   # keys per attention split (rounded to the KV block size)
@@ -188,6 +191,7 @@ def generate_header() -> str:
                   ATTN_CHUNK=ATTN_CHUNK, ATTN_WARPS=ATTN_WARPS, ATTN_MAX_STAGES=ATTN_MAX_STAGES,
                   ATTN_MAX_GROUP=ATTN_MAX_GROUP, ATTN_MAX_HEAD_DIM=ATTN_MAX_HEAD_DIM, ATTN_OUT_PER_THREAD=ATTN_OUT_PER_THREAD,
                   MAX_HEAD_DIM=MAX_HEAD_DIM, MAX_GROUP=MAX_GROUP, MAX_EXPERTS=MAX_EXPERTS, MAX_TOPK=MAX_TOPK,
+                  MAX_PAIRS=MAX_PAIRS, MAX_SLOTS=MAX_SLOTS, SMEM_RESERVE=SMEM_RESERVE,
                   REC_INTS=REC_INTS, MAX_WAITS=MAX_WAITS, CTRL_INTS=CTRL_INTS, NUM_PARAMS=NUM_PARAMS,
                   LAYER_INFO_INTS=LAYER_INFO_INTS, WPTR_INTS=WPTR_INTS,
                   ERR_WATCHDOG=ERR_WATCHDOG, ERR_BAD_OPCODE=ERR_BAD_OPCODE, ERR_SMEM=ERR_SMEM,

@@ -19,8 +19,30 @@ def test_compiles_for_sm90a(tmp_path, monkeypatch):
     m = re.search(r"Function properties for mk_decode\s+(\d+) bytes stack frame, (\d+) bytes spill stores", log)
     assert m, log[-2000:]
     assert int(m.group(2)) == 0, "mk_decode spills registers"
+    _check_static_smem(log)
     # cached: a second call does not rebuild
     assert build.build("sm_90a") == lib
+
+
+def _check_static_smem(log: str) -> None:
+    """The kernel's static shared memory stays inside what the plans leave it (opcodes.SMEM_RESERVE)."""
+    m = re.search(r"Compiling entry function 'mk_decode'.*?Used \d+ registers.*?(\d+) bytes smem", log, re.S)
+    assert m, log[-2000:]
+    assert int(m.group(1)) <= build.opcodes.SMEM_RESERVE, f"{m.group(1)} bytes of static shared memory"
+
+
+def test_route_cache_build_compiles_without_spills(tmp_path, monkeypatch):
+    """MK_MOE_LOCAL=1 (the MoE worker's route cache, off by default): compiles, does not spill, and its static
+    shared memory fits the reserve."""
+    if build.find_nvcc() is None:
+        pytest.skip("nvcc not installed")
+    monkeypatch.setenv("MEGAKERNEL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_MOE_LOCAL=1")
+    lib = build.build("sm_90a", build.switch_flags())
+    log = (lib.parent / "build.log").read_text()
+    m = re.search(r"Function properties for mk_decode\s+(\d+) bytes stack frame, (\d+) bytes spill stores", log)
+    assert m and int(m.group(2)) == 0, log[-2000:]
+    _check_static_smem(log)
 
 
 def test_key_changes_with_header(monkeypatch):

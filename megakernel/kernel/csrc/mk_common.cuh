@@ -35,6 +35,14 @@ typedef __nv_bfloat16 bf16;
 #define MK_WS_MOE 0
 #endif
 
+// MK_MOE_LOCAL: the plain MoE worker reads its layer's routing (every slot's expert, first pair and count, every
+// pair's row) into shared memory once, in the same round trip as the queue's header, instead of from L2 for every
+// item; a down item's pair weights and ranks are loaded with its inputs; consecutive items with the same inputs in
+// the same place load them once (1), or the per-item L2 reads (0). Off until it has run on the GPU.
+#ifndef MK_MOE_LOCAL
+#define MK_MOE_LOCAL 0
+#endif
+
 struct Params {
     long long v[MK_NUM_PARAMS];
 };

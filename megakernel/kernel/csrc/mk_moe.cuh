@@ -157,6 +157,24 @@ __device__ __noinline__ bool task_topk(const Params& P, const int* rec, int tick
 // ---- MOE_WORKER: claims expert work items of one layer until the queue is empty --------------------------------
 // One work item: a gate/up tile (with SiLU * up) or a down tile of one active expert slot, or (o_queue) a tile of
 // the layer's O projection (slot -1).
+#if MK_MOE_LOCAL
+// The layer's routing as the plain MoE worker keeps it (route_to_shared): every slot's expert | first pair << 9 |
+// count << 18, every pair's row; a down item's pairs' weights and ranks.
+__shared__ int s_route_slot[MK_MAX_SLOTS];
+__shared__ unsigned char s_route_row[MK_MAX_PAIRS];
+__shared__ float s_pair_w[MB];
+__shared__ int s_pair_rank[MB];
+
+// All threads (before a barrier): the route's slots and pairs into shared memory; only the first n_active slots and
+// B * topk pairs hold this step's routing (the rest are never read).
+__device__ __forceinline__ void route_to_shared(const Params& P, const int* route) {
+    for (int i = threadIdx.x; i < PI(n_slots); i += NT)
+        s_route_slot[i] = ldcg_i(route + PI(r_slot_expert) + i) | (ldcg_i(route + PI(r_slot_start) + i) << 9) |
+                          (ldcg_i(route + PI(r_slot_cnt) + i) << 18);
+    for (int i = threadIdx.x; i < PI(n_pairs); i += NT) s_route_row[i] = (unsigned char)ldcg_i(route + PI(r_pair_row) + i);
+}
+#endif
+
 struct MoeItem {
     bool down;
     int slot, e, st, cnt, r0, nr;
@@ -180,9 +198,14 @@ __device__ __forceinline__ MoeItem moe_item(const Params& P, int l, const int* r
     int t;
     if (!it.down) { it.slot = item / gu_tiles; t = item - it.slot * gu_tiles; }
     else { it.slot = (item - n_gu) / PI(dn_tiles); t = (item - n_gu) - it.slot * PI(dn_tiles); }
+#if MK_MOE_LOCAL
+    const int packed = s_route_slot[it.slot];
+    it.e = packed & 511; it.st = (packed >> 9) & 511; it.cnt = packed >> 18;
+#else
     it.e = ldcg_i(route + PI(r_slot_expert) + it.slot);
     it.st = ldcg_i(route + PI(r_slot_start) + it.slot);
     it.cnt = ldcg_i(route + PI(r_slot_cnt) + it.slot);
+#endif
     if (!it.down) {
         it.r0 = t * gu_rows; it.nr = min(gu_rows, I - it.r0);
         it.T.K = H; it.T.n0 = it.nr; it.T.n1 = it.nr;
@@ -199,8 +222,13 @@ __device__ __forceinline__ MoeItem moe_item(const Params& P, int l, const int* r
 // Input row i of an item: a down item's gate/up activations (its pairs), a gate/up item's routed row of x.
 __device__ __forceinline__ const bf16* item_xrow(const Params& P, int l, int m, const int* route, bool down, int st,
                                                  int i) {
+#if MK_MOE_LOCAL
+    const int row = s_route_row[st + i];
+#else
+    const int row = down ? 0 : ldcg_i(route + PI(r_pair_row) + st + i);
+#endif
     return down ? PP(const bf16*, eact) + ((size_t)m * PI(n_pairs) + st + i) * PI(I)
-                : PP(const bf16*, x) + ((size_t)l * PI(Bm) + ldcg_i(route + PI(r_pair_row) + st + i)) * PI(H);
+                : PP(const bf16*, x) + ((size_t)l * PI(Bm) + row) * PI(H);
 }
 
 // A gate/up item's epilogue: SiLU(gate) * up of its rows (sOut) into eact. Threads 0..NTHREADS-1.
@@ -216,8 +244,9 @@ __device__ __forceinline__ void gu_epilogue(const Params& P, int m, int st, int 
     }
 }
 
-// A down item's epilogue: its rows (sOut) times each pair's routing weight into y. Threads 0..NTHREADS-1.
-template <int NTHREADS>
+// A down item's epilogue: its rows (sOut) times each pair's routing weight into y. Threads 0..NTHREADS-1. LOCAL:
+// the pairs' weights, rows and ranks from shared memory (MK_MOE_LOCAL's plain worker loaded them).
+template <int NTHREADS, bool LOCAL = false>
 __device__ __forceinline__ void down_epilogue(const Params& P, int m, const int* route, int st, int cnt, int r0,
                                               int nr) {
     const int H = PI(H), topk = PI(topk);
@@ -226,8 +255,17 @@ __device__ __forceinline__ void down_epilogue(const Params& P, int m, const int*
     for (int i = threadIdx.x; i < nr * cnt; i += NTHREADS) {
         const int r = i / cnt, b = i - r * cnt;
         const int pi = st + b;
-        const float w = __int_as_float(ldcg_i(route + PI(r_pair_w) + pi));
-        const int row = ldcg_i(route + PI(r_pair_row) + pi), rank = ldcg_i(route + PI(r_pair_rank) + pi);
+        float w;
+        int row, rank;
+#if MK_MOE_LOCAL
+        if (LOCAL) {
+            w = s_pair_w[b]; row = s_route_row[pi]; rank = s_pair_rank[b];
+        } else
+#endif
+        {
+            w = __int_as_float(ldcg_i(route + PI(r_pair_w) + pi));
+            row = ldcg_i(route + PI(r_pair_row) + pi); rank = ldcg_i(route + PI(r_pair_rank) + pi);
+        }
         y[((size_t)row * topk + rank) * H + r0 + r] = f2bf(rbf(sOut[r * MB + b]) * w);
     }
 }
@@ -418,10 +456,15 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
     const bool ring = PI(moe_wbuf) != 0 && PI(wbuf) == 0;
     const bool two = PI(wbuf) != 0 || ring;
     __shared__ int s_w[4];
-    __shared__ const bf16* s_xprev[MB];      // the ring layout: the input rows sX holds (count, inner size; 0: none)
-    __shared__ int s_xprev_n, s_xprev_k;
+    __shared__ const bf16* s_xprev[MB];      // the input rows sX holds (count, inner size, where; 0: none): the ring
+    __shared__ int s_xprev_n, s_xprev_k;     // layout, or either layout with MK_MOE_LOCAL
+    __shared__ size_t s_xprev_off;
+    const bool keep_x = ring || MK_MOE_LOCAL;
     if (threadIdx.x == 0) s_xprev_n = 0;
     if (threadIdx.x == 0) { s_w[0] = ldcg_i(route); s_w[1] = ldcg_i(route + 1); s_w[2] = atomicAdd(PP(int*, moe_work) + m, 1); }
+#if MK_MOE_LOCAL
+    route_to_shared(P, route);               // (the same round trip as the header's)
+#endif
     __syncthreads();
     const int n_active = s_w[0], n_items = s_w[1];
     const int n_gu = n_active * PI(gu_tiles);
@@ -480,17 +523,25 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
         __syncthreads();
         // the ring layout keeps sX between items: consecutive items with the same input rows (a batch-1 step's
         // gate/up items all read row 0 of x; an expert's down items its pairs' activations) load them once
-        bool same = ring && s_xprev_n == it.cnt && s_xprev_k == it.T.K;
+        bool same = keep_x && s_xprev_n == it.cnt && s_xprev_k == it.T.K && s_xprev_off == x_off;
         for (int i = 0; same && i < it.cnt; i++) same = s_xrow[i] == s_xprev[i];
+#if MK_MOE_LOCAL
+        if (it.down && threadIdx.x < it.cnt) {   // the epilogue's pair weights and ranks, loaded with the inputs
+            s_pair_w[threadIdx.x] = __int_as_float(ldcg_i(route + PI(r_pair_w) + it.st + threadIdx.x));
+            s_pair_rank[threadIdx.x] = ldcg_i(route + PI(r_pair_rank) + it.st + threadIdx.x);
+        }
+#endif
         if (!same) load_x(reinterpret_cast<bf16*>(smem + x_off), it.cnt, it.T.K);
 #if MK_PROFILE
         __syncthreads();                     // (profiling only: the inputs' loads are done, for the mark)
         prof_phase(2);
 #endif
         wait_weights(buf);                   // (its barrier: every thread compared s_xprev, sX is published)
-        if (ring) {
+        if (keep_x) {
             if (threadIdx.x < it.cnt) s_xprev[threadIdx.x] = s_xrow[threadIdx.x];
-            if (threadIdx.x == 0) { s_xprev_n = it.cnt; s_xprev_k = it.T.K; }
+            if (threadIdx.x == 0) { s_xprev_n = it.cnt; s_xprev_k = it.T.K; s_xprev_off = x_off; }
+        }
+        if (ring) {
             gemv_at(reinterpret_cast<const bf16*>(smem + moe_w(P, buf)), reinterpret_cast<const bf16*>(smem + x_off),
                     R, it.T.K, it.cnt);
             prof_mark(PS_COMPUTED);
@@ -509,7 +560,7 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
             block_signal(P, gu_ctr);
             prof_item(P, m, item, MK_PROF_ITEM_GU, l, ((long long)it.e << 16) | item);
         } else {
-            down_epilogue<NT>(P, m, route, it.st, it.cnt, it.r0, it.nr);
+            down_epilogue<NT, MK_MOE_LOCAL != 0>(P, m, route, it.st, it.cnt, it.r0, it.nr);
 #if MK_PROFILE
             __syncthreads();
             prof_mark(PS_END);

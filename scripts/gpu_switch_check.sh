@@ -9,7 +9,7 @@
 set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 MEGAKERNEL_CACHE_DIR=/tmp/mkcache
-BUILDS=${BUILDS:-"default MK_WS_MOE=1+moe_ring=2;moe_ring=16"}
+BUILDS=${BUILDS:-"default MK_MOE_LOCAL=1"}
 POINTS=${POINTS:-1x8192,8x8192}
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader;
   echo "commit ${MEGAKERNEL_COMMIT:-unknown}"; } | tee "$OUT/env.txt"

@@ -4,6 +4,8 @@ caught as a read before write."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -328,3 +330,32 @@ def test_simulator_with_the_expert_ring(B):
     plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=2, split_tokens=4, moe_ring=16)
     assert plan.moe_wbuf > 0
     _check_step(cfg, w, st, nxt, plan, seeds=[B, B + 3])
+
+
+def test_lm_head_runs_cover_the_vocab_largest_first():
+    """The streaming LM head's runs (schedule.lm_runs): they tile the vocabulary exactly and in order, shrink toward
+    the end of the list (guided: 2/3 of an even share of what is left over the blocks, at least 4 tiles but the
+    last), and a plan without the stream gets one task per tile. At North dims the batch-1 plan has a few hundred
+    runs of 21-row tiles in two ~84 KB buffers, the shared memory stays inside the limit, and the scratch holds one
+    maximum per run."""
+    from megakernel.config import north_mini_code_config
+    from megakernel.kernel.schedule import lm_runs, tiling_plans
+    from megakernel.kv.cache import KVLayout
+
+    for vocab, rows, blocks in ((262144, 21, 132), (1000, 7, 3), (50, 64, 132)):
+        runs = lm_runs(vocab, rows, blocks)
+        starts = [r0 for r0, _ in runs]
+        assert starts[0] == 0 and sum(n for _, n in runs) == vocab
+        assert all(a + n == b for (a, n), b in zip(runs, starts[1:]))
+        tiles = [math.ceil(n / rows) for _, n in runs]
+        assert all(a >= b for a, b in zip(tiles, tiles[1:]))
+        assert all(t >= 4 for t in tiles[:-1])
+    assert lm_runs(1000, 7, 0) == [(r, min(7, 1000 - r)) for r in range(0, 1000, 7)]
+    cfg = north_mini_code_config()
+    plans = tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, True, n_workers=132)
+    b1 = plans[0]
+    assert b1.lm_wbuf > 0 and b1.lm_rows == 21 and 400 < b1.n_lm_tiles < 1000
+    assert 2 * b1.lm_rows * b1.H * 2 <= 2 * b1.lm_wbuf and b1.smem_bytes() <= O.SMEM_LIMIT - O.SMEM_RESERVE
+    assert b1.scratch_spec(torch.bfloat16)["lm_best"][0][0] == b1.n_lm_tiles == len(b1.lm_runs)
+    off = tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, True, n_workers=132, lm_stream=0)[0]
+    assert off.lm_wbuf == 0 and off.n_lm_tiles == math.ceil(cfg.vocab_size / off.lm_rows)

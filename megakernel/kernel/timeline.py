@@ -223,6 +223,83 @@ def phases(tl: Timeline) -> dict[str, dict[str, float]]:
     return out
 
 
+def critical_chain(tl: Timeline) -> list[tuple[str, int]]:
+    """The chain of events that ends the step, tasks ("t", index) and MoE items ("i", index), first to last. From the
+    event that ends last, step back to whichever ended later: its data dependency (the producers of a task's
+    counters; a down item's gate/up items of the same expert; a gate/up item's top-k) or its SM's previous event
+    (the task before it on its block, the item before it in its worker). A worker task steps into its last item.
+    Unlike `critical_path` (data edges only), a task that waited for a block, not for its inputs, points at what held
+    the block, so the routed experts show up as themselves."""
+    t, it, rec = tl.tasks, tl.items, tl.records
+    prod = producers(rec)
+    by_block = {b: np.flatnonzero(t.block == b)[np.argsort(t.claim[t.block == b])] for b in np.unique(t.block)}
+    pos = {int(i): k for b, idx in by_block.items() for k, i in enumerate(idx)}
+    iorder = np.lexsort((it.claim, it.block)) if len(it) else np.zeros(0, np.int64)
+    iblock, iclaim = it.block[iorder], it.claim[iorder]
+    topk = {int(rec[i, O.R["layer"]]): int(i) for i in np.flatnonzero(rec[:, O.R["op"]] == O.Op.TOPK)}
+    gu = it.op == O.PROF_ITEM_GU
+
+    def end(n: tuple[str, int]) -> float:
+        return float(t.end[n[1]] if n[0] == "t" else it.end[n[1]])
+
+    def worker_items(w: int) -> np.ndarray:
+        b = t.block[w]
+        lo, hi = np.searchsorted(iblock, b, "left"), np.searchsorted(iblock, b, "right")
+        sel = iorder[lo:hi][(iclaim[lo:hi] >= t.claim[w]) & (iclaim[lo:hi] <= t.end[w])]
+        return sel
+
+    def later(a: tuple[str, int] | None, b: tuple[str, int] | None) -> tuple[str, int] | None:
+        if a is None or b is None:
+            return a or b
+        return a if end(a) >= end(b) else b
+
+    def back(n: tuple[str, int]) -> tuple[str, int] | None:
+        kind, i = n
+        if kind == "t":
+            if t.op[i] == O.Op.MOE_WORKER:
+                items = worker_items(i)
+                if len(items):
+                    return ("i", int(items[-1]))
+            data = None
+            for k in range(O.MAX_WAITS):
+                c = int(rec[i, O.R[f"w{k}c"]])
+                if c >= 0 and c in prod:
+                    p = prod[c]
+                    data = later(data, ("t", int(p[np.argmax(t.end[p])])))
+            k = pos[i]
+            res = ("t", int(by_block[t.block[i]][k - 1])) if k else None
+            return later(data, res)
+        layer = int(it.layer[i])
+        if it.op[i] == O.PROF_ITEM_DN:
+            same = np.flatnonzero(gu & (it.layer == layer) & ((it.arg >> 16) == (it.arg[i] >> 16)))
+            data = ("i", int(same[np.argmax(it.end[same])])) if len(same) else None
+        else:
+            data = ("t", topk[layer]) if layer in topk else None
+        mine = np.flatnonzero(iorder == i)
+        k = int(mine[0]) if len(mine) else 0
+        res = None
+        if k and iblock[k - 1] == it.block[i]:
+            prev = int(iorder[k - 1])
+            if it.end[prev] <= it.claim[i] + 1:
+                res = ("i", prev)
+        return later(data, res)
+
+    last_t = ("t", int(np.argmax(t.end)))
+    node = last_t
+    if len(it) and it.end.max() > t.end.max():
+        node = ("i", int(np.argmax(it.end)))
+    chain = [node]
+    seen = {node}
+    while True:
+        p = back(node)
+        if p is None or p in seen or end(p) > end(node) + 1:
+            break
+        chain.append(p)
+        seen.add(p)
+        node = p
+    return chain[::-1]
+
+
 def summarize(tl: Timeline) -> dict:
     """Where the step's time went. Time figures in microseconds; "SM-us" are summed over blocks, so dividing by
     the block count gives the share of the step's wall time."""
@@ -261,13 +338,15 @@ def summarize(tl: Timeline) -> dict:
     tail = step - last
     head = first
     gaps = np.maximum(0.0, (last - first) - busy_per_block)
-    path = critical_path(tl)
+    chain = critical_chain(tl)
     path_ops: dict[str, float] = {}
     prev_end = 0.0
-    for i in path:
-        name = op_name(int(t.op[i]))
-        path_ops[name] = path_ops.get(name, 0.0) + (t.end[i] - max(prev_end, 0.0)) / 1e3
-        prev_end = t.end[i]
+    for kind, i in chain:
+        ev = t if kind == "t" else items
+        name = op_name(int(ev.op[i]))
+        path_ops[name] = path_ops.get(name, 0.0) + (ev.end[i] - max(prev_end, 0.0)) / 1e3
+        prev_end = ev.end[i]
+    chain_end = prev_end
     sm_us = {
         "dependency waits": float((t.waited - t.claim).sum()) / 1e3,
         "weights landing": float((t.landed - np.maximum(t.waited, t.claim)).sum()) / 1e3,
@@ -283,8 +362,8 @@ def summarize(tl: Timeline) -> dict:
         timer_step_ns=tl.timer_step_ns, per_op=per_op,
         last_block_start_us=float(head.max()) / 1e3,
         idle_tail_us=dict(mean=float(tail.mean()) / 1e3, max=float(tail.max()) / 1e3),
-        critical_path=dict(us=float(t.end[path[-1]]) / 1e3, tasks=len(path),
-                           by_op={k: round(v, 2) for k, v in sorted(path_ops.items(), key=lambda kv: -kv[1])}),
+        critical_path=dict(us=float(chain_end) / 1e3, tasks=len(chain),   # tasks and MoE items on it
+                           by_op={k: round(float(v), 2) for k, v in sorted(path_ops.items(), key=lambda kv: -kv[1])}),
         sm_time_us_per_step={k: round(v / tl.n_blocks, 2) for k, v in sorted(sm_us.items(), key=lambda kv: -kv[1])},
         meta=tl.meta,
     )
@@ -301,7 +380,7 @@ def format_summary(s: dict) -> str:
                      f"{d['gb_per_s_per_sm']:>9.1f}"
                      f"{d['gb_per_s_of_step']:>7.0f}")
     cp = s["critical_path"]
-    lines.append(f"critical path: {cp['us']:.1f} us through {cp['tasks']} tasks; by opcode (us): "
+    lines.append(f"critical path: {cp['us']:.1f} us through {cp['tasks']} tasks and items; by opcode (us): "
                  + ", ".join(f"{k} {v:.1f}" for k, v in cp["by_op"].items()))
     lines.append(f"last block starts {s['last_block_start_us']:.1f} us after launch; idle tail mean "
                  f"{s['idle_tail_us']['mean']:.1f} us, max {s['idle_tail_us']['max']:.1f} us")

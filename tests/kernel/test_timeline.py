@@ -136,3 +136,23 @@ def test_phase_marks_read_in_time_order_and_old_records_have_none(emulated):
     tl_old = T.to_timeline(old)
     assert np.isnan(tl_old.tasks.marks).all() and T.summarize(tl_old)["phases"] == {}
     assert T.check_invariants(old, tl_old) == []
+
+
+def test_critical_chain_follows_data_or_the_block(emulated):
+    """The summary's critical path (`critical_chain`) ends with the step's last event, and every step back goes to a
+    producer of a counter the task waited on or to the task before it on its block; its per-opcode times add up to
+    the step."""
+    raw, tl, tasks = emulated
+    chain = T.critical_chain(tl)
+    t = tl.tasks
+    assert chain[-1] == ("t", int(np.argmax(t.end)))
+    prod = T.producers(tasks.records)
+    for (ka, a), (kb, b) in zip(chain, chain[1:]):
+        assert ka == kb == "t"
+        waits = [int(tasks.records[b, O.R[f"w{k}c"]]) for k in range(O.MAX_WAITS)]
+        data = any(a in prod.get(c, ()) for c in waits if c >= 0)
+        same_block = t.block[a] == t.block[b] and t.end[a] <= t.claim[b] + 1
+        assert data or same_block
+    s = T.summarize(tl)
+    assert abs(sum(s["critical_path"]["by_op"].values()) - s["critical_path"]["us"]) < 0.05
+    assert abs(s["critical_path"]["us"] * 1e3 - t.end.max()) < 1

@@ -32,3 +32,4 @@ for s in ${STAGES:-variants tests prefill tune}; do
   esac
 done
 echo "=== done at $(($(date +%s) - t0)) s"
+bash scripts/pack_out.sh "$OUT"

@@ -41,3 +41,4 @@ if [ "${STREAM:-0}" = 1 ]; then
 fi
 kill $smi 2>/dev/null
 echo "=== done at $(($(date +%s) - t0)) s"
+bash scripts/pack_out.sh "$OUT"

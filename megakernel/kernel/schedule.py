@@ -141,6 +141,8 @@ class ModelPlan:
                                          # ring of two weight buffers of their own (tiles sized to fill one; the
                                          # static tasks keep one large buffer): the warp-specialised MoE worker's
                                          # layout (build switch MK_WS_MOE); 0: none
+    router_tile_rows: int = 0            # rows of a router tile at most (0: as many as fill a weight tile): smaller
+                                         # tiles spread the router over more blocks, which end sooner
     lm_stream: int = 1                   # 1: the LM head as a few hundred streaming tasks, each a run of tiles
                                          # double-buffered inside the task (lm_wbuf), sizes decreasing toward the
                                          # end of the list; 0: one task per 128 KB tile
@@ -200,7 +202,7 @@ class ModelPlan:
             r -= 1
         self.qkv_rows = r
         self.o_rows = rows(self.Q)
-        self.router_rows = rows(self.H)
+        self.router_rows = min(rows(self.H), self.router_tile_rows or O.MAX_TILE_ROWS)
         self.mgu_rows = rows(self.H, 2)
         self.mdn_rows = {w: rows(w) for w in set(self.mlp_width) if w}
         # the expert items' buffers: the prefetching layout's, or (moe_ring) a ring of two inside the same memory

@@ -359,3 +359,21 @@ def test_lm_head_runs_cover_the_vocab_largest_first():
     assert b1.scratch_spec(torch.bfloat16)["lm_best"][0][0] == b1.n_lm_tiles == len(b1.lm_runs)
     off = tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, True, n_workers=132, lm_stream=0)[0]
     assert off.lm_wbuf == 0 and off.n_lm_tiles == math.ceil(cfg.vocab_size / off.lm_rows)
+
+
+def test_router_tile_rows_caps_the_router_tiles():
+    """router_tile_rows=N: at most N rows per router tile (more, smaller tiles); the task list stays valid."""
+    from megakernel.kernel.schedule import validate
+
+    cfg, w, st, nxt = _setup("north_like", 2, seed=7)
+    base = ModelPlan(cfg, st.layout, max_batch=16, n_workers=2, split_tokens=4).router_rows
+    assert base > 4
+    for cap in (0, 4):
+        plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=2, split_tokens=4, router_tile_rows=cap)
+        assert plan.router_rows == (4 if cap else base)
+        tl = build_tasks(plan, 2, np.full((2, plan.n_groups), 2, dtype=np.int32))
+        validate(tl)
+        n_router = int((tl.records[:, O.R["op"]] == O.Op.ROUTER).sum())
+        assert n_router == plan.Lm * math.ceil(plan.E / plan.router_rows)
+    _check_step(cfg, w, st, nxt, ModelPlan(cfg, st.layout, max_batch=16, n_workers=2, split_tokens=4,
+                                           router_tile_rows=4), seeds=[3])

@@ -4,8 +4,10 @@
 // The task kinds live in one header each (by role); this file is the persistent loop and the host entry points.
 #include "mk_common.cuh"
 #include "mk_gemv.cuh"
+#include "mk_lm_head.cuh"
 #include "mk_norm.cuh"
 #include "mk_attention.cuh"
+#include "mk_routing.cuh"
 #include "mk_moe.cuh"
 
 // ---- the persistent kernel ---------------------------------------------------------------------------------------

@@ -1,0 +1,156 @@
+// Routing of one MoE layer: TOPK picks every row's experts from the router logits and lays out the layer's expert
+// queue (the route record the MoE workers claim items from; mk_moe.cuh).
+#pragma once
+#include "mk_common.cuh"
+
+// ---- TOPK: routing of every row of one MoE layer, and the layer's expert queue ----------------------------------
+// Every step is parallel: this task is on every MoE layer's critical path (router -> top-k -> experts), and the
+// serial version (one thread laying out the queue, one warp per row picking its experts one argmax at a time over
+// shared memory) took ~12 us per layer. Now: a warp per row picks its k experts from registers (k rounds of a
+// warp-wide max of order-preserving keys), the queue's slots and pair offsets come from ballots and a warp scan.
+#define TOPK_WORDS (MK_MAX_EXPERTS / 32)
+
+// An order-preserving key of a router logit: a larger logit has a larger key, -0 ties with +0 (as the comparison of
+// a stable descending sort does), NaN sorts below -inf (key 1), key 0 marks an expert taken or absent (the plan
+// checks top-k <= experts, so every round finds a key above 0).
+__device__ __forceinline__ unsigned topk_key(float f) {
+    if (f != f) return 1u;
+    if (f == 0.f) f = 0.f;
+    const unsigned u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Not inlined into the persistent loop (nor is task_norm): inlined, their registers spill there.
+__device__ __noinline__ bool task_topk(const Params& P, const int* rec, int ticket) {
+    if (!wait_rec(P, rec, ticket)) return false;
+    const int m = rec[RF_A0];
+    const int B = PI(B), Bm = PI(Bm), E = PI(E), k = PI(topk);
+    const int nq = (E + 31) >> 5, e32 = nq * 32;                  // experts in whole warps' worth
+    const float* rl = PP(const float*, rlog) + (size_t)m * Bm * E;
+    int* route = PP(int*, route) + (size_t)m * PI(r_stride);
+    // layout: schedule.small_task_smem_bytes (route)
+    int* sRank = reinterpret_cast<int*>(smem);                     // [B][e32] position in the row's top-k, or -1
+    int* sId = sRank + MB * e32;                                   // [B][MAX_TOPK] the row's experts, best first
+    float* sSc = reinterpret_cast<float*>(sId + MB * MK_MAX_TOPK); // [B][MAX_TOPK] their logits, then weights
+    int* sStart = reinterpret_cast<int*>(sSc + MB * MK_MAX_TOPK);  // [e32] an active expert's first pair
+    unsigned* sBal = reinterpret_cast<unsigned*>(sStart + e32);    // [B][nq] which experts of 32 a row chose
+    int* sTot = reinterpret_cast<int*>(sBal + MB * nq);            // [2][nq] per-warp totals of the scan
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int sel = PI(sel_fn), norm = PI(norm_topk);
+    // 1. a warp per row: k rounds of the largest remaining key; ties go to the smaller expert
+    for (int b = warp; b < B; b += NW) {
+        float raw[TOPK_WORDS];
+        unsigned key[TOPK_WORDS];
+#pragma unroll
+        for (int q = 0; q < TOPK_WORDS; q++) {
+            const int e = q * 32 + lane;
+            const bool in = q < nq && e < E;
+            raw[q] = in ? ldcg_f(rl + (size_t)b * E + e) : 0.f;
+            key[q] = in ? topk_key(raw[q]) : 0u;
+            if (q < nq) sRank[b * e32 + e] = -1;
+        }
+        for (int kk = 0; kk < k; kk++) {
+            unsigned mx = 0u;
+#pragma unroll
+            for (int q = 0; q < TOPK_WORDS; q++) mx = max(mx, key[q]);
+            mx = __reduce_max_sync(0xffffffffu, mx);
+            int pick = -1;
+#pragma unroll
+            for (int q = 0; q < TOPK_WORDS; q++) {
+                const unsigned bal = __ballot_sync(0xffffffffu, pick < 0 && mx != 0u && key[q] == mx);
+                if (pick < 0 && bal) {
+                    pick = q * 32 + __ffs(bal) - 1;
+                    if (lane == (pick & 31)) {
+                        key[q] = 0u;
+                        sId[b * MK_MAX_TOPK + kk] = pick;
+                        sSc[b * MK_MAX_TOPK + kk] = raw[q];
+                        sRank[b * e32 + pick] = kk;
+                    }
+                }
+            }
+        }
+        __syncwarp();
+        if (lane == 0) {                        // the routing weights, in the order the reference computes them
+            float* sc = sSc + b * MK_MAX_TOPK;
+            if (sel == MK_SEL_SOFTMAX) {
+                float mxv = sc[0];
+                for (int kk = 1; kk < k; kk++) mxv = fmaxf(mxv, sc[kk]);
+                float sum = 0.f;
+                for (int kk = 0; kk < k; kk++) sum += expf(sc[kk] - mxv);
+                for (int kk = 0; kk < k; kk++) sc[kk] = rbf(expf(sc[kk] - mxv) / sum);
+            } else {
+                float sum = 0.f;
+                for (int kk = 0; kk < k; kk++) { sc[kk] = rbf(1.f / (1.f + expf(-sc[kk]))); sum += sc[kk]; }
+                if (norm) {
+                    sum = rbf(sum);
+                    for (int kk = 0; kk < k; kk++) sc[kk] = rbf(sc[kk] / sum);
+                }
+            }
+        }
+    }
+    __syncthreads();
+    prof_phase(0);
+    // 2. per expert (a thread each, whole warps): the rows that chose it, then its slot (active experts ascending)
+    //    and its first pair (counts summed in that order) by a scan over the experts
+    int cnt = 0, act_incl = 0, cnt_incl = 0;
+    if (threadIdx.x < e32) {
+        const int e = threadIdx.x;
+        for (int b = 0; b < B; b++) {
+            const bool c = sRank[b * e32 + e] >= 0;
+            const unsigned bal = __ballot_sync(0xffffffffu, c);
+            if (lane == 0) sBal[b * nq + warp] = bal;
+            cnt += c;
+        }
+        act_incl = cnt > 0;
+        cnt_incl = cnt;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int a2 = __shfl_up_sync(0xffffffffu, act_incl, o), c2 = __shfl_up_sync(0xffffffffu, cnt_incl, o);
+            if (lane >= o) { act_incl += a2; cnt_incl += c2; }
+        }
+        if (lane == 31) { sTot[warp] = act_incl; sTot[nq + warp] = cnt_incl; }
+    }
+    __syncthreads();
+    prof_phase(1);
+    if (threadIdx.x < e32) {
+        int a_off = 0, c_off = 0;
+        for (int w = 0; w < warp; w++) { a_off += sTot[w]; c_off += sTot[nq + w]; }
+        if (cnt) {
+            const int slot = a_off + act_incl - 1, start = c_off + cnt_incl - cnt;
+            route[PI(r_slot_expert) + slot] = threadIdx.x;
+            route[PI(r_slot_start) + slot] = start;
+            route[PI(r_slot_cnt) + slot] = cnt;
+            sStart[threadIdx.x] = start;
+        }
+        if (threadIdx.x == 0) {
+            int na = 0;
+            for (int w = 0; w < nq; w++) na += sTot[w];
+            route[0] = na;
+            route[1] = na * (PI(gu_tiles) + PI(dn_tiles)) + PI(o_items);
+        }
+    }
+    __syncthreads();
+    prof_phase(2);
+    // 3. the pairs, grouped by expert (ascending), rows ascending within an expert; rank: the expert's position
+    //    among the row's experts in ascending order (where the down item writes its share of y)
+    for (int i = threadIdx.x; i < B * k; i += NT) {
+        const int b = i / k, kk = i - b * k;
+        const int e = sId[b * MK_MAX_TOPK + kk], w = e >> 5;
+        const unsigned bit = 1u << (e & 31);
+        int before = 0;                                   // earlier rows that chose e
+        for (int b2 = 0; b2 < b; b2++) before += (sBal[b2 * nq + w] & bit) != 0;
+        int rank = __popc(sBal[b * nq + w] & (bit - 1));  // this row's experts below e
+        for (int w2 = 0; w2 < w; w2++) rank += __popc(sBal[b * nq + w2]);
+        const int pi = sStart[e] + before;
+        route[PI(r_pair_row) + pi] = b;
+        route[PI(r_pair_rank) + pi] = rank;
+        route[PI(r_pair_w) + pi] = __float_as_int(sSc[b * MK_MAX_TOPK + kk]);
+        route[PI(r_topk_ids) + b * k + kk] = e;
+    }
+#if MK_PROFILE
+    __syncthreads();                         // (profiling only: every pair written, for the mark)
+#endif
+    prof_phase(3);
+    task_signal(P, rec[RF_SIG]);
+    return true;
+}

@@ -225,7 +225,8 @@ class ModelPlan:
             if self.lm_rows < 1:
                 self.lm_wbuf, self.lm_rows = 0, rows(self.H)
         # (K, rows in all halves) of every GEMV kind: the shared-memory size is derived from these
-        self.gemv_tiles = [(self.H, self.qkv_rows), (self.Q, self.o_rows), (self.H, self.lm_rows),
+        self.lm_tile = (self.H, self.lm_rows)
+        self.gemv_tiles = [(self.H, self.qkv_rows), (self.Q, self.o_rows), self.lm_tile,
                            (self.H, 2 * self.gu_rows), (self.I, self.dn_rows)]
         if self.Lm:
             self.gemv_tiles.append((self.H, self.router_rows))
@@ -361,8 +362,8 @@ def tiling_plans(cfg: ModelConfig, layout: KVLayout, max_batch: int, per_batch: 
         return [full]
     # the streaming LM head's tiles shrink with every row of input; they do not split plans (the plan of the largest
     # tile_batch with the same other tiles serves the smaller launches, its LM tiles sized for its rows)
-    key = lambda p: (p.qkv_rows, p.o_rows, p.router_rows, p.mgu_rows, tuple(sorted(p.mdn_rows.items())),   # noqa: E731
-                     p.gu_rows, p.dn_rows, p.wbuf, p.moe_wbuf > 0, p.lm_wbuf > 0)
+    key = lambda p: (tuple(t for t in p.gemv_tiles if t is not p.lm_tile), p.wbuf, p.moe_wbuf > 0,   # noqa: E731
+                     p.lm_wbuf > 0)
     by_tiles: dict[tuple, ModelPlan] = {}
     shrinking = knobs.get("prefetch", ModelPlan.prefetch) or knobs.get("moe_ring", ModelPlan.moe_ring)
     cands = [1 << i for i in range(max_batch.bit_length()) if 1 << i < max_batch] if shrinking else range(1, max_batch)

@@ -236,6 +236,8 @@ def critical_chain(tl: Timeline) -> list[tuple[str, int]]:
     pos = {int(i): k for b, idx in by_block.items() for k, i in enumerate(idx)}
     iorder = np.lexsort((it.claim, it.block)) if len(it) else np.zeros(0, np.int64)
     iblock, iclaim = it.block[iorder], it.claim[iorder]
+    ipos = np.empty_like(iorder)
+    ipos[iorder] = np.arange(len(iorder))         # item -> its place in iorder
     topk = {int(rec[i, O.R["layer"]]): int(i) for i in np.flatnonzero(rec[:, O.R["op"]] == O.Op.TOPK)}
     gu = it.op == O.PROF_ITEM_GU
 
@@ -275,8 +277,7 @@ def critical_chain(tl: Timeline) -> list[tuple[str, int]]:
             data = ("i", int(same[np.argmax(it.end[same])])) if len(same) else None
         else:
             data = ("t", topk[layer]) if layer in topk else None
-        mine = np.flatnonzero(iorder == i)
-        k = int(mine[0]) if len(mine) else 0
+        k = int(ipos[i])
         res = None
         if k and iblock[k - 1] == it.block[i]:
             prev = int(iorder[k - 1])

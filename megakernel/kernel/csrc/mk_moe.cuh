@@ -125,6 +125,27 @@ __device__ __forceinline__ void prof_item(const Params& P, int m, int item, int 
     prof_record(PP(long long*, prof_items) + ((size_t)m * PI(prof_items_per_layer) + item) * MK_PROF_INTS, op, l, arg);
 }
 
+// The input rows sX holds between a worker's items (the ring layout, either layout with MK_MOE_LOCAL): their
+// addresses, inner size and where sX sits; count 0: none (reset when a worker starts: other task kinds wrote there).
+// Consecutive items with the same inputs load them once: every gate/up item of a batch-1 step reads row 0 of x, an
+// expert's down items its pairs' activations (complete once its gate/up items are, which each one waited for).
+__shared__ const bf16* s_xprev[MB];
+__shared__ int s_xprev_n, s_xprev_k;
+__shared__ size_t s_xprev_off;
+
+// Every thread, after the barrier that published s_xrow: sX at `off` already holds those cnt rows of K elements.
+__device__ __forceinline__ bool inputs_held(int cnt, int K, size_t off) {
+    bool same = s_xprev_n == cnt && s_xprev_k == K && s_xprev_off == off;
+    for (int i = 0; same && i < cnt; i++) same = s_xrow[i] == s_xprev[i];
+    return same;
+}
+
+// After a barrier that every thread passed once it asked inputs_held: sX holds the rows of s_xrow now.
+__device__ __forceinline__ void inputs_hold(int cnt, int K, size_t off) {
+    if (threadIdx.x < cnt) s_xprev[threadIdx.x] = s_xrow[threadIdx.x];
+    if (threadIdx.x == 0) { s_xprev_n = cnt; s_xprev_k = K; s_xprev_off = off; }
+}
+
 #if MK_PROFILE
 // The worker task's own stamps (its items have theirs): claimed and waited for the routing, then ended.
 __device__ __forceinline__ void prof_worker_stamps(long long claim, long long waited) {
@@ -149,9 +170,6 @@ __shared__ __align__(8) unsigned long long s_wempty[2];
 __shared__ int s_meta[2][8];                  // item (-1: the queue is empty, -2: the tile does not fit), down,
                                               // slot, e, st, cnt, r0, nr
 __shared__ int s_rows[2][MB];                 // a gate/up item's input rows (rows of x), by slot
-__shared__ int s_xkey[2 + MB];                // what sX holds: kind (0 nothing, 1 gate/up rows, 2 pairs from st),
-                                              // count, then the rows (gate/up) or st (down)
-__shared__ int s_xsame;                       // sX already holds this item's inputs
 __shared__ volatile int s_ws_stop;            // the compute warps gave up (an aborted step): the loader stops too
 __shared__ int s_ws_ok;
 
@@ -164,7 +182,6 @@ __device__ __noinline__ bool moe_worker_ws(const Params& P, int ticket, int l, i
         mbar_init(&s_wempty[1], 1);
         fence_mbar_init();
         s_ws_stop = 0;
-        s_xkey[0] = 0;                        // the other task kinds wrote over sX since the last worker
     }
     __syncthreads();
     if ((threadIdx.x >> 5) == NW - 1) {       // the loader warp
@@ -231,18 +248,7 @@ __device__ __noinline__ bool moe_worker_ws(const Params& P, int ticket, int l, i
             const int gu_ctr = l * PI(cpl) + PI(c_gu) + eslot;
             int ok = 1;
             if (down && threadIdx.x == 0) ok = wait_counter(P, gu_ctr, PI(gu_tiles), ticket) ? 1 : 0;
-            if (threadIdx.x == 0) {
-                s_ws_ok = ok;
-                // consecutive items with the same inputs (a batch-1 step's gate/up items all read row 0; an
-                // expert's down items its pairs' activations, complete once its gate/up items are) load them once
-                const int* rows = s_rows[slot];
-                int same = s_xkey[0] == (down ? 2 : 1) && s_xkey[1] == cnt;
-                for (int i = 0; i < (down ? 1 : cnt) && same; i++) same = s_xkey[2 + i] == (down ? st : rows[i]);
-                s_xsame = same;
-                s_xkey[0] = down ? 2 : 1;
-                s_xkey[1] = cnt;
-                for (int i = 0; i < (down ? 1 : cnt); i++) s_xkey[2 + i] = down ? st : rows[i];
-            }
+            if (threadIdx.x == 0) s_ws_ok = ok;
             prof_mark(PS_WAITED);
             if (threadIdx.x < cnt)
                 s_xrow[threadIdx.x] = down ? PP(const bf16*, eact) + ((size_t)m * PI(n_pairs) + st + threadIdx.x) * I
@@ -250,10 +256,9 @@ __device__ __noinline__ bool moe_worker_ws(const Params& P, int ticket, int l, i
             group_sync<WS_NWC>();
             if (!s_ws_ok) { s_ws_stop = 1; break; }
             bf16* sX = reinterpret_cast<bf16*>(smem + moe_x(P));
-            if (!s_xsame) {
-                load_x<WS_NWC * 32>(sX, cnt, K);
-                group_sync<WS_NWC>();
-            }
+            if (!inputs_held(cnt, K, moe_x(P))) load_x<WS_NWC * 32>(sX, cnt, K);
+            group_sync<WS_NWC>();              // every compute thread asked; sX is published
+            inputs_hold(cnt, K, moe_x(P));
             prof_mark(PS_LANDED);
             gemv_on<WS_NWC>(reinterpret_cast<const bf16*>(smem + moe_w(P, slot)), sX, R, K, cnt);
             prof_mark(PS_COMPUTED);
@@ -306,10 +311,7 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
     const bool ring = PI(moe_wbuf) != 0 && PI(wbuf) == 0;
     const bool two = PI(wbuf) != 0 || ring;
     __shared__ int s_w[4];
-    __shared__ const bf16* s_xprev[MB];      // the input rows sX holds (count, inner size, where; 0: none): the ring
-    __shared__ int s_xprev_n, s_xprev_k;     // layout, or either layout with MK_MOE_LOCAL
-    __shared__ size_t s_xprev_off;
-    const bool keep_x = ring || MK_MOE_LOCAL;
+    const bool keep_x = ring || MK_MOE_LOCAL;   // sX kept between items (inputs_held)
     if (threadIdx.x == 0) s_xprev_n = 0;
     if (threadIdx.x == 0) { s_w[0] = ldcg_i(route); s_w[1] = ldcg_i(route + 1); s_w[2] = atomicAdd(PP(int*, moe_work) + m, 1); }
 #if MK_MOE_LOCAL
@@ -371,10 +373,7 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
                               : item_xrow(P, l, m, route, it.down, it.st, i);
         }
         __syncthreads();
-        // the ring layout keeps sX between items: consecutive items with the same input rows (a batch-1 step's
-        // gate/up items all read row 0 of x; an expert's down items its pairs' activations) load them once
-        bool same = keep_x && s_xprev_n == it.cnt && s_xprev_k == it.T.K && s_xprev_off == x_off;
-        for (int i = 0; same && i < it.cnt; i++) same = s_xrow[i] == s_xprev[i];
+        const bool same = keep_x && inputs_held(it.cnt, it.T.K, x_off);
 #if MK_MOE_LOCAL
         if (it.down && threadIdx.x < it.cnt) {   // the epilogue's pair weights and ranks, loaded with the inputs
             s_pair_w[threadIdx.x] = __int_as_float(ldcg_i(route + PI(r_pair_w) + it.st + threadIdx.x));
@@ -387,10 +386,7 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
         prof_phase(2);
 #endif
         wait_weights(buf);                   // (its barrier: every thread compared s_xprev, sX is published)
-        if (keep_x) {
-            if (threadIdx.x < it.cnt) s_xprev[threadIdx.x] = s_xrow[threadIdx.x];
-            if (threadIdx.x == 0) { s_xprev_n = it.cnt; s_xprev_k = it.T.K; s_xprev_off = x_off; }
-        }
+        if (keep_x) inputs_hold(it.cnt, it.T.K, x_off);
         if (ring) {
             gemv_at(reinterpret_cast<const bf16*>(smem + moe_w(P, buf)), reinterpret_cast<const bf16*>(smem + x_off),
                     R, it.T.K, it.cnt);

@@ -33,7 +33,7 @@ if [ "${TRACE:-0}" = 1 ]; then
   echo "=== trace at $(($(date +%s) - t0)) s"
   timeout ${TRACE_TIMEOUT:-150} python3 -m megakernel bench --random-north --backend megakernel --batch-size 1 \
     --context 8192 --steps 20 --trace "$OUT/tl_b1.json.gz" 2>&1 | grep -E "critical|SM time|phases|normal build|^megakernel|rror"
-  rm -f "$OUT/tl_b1.json.gz" "$OUT/tl_b1.png"
+  [ "${TRACE_KEEP:-0}" = 1 ] || rm -f "$OUT/tl_b1.json.gz" "$OUT/tl_b1.png"
 fi
 if [ "${STREAM:-0}" = 1 ]; then
   echo "=== gemv_stream at $(($(date +%s) - t0)) s"

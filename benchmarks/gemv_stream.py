@@ -69,8 +69,10 @@ def main() -> int:
                     help="RxK tile shapes: the plan's 128 KB tiles, and ~96 KB ones that fit twice (double mode)")
     ap.add_argument("--rows", default="1,8,16", help="input rows (batch)")
     ap.add_argument("--tiles", type=int, default=48, help="tiles per SM per launch")
+    ap.add_argument("--modes", default=",".join(MODES), help=f"modes to run, of {','.join(MODES)}")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    modes = {m: MODES[m] for m in args.modes.split(",")}
     from megakernel.bench import measure_read_bandwidth, run_record
 
     dev = torch.device("cuda")
@@ -88,7 +90,7 @@ def main() -> int:
             X = torch.randn(nb, K, device=dev, generator=gen).to(torch.bfloat16)
             ref = (W[::R].float() @ X[0].float())                  # each tile's row 0 times input row 0
             table = torch.arange(grid * args.tiles, dtype=torch.int32, device=dev)   # queue modes: claim -> tile
-            for mode, code in MODES.items():
+            for mode, code in modes.items():
                 wbuf, smem = smem_for(R, K, nb, mode in ("double", "queue2", "ws", "ws_queue"))
                 if smem > O.SMEM_LIMIT - O.SMEM_RESERVE:
                     print(f"R={R} K={K} nb={nb} {mode}: skipped ({smem} B of shared memory)")

@@ -4,7 +4,9 @@
 # ";"-separated MEGAKERNEL_MK_TUNING values), the megakernel's GPU tests (tests/kernel, under the last tuning) and
 # then the variants sweep at $POINTS (those tunings, or $DEFAULT_VARIANTS for a build without any); the SM clock
 # and power sampled all along (clocks.csv); then, if TRACE=1, the SM timeline of batch 1 at 8K of the default build,
-# and, if STREAM=1, the GEMV streaming microbenchmark. Logs and JSON per build under $OUT.
+# and, if STREAM=1, the GEMV streaming microbenchmark. Logs and JSON per build under $OUT. Builds named in $NOTEST
+# (controls) skip their tests; $TRACE_DEFINES is the traced build's switches; $STREAM_DEFINES (space-separated,
+# "default" for none) the microbenchmark's builds, $STREAM_ARGS its arguments.
 #   run(command="MEGAKERNEL_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu_switch_check.sh", timeout_s=600)
 set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
@@ -23,21 +25,28 @@ for b in $BUILDS; do
   last=${tunings##*;}
   tag=$(echo "${b}" | tr ',=+;' '____')
   echo "=== build '$defines' tunings '$tunings' at $(($(date +%s) - t0)) s"
-  MEGAKERNEL_KERNEL_DEFINES=$defines MEGAKERNEL_MK_TUNING=$last timeout ${TESTS_TIMEOUT:-150} \
-    python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/kernel 2>&1 | tee "$OUT/tests_$tag.log" | tail -3
+  case " ${NOTEST:-} " in
+    *" $b "*) echo "(tests skipped: a control build)" ;;
+    *) MEGAKERNEL_KERNEL_DEFINES=$defines MEGAKERNEL_MK_TUNING=$last timeout ${TESTS_TIMEOUT:-150} \
+         python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/kernel 2>&1 | tee "$OUT/tests_$tag.log" | tail -3 ;;
+  esac
   MEGAKERNEL_KERNEL_DEFINES=$defines timeout ${VARIANTS_TIMEOUT:-90} python3 benchmarks/megakernel_variants.py \
     --points "$POINTS" --variants "$(echo "${tunings:-${DEFAULT_VARIANTS:-default}}" | tr ';' ' ')" --steps 30 \
     --json "$OUT/variants_$tag.json" 2>&1 | grep -E "^b|rror"
 done
 if [ "${TRACE:-0}" = 1 ]; then
   echo "=== trace at $(($(date +%s) - t0)) s"
-  timeout ${TRACE_TIMEOUT:-150} python3 -m megakernel bench --random-north --backend megakernel --batch-size 1 \
+  MEGAKERNEL_KERNEL_DEFINES=${TRACE_DEFINES:-} timeout ${TRACE_TIMEOUT:-150} python3 -m megakernel bench --random-north --backend megakernel --batch-size 1 \
     --context 8192 --steps 20 --trace "$OUT/tl_b1.json.gz" 2>&1 | grep -E "critical|SM time|phases|normal build|^megakernel|rror"
   [ "${TRACE_KEEP:-0}" = 1 ] || rm -f "$OUT/tl_b1.json.gz" "$OUT/tl_b1.png"
 fi
 if [ "${STREAM:-0}" = 1 ]; then
-  echo "=== gemv_stream at $(($(date +%s) - t0)) s"
-  timeout ${STREAM_TIMEOUT:-90} python3 benchmarks/gemv_stream.py --json "$OUT/gemv_stream.json" 2>&1 | tail -40
+  for sd in ${STREAM_DEFINES:-default}; do
+    echo "=== gemv_stream '$sd' at $(($(date +%s) - t0)) s"
+    [ "$sd" = default ] && sd=""
+    MEGAKERNEL_KERNEL_DEFINES=$sd timeout ${STREAM_TIMEOUT:-90} python3 benchmarks/gemv_stream.py ${STREAM_ARGS:-} \
+      --json "$OUT/gemv_stream_$(echo "${sd:-default}" | tr ',=' '__').json" 2>&1 | tail -${STREAM_TAIL:-40}
+  done
 fi
 kill $smi 2>/dev/null
 echo "=== done at $(($(date +%s) - t0)) s"

@@ -21,6 +21,11 @@ typedef __nv_bfloat16 bf16;
 #ifndef MK_GEMV_TC
 #define MK_GEMV_TC 1
 #endif
+// MK_GEMV_B1: the GEMV core at one input row with x's slice in registers and every weight load of a row in flight
+// (1, mk_gemv.cuh gemv_core_b1), or the CUDA-core loop of every batch size (0).
+#ifndef MK_GEMV_B1
+#define MK_GEMV_B1 1
+#endif
 // MK_SMALL_VEC: the single-block tasks on every layer's critical path with all of a thread's L2 loads in flight
 // together (1): NORM's residual add and norm with 8 columns per thread and 16-byte loads (mk_norm.cuh), the
 // attention combine reading each split's log-sum-exp once and 16 splits' partial outputs at a time

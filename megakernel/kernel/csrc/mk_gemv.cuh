@@ -246,15 +246,89 @@ __device__ __forceinline__ void gemv_core_cc(const bf16* sW, const bf16* sX, int
     group_sync<NWC>();
 }
 
+// One input row (MK_GEMV_B1): warp w takes K slice w % KS of rows w / KS, w / KS + NWC / KS, ... with its slice of
+// x unpacked to fp32 in registers once, so only weights are read from shared memory, and a row's CPL 16-byte loads
+// per lane are in flight together into four independent accumulators (the loop it replaces re-read x for every row
+// and chained every FMA of a lane on one accumulator: ~2.9 us per 128 KB tile, latency-bound). KS is a power of two
+// dividing NWC (so a warp's slice never changes) with at most 32 * CPL <= 128 chunks of 8 elements per slice (x's
+// 32 registers: more made the kernel's entry function spill). KS == 1: each
+// row's sum goes straight to sOut; else the slices' sums meet in sRed and are added in slice order (deterministic).
+template <int CPL, int NWC>
+__device__ __forceinline__ void gemv_core_b1(const bf16* sW, const bf16* sX, int R, int K, int KS) {
+    float* sRed = reinterpret_cast<float*>(smem + SM_RED);
+    float* sOut = reinterpret_cast<float*>(smem + SM_OUT);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int KC = K >> 3, pitch = row_pitch(K) >> 3;          // in 16-byte chunks
+    const int ks = warp & (KS - 1);
+    const int c0 = (ks * KC) / KS + lane, c1 = ((ks + 1) * KC) / KS;
+    float xf[CPL][8];
+    const uint4* xv = reinterpret_cast<const uint4*>(sX);
+#pragma unroll
+    for (int i = 0; i < CPL; i++) {
+        const int c = c0 + 32 * i;
+        unpack8(c < c1 ? xv[c] : make_uint4(0, 0, 0, 0), xf[i]);
+    }
+    for (int it = warp; it < R * KS; it += NWC) {
+        const int r = it / KS;
+        const uint4* wv = reinterpret_cast<const uint4*>(sW) + (size_t)r * pitch;
+        uint4 w[CPL];
+#pragma unroll
+        for (int i = 0; i < CPL; i++) w[i] = c0 + 32 * i < c1 ? wv[c0 + 32 * i] : make_uint4(0, 0, 0, 0);
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int i = 0; i < CPL; i++) {
+            float wf[8];
+            unpack8(w[i], wf);
+#pragma unroll
+            for (int e = 0; e < 8; e++) acc[e >> 1] = fmaf(wf[e], xf[i][e], acc[e >> 1]);
+        }
+        const float v = warp_sum((acc[0] + acc[1]) + (acc[2] + acc[3]));
+        if (lane == 0) {
+            if (KS == 1) sOut[r * MB] = v;
+            else sRed[it] = v;
+        }
+    }
+    group_sync<NWC>();
+    if (KS == 1) return;
+    for (int r = threadIdx.x; r < R; r += NWC * 32) {
+        float sum = 0.f;
+        for (int k = 0; k < KS; k++) sum += sRed[r * KS + k];
+        sOut[r * MB] = sum;
+    }
+    group_sync<NWC>();
+}
+
+// One input row on all NW warps: the K slicing and the instantiation for the slice's chunks per lane; a K too long
+// for 16 slices of 4 chunks per lane, or a warp count that is not NW, takes the loop above.
+template <int NWC>
+__device__ __forceinline__ void gemv_one_row(const bf16* sW, const bf16* sX, int R, int K) {
+#if MK_GEMV_B1
+    if constexpr (NWC == NW) {
+        const int KC = K >> 3;
+        int KS = 1;
+        while (KS < NWC && (KC > KS * 128 || R * KS < NWC)) KS *= 2;
+        const int cpl = ((KC + KS - 1) / KS + 31) >> 5;
+        switch (cpl) {
+            case 1: gemv_core_b1<1, NWC>(sW, sX, R, K, KS); return;
+            case 2: gemv_core_b1<2, NWC>(sW, sX, R, K, KS); return;
+            case 3: gemv_core_b1<3, NWC>(sW, sX, R, K, KS); return;
+            case 4: gemv_core_b1<4, NWC>(sW, sX, R, K, KS); return;
+            default: break;
+        }
+    }
+#endif
+    gemv_core_cc<1, NWC>(sW, sX, R, K, 1);
+}
+
 // The tile at sW times the nb rows at sX on warps 0..NWC-1.
 template <int NWC>
 __device__ __forceinline__ void gemv_on(const bf16* sW, const bf16* sX, int R, int K, int nb) {
 #if MK_GEMV_TC
-    if (nb <= 1) gemv_core_cc<1, NWC>(sW, sX, R, K, nb);
+    if (nb <= 1) gemv_one_row<NWC>(sW, sX, R, K);
     else if (nb <= 8) gemv_core<1, NWC>(sW, sX, R, K, nb);
     else gemv_core<2, NWC>(sW, sX, R, K, nb);
 #else
-    if (nb <= 1) gemv_core_cc<1, NWC>(sW, sX, R, K, nb);
+    if (nb <= 1) gemv_one_row<NWC>(sW, sX, R, K);
     else if (nb <= 2) gemv_core_cc<2, NWC>(sW, sX, R, K, nb);
     else if (nb <= 4) gemv_core_cc<4, NWC>(sW, sX, R, K, nb);
     else if (nb <= 8) gemv_core_cc<8, NWC>(sW, sX, R, K, nb);

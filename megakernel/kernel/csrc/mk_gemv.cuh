@@ -247,45 +247,61 @@ __device__ __forceinline__ void gemv_core_cc(const bf16* sW, const bf16* sX, int
 }
 
 // One input row (MK_GEMV_B1): warp w takes K slice w % KS of rows w / KS, w / KS + NWC / KS, ... with its slice of
-// x unpacked to fp32 in registers once, so only weights are read from shared memory, and a row's CPL 16-byte loads
-// per lane are in flight together into four independent accumulators (the loop it replaces re-read x for every row
-// and chained every FMA of a lane on one accumulator: ~2.9 us per 128 KB tile, latency-bound). KS is a power of two
-// dividing NWC (so a warp's slice never changes) with at most 32 * CPL <= 128 chunks of 8 elements per slice (x's
-// 32 registers: more made the kernel's entry function spill). KS == 1: each
-// row's sum goes straight to sOut; else the slices' sums meet in sRed and are added in slice order (deterministic).
+// x unpacked to fp32 in registers once, so only weights are read from shared memory. Rows go two at a time: both
+// rows' CPL 16-byte loads per lane in flight together, two accumulators per row, and one transposed butterfly that
+// leaves row a's sum in lane 0 and row b's in lane 16 (5 shuffles for two rows). Lanes past the slice's end read
+// the slice's last chunk (in the tile) against zeros of x, so no load is predicated. KS is a power of two dividing
+// NWC (a warp's slice never changes) with at most 32 * CPL <= 128 chunks of 8 elements per slice (x's 32 registers:
+// more made the kernel's entry function spill). KS == 1: each row's sum goes straight to sOut; else the slices' sums
+// meet in sRed and are added in slice order (deterministic). (The loop it replaces re-read x for every row and
+// chained every FMA of a lane on one accumulator: ~2.9 us per 128 KB tile, and ~11K instructions per tile.)
 template <int CPL, int NWC>
-__device__ __forceinline__ void gemv_core_b1(const bf16* sW, const bf16* sX, int R, int K, int KS) {
+__device__ __forceinline__ void gemv_core_b1(const bf16* sW, const bf16* sX, int R, int K, int lks) {
     float* sRed = reinterpret_cast<float*>(smem + SM_RED);
     float* sOut = reinterpret_cast<float*>(smem + SM_OUT);
+    const int KS = 1 << lks;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int KC = K >> 3, pitch = row_pitch(K) >> 3;          // in 16-byte chunks
     const int ks = warp & (KS - 1);
-    const int c0 = (ks * KC) / KS + lane, c1 = ((ks + 1) * KC) / KS;
+    const int cs = (ks * KC) >> lks, ce = ((ks + 1) * KC) >> lks;
+    int col[CPL];                                               // this lane's chunks, clamped into the slice
     float xf[CPL][8];
     const uint4* xv = reinterpret_cast<const uint4*>(sX);
 #pragma unroll
     for (int i = 0; i < CPL; i++) {
-        const int c = c0 + 32 * i;
-        unpack8(c < c1 ? xv[c] : make_uint4(0, 0, 0, 0), xf[i]);
+        const int c = cs + lane + 32 * i;
+        col[i] = min(c, ce - 1);
+        unpack8(c < ce ? xv[c] : make_uint4(0, 0, 0, 0), xf[i]);
     }
-    for (int it = warp; it < R * KS; it += NWC) {
-        const int r = it / KS;
-        const uint4* wv = reinterpret_cast<const uint4*>(sW) + (size_t)r * pitch;
-        uint4 w[CPL];
+    const int n = R << lks, hi = lane >> 4;
+    const uint4* wbase = reinterpret_cast<const uint4*>(sW);
+    for (int it = warp; it < n; it += 2 * NWC) {
+        const int ra = it >> lks, itb = it + NWC, rb = min(itb, n - 1) >> lks;   // row b: a copy of the last one
+        const uint4* wa = wbase + (size_t)ra * pitch;
+        const uint4* wb = wbase + (size_t)rb * pitch;
+        uint4 A[CPL], B[CPL];
 #pragma unroll
-        for (int i = 0; i < CPL; i++) w[i] = c0 + 32 * i < c1 ? wv[c0 + 32 * i] : make_uint4(0, 0, 0, 0);
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int i = 0; i < CPL; i++) { A[i] = wa[col[i]]; B[i] = wb[col[i]]; }
+        float a0 = 0.f, a1 = 0.f, b0 = 0.f, b1 = 0.f;
 #pragma unroll
         for (int i = 0; i < CPL; i++) {
-            float wf[8];
-            unpack8(w[i], wf);
+            float fa[8], fb[8];
+            unpack8(A[i], fa);
+            unpack8(B[i], fb);
 #pragma unroll
-            for (int e = 0; e < 8; e++) acc[e >> 1] = fmaf(wf[e], xf[i][e], acc[e >> 1]);
+            for (int e = 0; e < 8; e += 2) {
+                a0 = fmaf(fa[e], xf[i][e], a0); a1 = fmaf(fa[e + 1], xf[i][e + 1], a1);
+                b0 = fmaf(fb[e], xf[i][e], b0); b1 = fmaf(fb[e + 1], xf[i][e + 1], b1);
+            }
         }
-        const float v = warp_sum((acc[0] + acc[1]) + (acc[2] + acc[3]));
-        if (lane == 0) {
+        const float va = a0 + a1, vb = b0 + b1;
+        float v = (hi ? vb : va) + __shfl_xor_sync(0xffffffffu, hi ? va : vb, 16);
+#pragma unroll
+        for (int o = 8; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if ((lane & 15) == 0 && (hi == 0 || itb < n)) {
+            const int r = hi ? rb : ra;
             if (KS == 1) sOut[r * MB] = v;
-            else sRed[it] = v;
+            else sRed[hi ? itb : it] = v;
         }
     }
     group_sync<NWC>();
@@ -305,14 +321,16 @@ __device__ __forceinline__ void gemv_one_row(const bf16* sW, const bf16* sX, int
 #if MK_GEMV_B1
     if constexpr (NWC == NW) {
         const int KC = K >> 3;
-        int KS = 1;
-        while (KS < NWC && (KC > KS * 128 || R * KS < NWC)) KS *= 2;
-        const int cpl = ((KC + KS - 1) / KS + 31) >> 5;
+        // log2 of the K slices per row: at most 128 chunks per slice; more slices to give every warp rows while a
+        // slice keeps 32 chunks or more (never an empty one)
+        int lks = 0;
+        while ((1 << lks) < NWC && (KC > (128 << lks) || ((R << lks) < NWC && (KC >> (lks + 1)) >= 32))) lks++;
+        const int cpl = ((((KC + (1 << lks) - 1) >> lks)) + 31) >> 5;
         switch (cpl) {
-            case 1: gemv_core_b1<1, NWC>(sW, sX, R, K, KS); return;
-            case 2: gemv_core_b1<2, NWC>(sW, sX, R, K, KS); return;
-            case 3: gemv_core_b1<3, NWC>(sW, sX, R, K, KS); return;
-            case 4: gemv_core_b1<4, NWC>(sW, sX, R, K, KS); return;
+            case 1: gemv_core_b1<1, NWC>(sW, sX, R, K, lks); return;
+            case 2: gemv_core_b1<2, NWC>(sW, sX, R, K, lks); return;
+            case 3: gemv_core_b1<3, NWC>(sW, sX, R, K, lks); return;
+            case 4: gemv_core_b1<4, NWC>(sW, sX, R, K, lks); return;
             default: break;
         }
     }

@@ -31,13 +31,13 @@ def _check_static_smem(log: str) -> None:
     assert int(m.group(1)) <= build.opcodes.SMEM_RESERVE, f"{m.group(1)} bytes of static shared memory"
 
 
-def test_route_cache_build_compiles_without_spills(tmp_path, monkeypatch):
-    """MK_MOE_LOCAL=1 (the MoE worker's route cache, off by default): compiles, does not spill, and its static
-    shared memory fits the reserve."""
+def test_no_route_cache_build_compiles_without_spills(tmp_path, monkeypatch):
+    """MK_MOE_LOCAL=0 (the MoE worker's routing read from L2 per item, the default's alternative): compiles, does
+    not spill, and its static shared memory fits the reserve."""
     if build.find_nvcc() is None:
         pytest.skip("nvcc not installed")
     monkeypatch.setenv("MEGAKERNEL_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_MOE_LOCAL=1")
+    monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_MOE_LOCAL=0")
     lib = build.build("sm_90a", build.switch_flags())
     log = (lib.parent / "build.log").read_text()
     m = re.search(r"Function properties for mk_decode\s+(\d+) bytes stack frame, (\d+) bytes spill stores", log)

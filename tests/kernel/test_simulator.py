@@ -366,7 +366,7 @@ def test_router_tile_rows_caps_the_router_tiles():
     from megakernel.kernel.schedule import validate
 
     cfg, w, st, nxt = _setup("north_like", 2, seed=7)
-    base = ModelPlan(cfg, st.layout, max_batch=16, n_workers=2, split_tokens=4).router_rows
+    base = ModelPlan(cfg, st.layout, max_batch=16, n_workers=2, split_tokens=4, router_tile_rows=0).router_rows
     assert base > 4
     for cap in (0, 4):
         plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=2, split_tokens=4, router_tile_rows=cap)

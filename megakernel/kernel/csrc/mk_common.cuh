@@ -43,9 +43,10 @@ typedef __nv_bfloat16 bf16;
 // MK_MOE_LOCAL: the plain MoE worker reads its layer's routing (every slot's expert, first pair and count, every
 // pair's row) into shared memory once, in the same round trip as the queue's header, instead of from L2 for every
 // item; a down item's pair weights and ranks are loaded with its inputs; consecutive items with the same inputs in
-// the same place load them once (1), or the per-item L2 reads (0). Off until it has run on the GPU.
+// the same place load them once (1), or the per-item L2 reads (0). On: measured b1 8K 3.90 vs 3.93 ms, b8 14.43 vs
+// 14.72 (separate processes, e74180e; SPEED_NOTES.md, 2026-12-01 fifth session).
 #ifndef MK_MOE_LOCAL
-#define MK_MOE_LOCAL 0
+#define MK_MOE_LOCAL 1
 #endif
 
 struct Params {

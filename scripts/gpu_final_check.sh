@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The end-of-session device call: the decode sweep (megakernel and graph backends in one run), then every gpu-marked
+# test, then compute-sanitizer's memcheck and racecheck on the megakernel; logs and JSON under $OUT.
+#   run(command="MEGAKERNEL_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu_final_check.sh", timeout_s=600)
+set -u
+OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 MEGAKERNEL_CACHE_DIR=/tmp/mkcache
+t0=$(date +%s)
+OUT=$OUT BACKENDS=${BACKENDS:-megakernel,graph} SWEEP_TIMEOUT=${SWEEP_TIMEOUT:-300} bash scripts/gpu_decode_sweep.sh \
+  | grep -E "ms/step|/ graph|rror" | tail -24
+echo "=== gpu tests at $(($(date +%s) - t0)) s"
+timeout ${TESTS_TIMEOUT:-200} python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu_tests.log" \
+  | grep -E "passed|failed|Error" | tail -5
+echo "=== sanitizer at $(($(date +%s) - t0)) s"
+OUT=$OUT bash scripts/gpu_kernel_check.sh sanitizer > /dev/null 2>&1
+grep -E "ERROR SUMMARY|RACECHECK SUMMARY|rc=" "$OUT/log.txt" | tail -6; mv "$OUT/log.txt" "$OUT/sanitizer.log"
+echo "=== done at $(($(date +%s) - t0)) s"
+bash scripts/pack_out.sh "$OUT"

@@ -22,7 +22,7 @@ for shape in ${SHAPES:-32x2048}; do
   report "gs_$shape"
 done
 if [ "${MK:-0}" = 1 ]; then
-  timeout 300 "$NCU" --clock-control none --kernel-name mk_decode --launch-skip ${MK_SKIP:-20} --launch-count 1 \
+  timeout 300 "$NCU" --clock-control none --graph-profiling node --kernel-name regex:mk_decode --launch-skip ${MK_SKIP:-20} --launch-count 1 \
     $SECTIONS -o "$OUT/mk_b1" -f python3 -m megakernel bench --random-north --backend megakernel --batch-size 1 \
     --context 8192 --steps 8 > "$OUT/mk_run.log" 2>&1; echo "megakernel rc $?"; tail -3 "$OUT/mk_run.log"
   report mk_b1

@@ -185,10 +185,13 @@ __device__ __noinline__ bool task_norm(const Params& P, const int* rec, int tick
     const int H = PI(H), Bm = PI(Bm);
     if (!smem_fits(P, (size_t)(H + NW) * 4, ticket)) return false;
     float* sH = reinterpret_cast<float*>(smem);
-    residual_row(P, l, row, sH);
-    prof_phase(0);
-    norm_row(P, l, sH, sH + H, PP(bf16*, x) + ((size_t)l * Bm + row) * H, PP(bf16*, h) + ((size_t)l * Bm + row) * H);
-    prof_phase(1);
+    for (int rep = 0; rep < MK_REPEAT_SMALL; rep++) {   // (reads layer l - 1's buffers, writes layer l's)
+        if (rep) __syncthreads();
+        residual_row(P, l, row, sH);
+        prof_phase(0);
+        norm_row(P, l, sH, sH + H, PP(bf16*, x) + ((size_t)l * Bm + row) * H, PP(bf16*, h) + ((size_t)l * Bm + row) * H);
+        prof_phase(1);
+    }
     task_signal(P, rec[RF_SIG]);
     return true;
 }

@@ -37,6 +37,8 @@ __device__ __noinline__ bool task_topk(const Params& P, const int* rec, int tick
     int* sTot = reinterpret_cast<int*>(sBal + MB * nq);            // [2][nq] per-warp totals of the scan
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int sel = PI(sel_fn), norm = PI(norm_topk);
+    for (int rep = 0; rep < MK_REPEAT_SMALL; rep++) {   // (the same route written again: nobody reads it yet)
+    if (rep) __syncthreads();
     // 1. a warp per row: k rounds of the largest remaining key; ties go to the smaller expert
     for (int b = warp; b < B; b += NW) {
         float raw[TOPK_WORDS];
@@ -151,6 +153,7 @@ __device__ __noinline__ bool task_topk(const Params& P, const int* rec, int tick
     __syncthreads();                         // (profiling only: every pair written, for the mark)
 #endif
     prof_phase(3);
+    }
     task_signal(P, rec[RF_SIG]);
     return true;
 }

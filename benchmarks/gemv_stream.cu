@@ -11,9 +11,23 @@
 //   6 ws        warp-specialised: the last warp loads (two buffers, full / empty mbarriers), the other 15 compute
 //               on named barrier 1, no block-wide barrier per tile
 //   7 ws_queue  as ws, the loader warp claiming tiles from the global queue (the design a MoE worker would use)
-// Each block writes sOut's first value per tile into out, so the math cannot be optimised away.
+//   8 swz_serial   as serial, tiles copied by TMA tensor copies (128-byte swizzle) and the swizzled tensor-core
+//                  core (mk_gemv_swz.cuh), inputs at a padded pitch
+//   9 swz_double   as double, swizzled
+//  10 swz_compute  as compute, swizzled
+// Each block writes sOut's first value per tile into out (and the last row's last input's into out_last), so the
+// math cannot be optimised away and both ends of the tile are checked.
+#include <cuda.h>
+#include <cstring>
 #include "mk_common.cuh"
 #include "mk_gemv.cuh"
+#include "mk_gemv_swz.cuh"
+
+// The swizzled modes' layout: sRed | sOut | pad to 1024 B (absolute) | weight buffers | inputs (pitch K + 32).
+__device__ __forceinline__ size_t swz_w_off() {
+    const unsigned base = smem_addr(smem);
+    return (size_t)(((base + SM_W + 1023u) & ~1023u) - base);
+}
 
 // queue modes: claim the next tile number (thread 0, one atomic on the shared counter) and map it through the table
 // (a dependent L2 load), as a MoE worker does; every thread gets it through shared memory.
@@ -28,14 +42,49 @@ __device__ __forceinline__ int claim_tile(int* queue, const int* table, int n) {
     return s_claim;
 }
 
-extern "C" __global__ void __launch_bounds__(NT, 1) gemv_stream(const __grid_constant__ Params P, const bf16* W,
-                                                                 const bf16* X, int tiles, int R, int K, int nb,
-                                                                 int mode, float* out, int* queue,
-                                                                 const int* table) {
+extern "C" __global__ void __launch_bounds__(NT, 1) gemv_stream(const __grid_constant__ Params P,
+                                                                 const __grid_constant__ CUtensorMap tmap,
+                                                                 const bf16* W, const bf16* X, int tiles, int R,
+                                                                 int K, int nb, int mode, float* out,
+                                                                 float* out_last, int* queue, const int* table) {
     if (threadIdx.x == 0) init_weight_buffers();
     __syncthreads();
     const size_t tile_elems = (size_t)R * K;
     const bf16* base = W + (size_t)blockIdx.x * tiles * tile_elems;
+    if (mode >= 8) {                         // swizzled: TMA tensor copies, the swizzled core
+        const size_t w0 = swz_w_off(), tile_bytes = tile_elems * 2;
+        const int xpitch = K + 32, nbuf = mode == 9 ? 2 : 1;
+        bf16* sX = reinterpret_cast<bf16*>(smem + w0 + nbuf * tile_bytes);
+        for (int i = threadIdx.x; i < nb * (K >> 3); i += NT) {
+            const int b = i / (K >> 3), c = i - b * (K >> 3);
+            reinterpret_cast<uint4*>(sX + (size_t)b * xpitch)[c] = reinterpret_cast<const uint4*>(X + (size_t)b * K)[c];
+        }
+        __syncthreads();
+        const float* sOut = reinterpret_cast<const float*>(smem + SM_OUT);
+        auto sw = [&](int b) { return reinterpret_cast<bf16*>(smem + w0 + b * tile_bytes); };
+        const int row_base = blockIdx.x * tiles * R;
+        if (mode == 10 && threadIdx.x < 32) issue_weights_swz(sw(0), &tmap, row_base, R, K, 0);
+        if (mode == 10) wait_weights(0);
+        if (mode == 9 && threadIdx.x < 32) issue_weights_swz(sw(0), &tmap, row_base, R, K, 0);
+        for (int t = 0; t < tiles; t++) {
+            int buf = 0;
+            if (mode == 8) {
+                if (threadIdx.x < 32) issue_weights_swz(sw(0), &tmap, row_base + t * R, R, K, 0);
+                wait_weights(0);
+            } else if (mode == 9) {
+                buf = t & 1;
+                if (t + 1 < tiles && threadIdx.x < 32) issue_weights_swz(sw(buf ^ 1), &tmap, row_base + (t + 1) * R, R, K, buf ^ 1);
+                wait_weights(buf);
+            }
+            gemv_swz(sw(buf), sX, xpitch, R, K, nb);
+            if (threadIdx.x == 0) {
+                out[(size_t)blockIdx.x * tiles + t] = sOut[0];
+                out_last[(size_t)blockIdx.x * tiles + t] = sOut[(R - 1) * MB + nb - 1];
+            }
+            __syncthreads();
+        }
+        return;
+    }
     if (threadIdx.x < nb) s_xrow[threadIdx.x] = X + (size_t)threadIdx.x * K;
     __syncthreads();
     load_x(reinterpret_cast<bf16*>(smem + sm_x(P, R, K)), nb, K);
@@ -85,6 +134,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) gemv_stream(const __grid_con
                 gemv_on<NW - 1>(reinterpret_cast<const bf16*>(smem + sm_w(P, slot)), sX, R, K, nb);
                 if (threadIdx.x == 0) {
                     out[(mode == 7 ? 0 : (size_t)blockIdx.x * tiles) + id] = sOut[0];
+                    out_last[(mode == 7 ? 0 : (size_t)blockIdx.x * tiles) + id] = sOut[(R - 1) * MB + nb - 1];
                     mbar_arrive(&s_empty[slot]);
                 }
             }
@@ -109,7 +159,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) gemv_stream(const __grid_con
                 wait_weights(buf);
             }
             gemv(P, buf, R, K, nb);
-            if (threadIdx.x == 0) out[t] = sOut[0];
+            if (threadIdx.x == 0) { out[t] = sOut[0]; out_last[t] = sOut[(R - 1) * MB + nb - 1]; }
             if (mode == 4) {
                 nxt = claim_tile(queue, table, n);
             } else {
@@ -133,21 +183,56 @@ extern "C" __global__ void __launch_bounds__(NT, 1) gemv_stream(const __grid_con
         }
         if (mode != 2) {
             gemv(P, buf, R, K, nb);
-            if (threadIdx.x == 0) out[(size_t)blockIdx.x * tiles + t] = sOut[0];
+            if (threadIdx.x == 0) {
+                out[(size_t)blockIdx.x * tiles + t] = sOut[0];
+                out_last[(size_t)blockIdx.x * tiles + t] = sOut[(R - 1) * MB + nb - 1];
+            }
         }
         __syncthreads();
     }
 }
 
+// The 2D tensor map of W (rows x K bf16, row-major) with boxes of 64 columns x R rows and the 128-byte swizzle,
+// encoded through the driver entry point (no link against libcuda). 0 on success.
+typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static int encode_swizzled(CUtensorMap* map, const void* W, unsigned long long rows, int K, int R) {
+    static EncodeTiled fn = nullptr;
+    if (!fn) {
+        cudaDriverEntryPointQueryResult q;
+        void* p = nullptr;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess || !p)
+            return -1;
+        fn = reinterpret_cast<EncodeTiled>(p);
+    }
+    const cuuint64_t dims[2] = {(cuuint64_t)K, rows};
+    const cuuint64_t strides[1] = {(cuuint64_t)K * 2};
+    const cuuint32_t box[2] = {64, (cuuint32_t)R};
+    const cuuint32_t estr[2] = {1, 1};
+    const CUresult r = fn(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(W), dims, strides, box, estr,
+                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? 0 : 1000 + (int)r;
+}
+
 extern "C" int gemv_stream_launch(const long long* params, const void* W, const void* X, int tiles, int R, int K,
-                                  int nb, int mode, void* out, void* queue, const void* table, int grid,
+                                  int nb, int mode, void* out, void* out_last, void* queue, const void* table, int grid,
                                   int smem_bytes, void* stream) {
     Params P;
     for (int i = 0; i < MK_NUM_PARAMS; i++) P.v[i] = params[i];
+    CUtensorMap map;
+    memset(&map, 0, sizeof(map));
+    if (mode >= 8) {
+        const int rc = encode_swizzled(&map, W, (unsigned long long)grid * tiles * R, K, R);
+        if (rc) return rc;
+    }
     cudaError_t e = cudaFuncSetAttribute(gemv_stream, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
     if (e != cudaSuccess) return (int)e;
     gemv_stream<<<grid, NT, smem_bytes, reinterpret_cast<cudaStream_t>(stream)>>>(
-        P, reinterpret_cast<const bf16*>(W), reinterpret_cast<const bf16*>(X), tiles, R, K, nb, mode,
-        reinterpret_cast<float*>(out), reinterpret_cast<int*>(queue), reinterpret_cast<const int*>(table));
+        P, map, reinterpret_cast<const bf16*>(W), reinterpret_cast<const bf16*>(X), tiles, R, K, nb, mode,
+        reinterpret_cast<float*>(out), reinterpret_cast<float*>(out_last), reinterpret_cast<int*>(queue),
+        reinterpret_cast<const int*>(table));
     return (int)cudaGetLastError();
 }

@@ -28,7 +28,8 @@ import torch
 from megakernel.kernel import build, opcodes as O
 
 HERE = Path(__file__).parent
-MODES = {"serial": 0, "double": 1, "load": 2, "compute": 3, "queue": 4, "queue2": 5, "ws": 6, "ws_queue": 7}
+MODES = {"serial": 0, "double": 1, "load": 2, "compute": 3, "queue": 4, "queue2": 5, "ws": 6, "ws_queue": 7,
+         "swz_serial": 8, "swz_double": 9, "swz_compute": 10}
 
 
 def compile_bench(arch: str = "sm_90a") -> ctypes.CDLL:
@@ -48,14 +49,17 @@ def compile_bench(arch: str = "sm_90a") -> ctypes.CDLL:
     so = ctypes.CDLL(str(lib))
     so.gemv_stream_launch.argtypes = [ctypes.POINTER(ctypes.c_longlong), ctypes.c_void_p, ctypes.c_void_p,
                                       ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                      ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
-                                      ctypes.c_void_p]
+                                      ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                      ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
     so.gemv_stream_launch.restype = ctypes.c_int
     return so
 
 
-def smem_for(R: int, K: int, nb: int, double: bool) -> tuple[int, int]:
-    """(wbuf param, dynamic shared memory) of the kernel's layouts (schedule.smem_bytes)."""
+def smem_for(R: int, K: int, nb: int, double: bool, swizzled: bool = False) -> tuple[int, int]:
+    """(wbuf param, dynamic shared memory) of the kernel's layouts (schedule.smem_bytes); swizzled: the swz modes'
+    (1 KB to align the weight buffers, inputs at a pitch of K + 32)."""
+    if swizzled:
+        return 0, O.GEMV_SCRATCH_BYTES + 1024 + (2 if double else 1) * R * K * 2 + nb * (K + 32) * 2
     tile = (R * (K + O.ROW_PAD) * 2 + 15) // 16 * 16
     x = nb * (K + O.ROW_PAD) * 2
     if double:
@@ -89,32 +93,39 @@ def main() -> int:
         for nb in (int(v) for v in args.rows.split(",")):
             X = torch.randn(nb, K, device=dev, generator=gen).to(torch.bfloat16)
             ref = (W[::R].float() @ X[0].float())                  # each tile's row 0 times input row 0
+            ref_last = (W[R - 1::R].float() @ X[nb - 1].float())   # its last row times the last input row
             table = torch.arange(grid * args.tiles, dtype=torch.int32, device=dev)   # queue modes: claim -> tile
             for mode, code in modes.items():
-                wbuf, smem = smem_for(R, K, nb, mode in ("double", "queue2", "ws", "ws_queue"))
+                if mode.startswith("swz") and (K % 64 or R % 8):
+                    print(f"R={R} K={K} nb={nb} {mode}: skipped (swizzled tiles need K % 64 == 0, R % 8 == 0)")
+                    continue
+                wbuf, smem = smem_for(R, K, nb, mode in ("double", "queue2", "ws", "ws_queue", "swz_double"),
+                                      mode.startswith("swz"))
                 if smem > O.SMEM_LIMIT - O.SMEM_RESERVE:
                     print(f"R={R} K={K} nb={nb} {mode}: skipped ({smem} B of shared memory)")
                     continue
                 params = np.zeros(O.NUM_PARAMS, dtype=np.int64)
                 params[O.P["wbuf"]] = wbuf
                 out = torch.zeros(grid * args.tiles, device=dev)
+                out_last = torch.zeros(grid * args.tiles, device=dev)
                 queue = torch.zeros(1, dtype=torch.int32, device=dev)
                 pp = params.ctypes.data_as(ctypes.POINTER(ctypes.c_longlong))
 
                 def launch() -> None:
                     queue.zero_()
                     rc = so.gemv_stream_launch(pp, W.data_ptr(), X.data_ptr(), args.tiles, R, K, nb, code,
-                                               out.data_ptr(), queue.data_ptr(), table.data_ptr(), grid, smem,
-                                               stream.cuda_stream)
+                                               out.data_ptr(), out_last.data_ptr(), queue.data_ptr(),
+                                               table.data_ptr(), grid, smem, stream.cuda_stream)
                     if rc:
                         raise SystemExit(f"launch failed: {rc}")
 
                 launch()
                 torch.cuda.synchronize()
-                if mode != "load" and mode != "compute":
-                    err = ((out - ref).abs() / ref.abs().clamp_min(1e-2)).max().item()
-                    if err > 2e-2:
-                        raise SystemExit(f"R={R} K={K} nb={nb} {mode}: first outputs off by {err:.3g} (rel)")
+                if mode not in ("load", "compute", "swz_compute"):
+                    for got, want, what in ((out, ref, "first"), (out_last, ref_last, "last")):
+                        err = ((got - want).abs() / want.abs().clamp_min(1e-2)).max().item()
+                        if err > 2e-2:
+                            raise SystemExit(f"R={R} K={K} nb={nb} {mode}: {what} outputs off by {err:.3g} (rel)")
                 times = []
                 for _ in range(5):
                     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -125,7 +136,7 @@ def main() -> int:
                     times.append(a.elapsed_time(b) * 1e3)
                 us = min(times)
                 per_tile = us / args.tiles
-                gbs = grid * args.tiles * R * K * 2 / (us * 1e3) if mode != "compute" else 0.0
+                gbs = grid * args.tiles * R * K * 2 / (us * 1e3) if "compute" not in mode else 0.0
                 rows.append(dict(R=R, K=K, nb=nb, mode=mode, us_per_tile=per_tile, gb_per_s=gbs,
                                  pct_of_peak=100 * gbs / peak))
                 print(f"R={R:3d} K={K:5d} nb={nb:2d} {mode:8s}: {per_tile:6.2f} us/tile/SM"

@@ -46,7 +46,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) gemv_stream(const __grid_con
                                                                  const __grid_constant__ CUtensorMap tmap,
                                                                  const bf16* W, const bf16* X, int tiles, int R,
                                                                  int K, int nb, int mode, float* out,
-                                                                 float* out_last, int* queue, const int* table) {
+                                                                 float* out_last, int* queue, const int* table,
+                                                                 int box_rows) {
     if (threadIdx.x == 0) init_weight_buffers();
     __syncthreads();
     const size_t tile_elems = (size_t)R * K;
@@ -63,17 +64,18 @@ extern "C" __global__ void __launch_bounds__(NT, 1) gemv_stream(const __grid_con
         const float* sOut = reinterpret_cast<const float*>(smem + SM_OUT);
         auto sw = [&](int b) { return reinterpret_cast<bf16*>(smem + w0 + b * tile_bytes); };
         const int row_base = blockIdx.x * tiles * R;
-        if (mode == 10 && threadIdx.x < 32) issue_weights_swz(sw(0), &tmap, row_base, R, K, 0);
+        if (mode == 10 && threadIdx.x < 32) issue_weights_swz(sw(0), &tmap, row_base, R, K, 0, box_rows);
         if (mode == 10) wait_weights(0);
-        if (mode == 9 && threadIdx.x < 32) issue_weights_swz(sw(0), &tmap, row_base, R, K, 0);
+        if (mode == 9 && threadIdx.x < 32) issue_weights_swz(sw(0), &tmap, row_base, R, K, 0, box_rows);
         for (int t = 0; t < tiles; t++) {
             int buf = 0;
             if (mode == 8) {
-                if (threadIdx.x < 32) issue_weights_swz(sw(0), &tmap, row_base + t * R, R, K, 0);
+                if (threadIdx.x < 32) issue_weights_swz(sw(0), &tmap, row_base + t * R, R, K, 0, box_rows);
                 wait_weights(0);
             } else if (mode == 9) {
                 buf = t & 1;
-                if (t + 1 < tiles && threadIdx.x < 32) issue_weights_swz(sw(buf ^ 1), &tmap, row_base + (t + 1) * R, R, K, buf ^ 1);
+                if (t + 1 < tiles && threadIdx.x < 32) issue_weights_swz(sw(buf ^ 1), &tmap, row_base + (t + 1) * R, R, K, buf ^ 1,
+                                                                 box_rows);
                 wait_weights(buf);
             }
             gemv_swz(sw(buf), sX, xpitch, R, K, nb);
@@ -197,7 +199,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) gemv_stream(const __grid_con
 typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-static int encode_swizzled(CUtensorMap* map, const void* W, unsigned long long rows, int K, int R) {
+static int encode_swizzled(CUtensorMap* map, const void* W, unsigned long long rows, int K, int box_rows) {
     static EncodeTiled fn = nullptr;
     if (!fn) {
         cudaDriverEntryPointQueryResult q;
@@ -209,7 +211,7 @@ static int encode_swizzled(CUtensorMap* map, const void* W, unsigned long long r
     }
     const cuuint64_t dims[2] = {(cuuint64_t)K, rows};
     const cuuint64_t strides[1] = {(cuuint64_t)K * 2};
-    const cuuint32_t box[2] = {64, (cuuint32_t)R};
+    const cuuint32_t box[2] = {64, (cuuint32_t)box_rows};
     const cuuint32_t estr[2] = {1, 1};
     const CUresult r = fn(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(W), dims, strides, box, estr,
                           CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
@@ -219,13 +221,15 @@ static int encode_swizzled(CUtensorMap* map, const void* W, unsigned long long r
 
 extern "C" int gemv_stream_launch(const long long* params, const void* W, const void* X, int tiles, int R, int K,
                                   int nb, int mode, void* out, void* out_last, void* queue, const void* table, int grid,
-                                  int smem_bytes, void* stream) {
+                                  int smem_bytes, void* stream, int box_rows) {
     Params P;
     for (int i = 0; i < MK_NUM_PARAMS; i++) P.v[i] = params[i];
     CUtensorMap map;
     memset(&map, 0, sizeof(map));
     if (mode >= 8) {
-        const int rc = encode_swizzled(&map, W, (unsigned long long)grid * tiles * R, K, R);
+        if (box_rows <= 0) box_rows = R;
+        if (R % box_rows || box_rows % 8 || box_rows > 256) return -2;
+        const int rc = encode_swizzled(&map, W, (unsigned long long)grid * tiles * R, K, box_rows);
         if (rc) return rc;
     }
     cudaError_t e = cudaFuncSetAttribute(gemv_stream, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
@@ -233,6 +237,6 @@ extern "C" int gemv_stream_launch(const long long* params, const void* W, const 
     gemv_stream<<<grid, NT, smem_bytes, reinterpret_cast<cudaStream_t>(stream)>>>(
         P, map, reinterpret_cast<const bf16*>(W), reinterpret_cast<const bf16*>(X), tiles, R, K, nb, mode,
         reinterpret_cast<float*>(out), reinterpret_cast<float*>(out_last), reinterpret_cast<int*>(queue),
-        reinterpret_cast<const int*>(table));
+        reinterpret_cast<const int*>(table), box_rows);
     return (int)cudaGetLastError();
 }

@@ -50,7 +50,7 @@ def compile_bench(arch: str = "sm_90a") -> ctypes.CDLL:
     so.gemv_stream_launch.argtypes = [ctypes.POINTER(ctypes.c_longlong), ctypes.c_void_p, ctypes.c_void_p,
                                       ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                      ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+                                      ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
     so.gemv_stream_launch.restype = ctypes.c_int
     return so
 
@@ -74,6 +74,9 @@ def main() -> int:
     ap.add_argument("--rows", default="1,8,16", help="input rows (batch)")
     ap.add_argument("--tiles", type=int, default=48, help="tiles per SM per launch")
     ap.add_argument("--modes", default=",".join(MODES), help=f"modes to run, of {','.join(MODES)}")
+    ap.add_argument("--swz-box-rows", type=int, default=0,
+                    help="swz modes: rows per tensor-copy box (0: the whole tile in one box per 64 columns; 8 or 16: "
+                         "the fixed box a megakernel map would use for every tile height)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     modes = {m: MODES[m] for m in args.modes.split(",")}
@@ -115,7 +118,8 @@ def main() -> int:
                     queue.zero_()
                     rc = so.gemv_stream_launch(pp, W.data_ptr(), X.data_ptr(), args.tiles, R, K, nb, code,
                                                out.data_ptr(), out_last.data_ptr(), queue.data_ptr(),
-                                               table.data_ptr(), grid, smem, stream.cuda_stream)
+                                               table.data_ptr(), grid, smem, stream.cuda_stream,
+                                               args.swz_box_rows)
                     if rc:
                         raise SystemExit(f"launch failed: {rc}")
 
@@ -137,8 +141,8 @@ def main() -> int:
                 us = min(times)
                 per_tile = us / args.tiles
                 gbs = grid * args.tiles * R * K * 2 / (us * 1e3) if "compute" not in mode else 0.0
-                rows.append(dict(R=R, K=K, nb=nb, mode=mode, us_per_tile=per_tile, gb_per_s=gbs,
-                                 pct_of_peak=100 * gbs / peak))
+                rows.append(dict(R=R, K=K, nb=nb, mode=mode, swz_box_rows=args.swz_box_rows, us_per_tile=per_tile,
+                                 gb_per_s=gbs, pct_of_peak=100 * gbs / peak))
                 print(f"R={R:3d} K={K:5d} nb={nb:2d} {mode:8s}: {per_tile:6.2f} us/tile/SM"
                       + (f", {gbs:6.0f} GB/s ({100 * gbs / peak:4.1f}% of peak)" if gbs else ""), flush=True)
     if args.json:

@@ -24,10 +24,12 @@ __device__ __forceinline__ void bulk_tensor_2d(void* dst, const CUtensorMap* map
         "l"(policy) : "memory");
 }
 
-// One warp: rows row0..row0+R-1 (every column) of the map's matrix into sW (1024-byte aligned; a box per 64
-// columns, one per lane), completing on weight buffer buf's mbarrier. The map's box is 64 columns x R rows, 128-byte
-// swizzle (the launcher's encoding).
-__device__ __noinline__ void issue_weights_swz(bf16* sW, const CUtensorMap* map, int row0, int R, int K, int buf) {
+// One warp: rows row0..row0+R-1 (every column) of the map's matrix into sW (1024-byte aligned), completing on
+// weight buffer buf's mbarrier: (K / 64) x (R / box_rows) tensor copies, each a box of 64 columns x box_rows rows
+// (the map's box; 128-byte swizzle), spread over the lanes. Box (kb, j) lands at lines kb * R + j * box_rows.. of the
+// tile, so the layout is the same whatever the box height (box_rows divides R, a multiple of 8).
+__device__ __noinline__ void issue_weights_swz(bf16* sW, const CUtensorMap* map, int row0, int R, int K, int buf,
+                                               int box_rows) {
     const int lane = threadIdx.x & 31;
     if (lane == 0) {
         s_wpend[buf] = 1;
@@ -37,8 +39,12 @@ __device__ __noinline__ void issue_weights_swz(bf16* sW, const CUtensorMap* map,
     __syncwarp();
     fence_proxy_async();
     const unsigned long long pol = l2_evict_first();
-    for (int kb = lane; kb < (K >> 6); kb += 32)
-        bulk_tensor_2d(reinterpret_cast<char*>(sW) + (size_t)kb * R * 128, map, kb * 64, row0, &s_wbar[buf], pol);
+    const int nkb = K >> 6, per = R / box_rows;
+    for (int i = lane; i < nkb * per; i += 32) {
+        const int kb = i % nkb, j = i / nkb;
+        bulk_tensor_2d(reinterpret_cast<char*>(sW) + ((size_t)kb * R + (size_t)j * box_rows) * 128, map, kb * 64,
+                       row0 + j * box_rows, &s_wbar[buf], pol);
+    }
 }
 
 // Fragment row g (0..7) of a 16-row block reads local row swz_perm(g) (and that + 8). The 8 lanes of a quarter warp

@@ -79,9 +79,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) gemv_stream(const __grid_con
                 wait_weights(buf);
             }
             gemv_swz(sw(buf), sX, xpitch, R, K, nb);
-            if (threadIdx.x == 0) {
-                out[(size_t)blockIdx.x * tiles + t] = sOut[0];
-                out_last[(size_t)blockIdx.x * tiles + t] = sOut[(R - 1) * MB + nb - 1];
+            if (threadIdx.x == 0) {                  // row R - 1 - (t & 7): over the tiles, every fragment row
+                out[(size_t)blockIdx.x * tiles + t] = sOut[0];   // mapping and every swizzle value is checked
+                out_last[(size_t)blockIdx.x * tiles + t] = sOut[(R - 1 - (t & 7)) * MB + nb - 1];
             }
             __syncthreads();
         }
@@ -224,13 +224,21 @@ extern "C" int gemv_stream_launch(const long long* params, const void* W, const 
                                   int smem_bytes, void* stream, int box_rows) {
     Params P;
     for (int i = 0; i < MK_NUM_PARAMS; i++) P.v[i] = params[i];
-    CUtensorMap map;
-    memset(&map, 0, sizeof(map));
+    // the map of the last (W, rows, K, box) asked for, encoded once (a host call: not inside the timed launches)
+    static CUtensorMap map;
+    static const void* map_w = nullptr;
+    static unsigned long long map_rows = 0;
+    static int map_k = 0, map_box = 0;
     if (mode >= 8) {
         if (box_rows <= 0) box_rows = R;
-        if (R % box_rows || box_rows % 8 || box_rows > 256) return -2;
-        const int rc = encode_swizzled(&map, W, (unsigned long long)grid * tiles * R, K, box_rows);
-        if (rc) return rc;
+        if (K % 64 || R % 8 || R > 64 || nb > MB || R % box_rows || box_rows % 8 || box_rows > 256) return -2;
+        const unsigned long long rows = (unsigned long long)grid * tiles * R;
+        if (map_w != W || map_rows != rows || map_k != K || map_box != box_rows) {
+            memset(&map, 0, sizeof(map));
+            const int rc = encode_swizzled(&map, W, rows, K, box_rows);
+            if (rc) { map_w = nullptr; return rc; }
+            map_w = W; map_rows = rows; map_k = K; map_box = box_rows;
+        }
     }
     cudaError_t e = cudaFuncSetAttribute(gemv_stream, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
     if (e != cudaSuccess) return (int)e;

@@ -97,6 +97,11 @@ def main() -> int:
             X = torch.randn(nb, K, device=dev, generator=gen).to(torch.bfloat16)
             ref = (W[::R].float() @ X[0].float())                  # each tile's row 0 times input row 0
             ref_last = (W[R - 1::R].float() @ X[nb - 1].float())   # its last row times the last input row
+            # the swizzled modes check row R - 1 - (t & 7) of tile t of a block instead (every fragment row mapping
+            # and swizzle value over the tiles)
+            t_in_block = torch.arange(grid * args.tiles, device=dev) % args.tiles
+            rows_swz = torch.arange(grid * args.tiles, device=dev) * R + R - 1 - (t_in_block & 7)
+            ref_last_swz = W[rows_swz].float() @ X[nb - 1].float()
             table = torch.arange(grid * args.tiles, dtype=torch.int32, device=dev)   # queue modes: claim -> tile
             for mode, code in modes.items():
                 if mode.startswith("swz") and (K % 64 or R % 8):
@@ -126,7 +131,8 @@ def main() -> int:
                 launch()
                 torch.cuda.synchronize()
                 if mode not in ("load", "compute", "swz_compute"):
-                    for got, want, what in ((out, ref, "first"), (out_last, ref_last, "last")):
+                    last = ref_last_swz if mode.startswith("swz") else ref_last
+                    for got, want, what in ((out, ref, "first"), (out_last, last, "last")):
                         err = ((got - want).abs() / want.abs().clamp_min(1e-2)).max().item()
                         if err > 2e-2:
                             raise SystemExit(f"R={R} K={K} nb={nb} {mode}: {what} outputs off by {err:.3g} (rel)")

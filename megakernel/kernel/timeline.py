@@ -223,6 +223,35 @@ def phases(tl: Timeline) -> dict[str, dict[str, float]]:
     return out
 
 
+def phase_spans(tl: Timeline) -> dict[str, dict[str, list[float]]]:
+    """For each task kind that takes marks: the [median, p90] in us of each phase (from one stamp or mark to the
+    next, in the mean order of `phases`), over the tasks or items that took both ends. Means hide the bimodal
+    phases (an item whose inputs were already in shared memory next to one that loads them); medians do not."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for ev in (tl.tasks, tl.items):
+        if not len(ev) or ev.marks is None:
+            continue
+        for op in np.unique(ev.op):
+            name = op_name(int(op))
+            labels = O.PROF_MARKS.get(name)
+            m = ev.op == op
+            if not labels or not np.isfinite(ev.marks[m]).any():
+                continue
+            cols = {k: getattr(ev, k)[m].astype(float) for k in STAMPS}
+            for j, label in enumerate(labels):
+                cols[label] = ev.marks[m, j].astype(float)
+            order = sorted(cols, key=lambda k: np.nanmean(cols[k]) if np.isfinite(cols[k]).any() else np.inf)
+            order = [k for k in order if np.isfinite(cols[k]).any()]
+            spans = {}
+            for a, b in zip(order, order[1:]):
+                d = (cols[b] - cols[a]) / 1e3
+                d = d[np.isfinite(d)]
+                if len(d):
+                    spans[b] = [round(float(np.median(d)), 3), round(float(np.percentile(d, 90)), 3)]
+            out[name] = spans
+    return out
+
+
 def critical_chain(tl: Timeline) -> list[tuple[str, int]]:
     """The chain of events that ends the step, tasks ("t", index) and MoE items ("i", index), first to last. From the
     event that ends last, step back to whichever ended later: its data dependency (the producers of a task's
@@ -359,6 +388,7 @@ def summarize(tl: Timeline) -> dict:
     }
     return dict(
         phases=phases(tl),
+        phase_spans=phase_spans(tl),
         step_us=step / 1e3, n_blocks=tl.n_blocks, n_tasks=len(t), n_items=len(items),
         timer_step_ns=tl.timer_step_ns, per_op=per_op,
         last_block_start_us=float(head.max()) / 1e3,
@@ -389,6 +419,9 @@ def format_summary(s: dict) -> str:
                  + ", ".join(f"{k} {v:.1f}" for k, v in s["sm_time_us_per_step"].items()))
     for name, at in s.get("phases", {}).items():
         lines.append(f"phases of {name} (mean us after its claim): " + ", ".join(f"{k} {v:.2f}" for k, v in at.items()))
+    for name, sp in s.get("phase_spans", {}).items():
+        lines.append(f"phase lengths of {name} (median / p90 us, each phase ending at): "
+                     + ", ".join(f"{k} {v[0]:.2f}/{v[1]:.2f}" for k, v in sp.items()))
     return "\n".join(lines)
 
 

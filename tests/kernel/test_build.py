@@ -31,13 +31,15 @@ def _check_static_smem(log: str) -> None:
     assert int(m.group(1)) <= build.opcodes.SMEM_RESERVE, f"{m.group(1)} bytes of static shared memory"
 
 
-def test_no_route_cache_build_compiles_without_spills(tmp_path, monkeypatch):
-    """MK_MOE_LOCAL=0 (the MoE worker's routing read from L2 per item, the default's alternative): compiles, does
-    not spill, and its static shared memory fits the reserve."""
+@pytest.mark.parametrize("defines", ["MK_MOE_LOCAL=0", "MK_TOPK_PACKED=1"])
+def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
+    """The builds the switches select besides the default (MK_MOE_LOCAL=0: the MoE worker's routing read from L2 per
+    item; MK_TOPK_PACKED=1: TOPK's one-max-per-round selection): each compiles, its entry function does not spill,
+    and its static shared memory fits the reserve."""
     if build.find_nvcc() is None:
         pytest.skip("nvcc not installed")
     monkeypatch.setenv("MEGAKERNEL_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_MOE_LOCAL=0")
+    monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", defines)
     lib = build.build("sm_90a", build.switch_flags())
     log = (lib.parent / "build.log").read_text()
     m = re.search(r"Function properties for mk_decode\s+(\d+) bytes stack frame, (\d+) bytes spill stores", log)

@@ -50,6 +50,14 @@ typedef __nv_bfloat16 bf16;
 #define MK_MOE_LOCAL 1
 #endif
 
+// MK_TOPK_PACKED: TOPK picks each row's experts with one 32-bit warp max per round, the bf16 logit's 16-bit
+// order-preserving key above 0xffff - expert, and computes the routing weights a lane per expert (1; mk_routing.cuh);
+// or with a ballot per word of experts per round and one lane's serial loop (0). The same picks and weights, bit for
+// bit. Off until it has run on the GPU.
+#ifndef MK_TOPK_PACKED
+#define MK_TOPK_PACKED 0
+#endif
+
 // MK_REPEAT_SMALL: an experiment, not a speed-up. The NORM and TOPK tasks run their (idempotent) work this many times
 // before they signal: the second run finds the task's code in the SM's instruction cache, so a trace of the build
 // with 2 against the default's 1 measures how much of a single-block task's ~5-10 us is its first, cold pass.

@@ -39,6 +39,64 @@ __device__ __noinline__ bool task_topk(const Params& P, const int* rec, int tick
     const int sel = PI(sel_fn), norm = PI(norm_topk);
     for (int rep = 0; rep < MK_REPEAT_SMALL; rep++) {   // (the same route written again: nobody reads it yet)
     if (rep) __syncthreads();
+#if MK_TOPK_PACKED
+    // 1. a warp per row: k rounds of the largest remaining key, one warp-wide max each. The router's logits are
+    //    bf16 values (its epilogue rounds them; the simulator reads them as such), so the top 16 bits of their
+    //    order-preserving key are the whole key, and the low 16 bits carry 0xffff - expert: one 32-bit max picks
+    //    the largest logit, ties going to the smaller expert, with no ballot per word. Then the routing weights,
+    //    a lane per chosen expert, summed in the order the reference sums them.
+    for (int b = warp; b < B; b += NW) {
+        float raw[TOPK_WORDS];
+        unsigned key[TOPK_WORDS];
+#pragma unroll
+        for (int q = 0; q < TOPK_WORDS; q++) {
+            const int e = q * 32 + lane;
+            const bool in = q < nq && e < E;
+            raw[q] = in ? ldcg_f(rl + (size_t)b * E + e) : 0.f;
+            key[q] = in ? (max(topk_key(raw[q]) >> 16, 1u) << 16) | (0xffffu - (unsigned)e) : 0u;  // NaN: 1
+            if (q < nq) sRank[b * e32 + e] = -1;
+        }
+        __syncwarp();                           // every lane's -1 before lane 0 writes the picks' ranks
+        float mine = 0.f;                       // lane kk: the logit of the row's kk-th expert
+        for (int kk = 0; kk < k; kk++) {
+            unsigned mx = 0u;
+#pragma unroll
+            for (int q = 0; q < TOPK_WORDS; q++) mx = max(mx, key[q]);
+            mx = __reduce_max_sync(0xffffffffu, mx);
+            const int pick = 0xffff - (int)(mx & 0xffffu), pq = pick >> 5;
+            const bool owner = lane == (pick & 31);
+            float v = 0.f;
+#pragma unroll
+            for (int q = 0; q < TOPK_WORDS; q++) {
+                v = q == pq ? raw[q] : v;
+                key[q] = (q == pq && owner) ? 0u : key[q];
+            }
+            v = __shfl_sync(0xffffffffu, v, pick & 31);
+            if (lane == kk) mine = v;
+            if (lane == 0) {
+                sId[b * MK_MAX_TOPK + kk] = pick;
+                sRank[b * e32 + pick] = kk;
+            }
+        }
+        const bool own = lane < k;
+        float wgt;
+        if (sel == MK_SEL_SOFTMAX) {
+            const float mxv = warp_max(own ? mine : -INFINITY);
+            const float ex = own ? expf(mine - mxv) : 0.f;
+            float sum = 0.f;
+            for (int kk = 0; kk < k; kk++) sum += __shfl_sync(0xffffffffu, ex, kk);
+            wgt = rbf(ex / sum);
+        } else {
+            wgt = own ? rbf(1.f / (1.f + expf(-mine))) : 0.f;
+            if (norm) {
+                float sum = 0.f;
+                for (int kk = 0; kk < k; kk++) sum += __shfl_sync(0xffffffffu, wgt, kk);
+                wgt = rbf(wgt / rbf(sum));
+            }
+        }
+        if (own) sSc[b * MK_MAX_TOPK + lane] = wgt;
+    }
+#else
     // 1. a warp per row: k rounds of the largest remaining key; ties go to the smaller expert
     for (int b = warp; b < B; b += NW) {
         float raw[TOPK_WORDS];
@@ -90,6 +148,7 @@ __device__ __noinline__ bool task_topk(const Params& P, const int* rec, int tick
             }
         }
     }
+#endif
     __syncthreads();
     prof_phase(0);
     // 2. per expert (a thread each, whole warps): the rows that chose it, then its slot (active experts ascending)

@@ -32,6 +32,8 @@ typedef __nv_bfloat16 bf16;
 // attention combine reading each split's log-sum-exp once and 16 splits' partial outputs at a time
 // (mk_attention.cuh); or the loops that chain them (0). The same per-element math either way. On: measured b1 8K
 // 4.85 vs 5.08 ms, b8 16.03 vs 16.33 (SPEED_NOTES.md, 2026-12-01 night).
+// 2: as 1, and NORM issues all of a thread's loads (h, attention, MLP, the experts' outputs, its norm weights)
+// at once and normalises in registers (one L2 round trip instead of three or four); off until it has run on the GPU.
 #ifndef MK_SMALL_VEC
 #define MK_SMALL_VEC 1
 #endif

@@ -109,6 +109,101 @@ __device__ __forceinline__ void norm_row(const Params& P, int l, const float* sH
 
 // the columns a thread owns: 8c..8c+7 for c = t, t + NT, ...
 #define NORM_COLS_PER_THREAD 8
+
+#if MK_SMALL_VEC >= 2
+// NORM of layer l >= 1 with every load of a thread in flight at once (MK_SMALL_VEC=2, rows of H <= 8 * NT): thread
+// t owns columns 8t..8t+7 as above and issues its h, attention, MLP, norm-weight and first 8 experts' loads
+// together (one L2 round trip where residual_row and norm_row take three or four), keeps the residual in registers,
+// and normalises it there. The same sums in the same order as residual_row + norm_row (bit-identical results).
+__device__ __forceinline__ void residual_norm_fused(const Params& P, int l, int row, float* red, bf16* x,
+                                                    bf16* hout) {
+    const int H = PI(H), Bm = PI(Bm), topk = PI(topk), C = H >> 3, L = PI(L);
+    const int lp = l - 1;
+    const int* li = layer_info(P, lp);
+    const int m = li[LI_MOE_IDX], kind = li[LI_MLP_KIND];
+    const uint4* hp = reinterpret_cast<const uint4*>(PP(const bf16*, h) + ((size_t)lp * Bm + row) * H);
+    const uint4* ao = reinterpret_cast<const uint4*>(PP(const bf16*, ao) + ((size_t)lp * Bm + row) * H);
+    const uint4* y = reinterpret_cast<const uint4*>(PP(const bf16*, y) + ((size_t)(m < 0 ? 0 : m) * Bm + row) * topk * H);
+    const uint4* mo = reinterpret_cast<const uint4*>(PP(const bf16*, mout) + ((size_t)lp * Bm + row) * H);
+    const uint4* w = reinterpret_cast<const uint4*>(
+        (l == L) ? PP(const bf16*, final_norm) : reinterpret_cast<const bf16*>(layer_wptr(P, l)[WP_NORM]));
+    const int comb = PI(shared_comb), ny = m >= 0 ? topk : 0;
+    const float eps = PF(norm_eps);
+    const bool rms = PI(norm_type) == MK_NORM_RMS;
+    const int c = threadIdx.x;
+    const bool on = c < C;
+    const uint4 z = make_uint4(0, 0, 0, 0);
+    uint4 hv = z, av = z, mv = z, wv = z, yv[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++) yv[k] = z;
+    if (on) {
+        hv = __ldcg(hp + c);
+        av = __ldcg(ao + c);
+        if (kind != MK_MLP_NONE) mv = __ldcg(mo + c);
+        wv = __ldg(w + c);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            if (k < ny) yv[k] = __ldcg(y + (size_t)k * C + c);
+    }
+    float v[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) v[j] = 0.f;
+    if (on) {
+        float acc[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[j] = 0.f;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            if (k < ny) {
+                float f[8];
+                unpack8(yv[k], f);
+#pragma unroll
+                for (int j = 0; j < 8; j++) acc[j] = (k == 0) ? f[j] : rbf(acc[j] + f[j]);
+            }
+        }
+        for (int k = 8; k < ny; k++) {            // more than 8 experts per token: the rest one at a time
+            float f[8];
+            unpack8(__ldcg(y + (size_t)k * C + c), f);
+#pragma unroll
+            for (int j = 0; j < 8; j++) acc[j] = rbf(acc[j] + f[j]);
+        }
+        float hf[8], af[8], mf[8];
+        unpack8(hv, hf);
+        unpack8(av, af);
+        unpack8(mv, mf);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float a = acc[j];
+            if (kind == MK_MLP_DENSE) a = mf[j];
+            else if (kind == MK_MLP_SHARED) a = comb == MK_COMB_SUM ? rbf(a + mf[j]) : rbf(rbf(a + mf[j]) * 0.5f);
+            v[j] = rbf(rbf(hf[j] + af[j]) + a);
+        }
+    }
+    prof_phase(0);
+    float part = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) part += rms ? v[j] * v[j] : v[j];
+    float mean = 0.f, r;
+    if (rms) {
+        r = rsqrtf(block_sum(part, red) / (float)H + eps);
+    } else {
+        mean = block_sum(part, red) / (float)H;
+        float pv = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) pv += on ? (v[j] - mean) * (v[j] - mean) : 0.f;
+        r = rsqrtf(block_sum(pv, red) / (float)H + eps);
+    }
+    if (on) {
+        float wf[8], xf[8];
+        unpack8(wv, wf);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            xf[j] = rms ? bf2f(f2bf(wf[j] * rbf(v[j] * r))) : bf2f(f2bf(wf[j] * ((v[j] - mean) * r)));
+        reinterpret_cast<uint4*>(x)[c] = pack8(xf);
+        if (hout) reinterpret_cast<uint4*>(hout)[c] = pack8(v);
+    }
+}
+#endif
 #else
 // The residual stream of `row` entering layer l into sH (fp32): the embedding for l == 0, else h_{l-1} + the
 // attention output + the MLP output of layer l-1, rounded as the PyTorch path rounds them. All threads; thread t
@@ -187,6 +282,14 @@ __device__ __noinline__ bool task_norm(const Params& P, const int* rec, int tick
     float* sH = reinterpret_cast<float*>(smem);
     for (int rep = 0; rep < MK_REPEAT_SMALL; rep++) {   // (reads layer l - 1's buffers, writes layer l's)
         if (rep) __syncthreads();
+#if MK_SMALL_VEC >= 2
+        if (l > 0 && (H >> 3) <= NT) {
+            residual_norm_fused(P, l, row, sH + H, PP(bf16*, x) + ((size_t)l * Bm + row) * H,
+                                PP(bf16*, h) + ((size_t)l * Bm + row) * H);
+            prof_phase(1);
+            continue;
+        }
+#endif
         residual_row(P, l, row, sH);
         prof_phase(0);
         norm_row(P, l, sH, sH + H, PP(bf16*, x) + ((size_t)l * Bm + row) * H, PP(bf16*, h) + ((size_t)l * Bm + row) * H);

@@ -121,6 +121,9 @@ PARAM_FIELDS = (
     "lm_wbuf",
     # 1: a block claims its next ticket when it starts a task; 0: once the task has signalled (ModelPlan.claim_ahead)
     "claim_ahead",
+    # 1: a MoE worker with one weight buffer issues its next item's claim and uses the answer only after this item's
+    # GEMV (ModelPlan.moe_claim_late); 0: it waits for the answer before the item's dependency wait
+    "moe_claim_late",
     # O-projection tiles in each MoE layer's work queue (the `o_queue` knob; 0: static OPROJ tasks), their rows, and
     # the per-layer offset of the attention-combine counter they wait on
     "o_items", "o_rows", "c_comb",

@@ -151,6 +151,10 @@ class ModelPlan:
                                          # latency hidden); 0: after the task signalled, so no ticket waits behind
                                          # another task's dependency wait (measured b1 8K 4.16 vs 4.55 ms, b8 15.28
                                          # vs 15.78); prefetching plans always claim ahead
+    moe_claim_late: int = 0              # 1: a MoE worker with one weight buffer issues the claim of its next item
+                                         # where it does today but reads the answer only after this item's GEMV
+                                         # (the atomic's round trip off the item's path; the items still run in
+                                         # claim order); 0: it waits for the answer first. Not yet measured
     prefetch: int = 0                    # 1: two GEMV weight buffers where they fit (prefetch_wbuf): each block
                                          # issues its next task's tile before it waits for and computes this one
                                          # (measured slower so far: SPEED_NOTES.md)

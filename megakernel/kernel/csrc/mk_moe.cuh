@@ -335,6 +335,9 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
 #endif
     int item = s_w[2], buf = 0;
     bool issued = false;                     // the current item's tile is in flight in `buf`
+    // moe_claim_late (one buffer): thread 0 keeps the next claim's answer in a register until this item's GEMV is
+    // done, then publishes it in s_w[2] before the item's last barrier
+    const bool late = !two && PI(moe_claim_late);
     if (item >= n_items) prefetch_next(P, 1);
     while (item < n_items) {
         prof_reset();
@@ -347,11 +350,16 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
             return false;
         }
         if (!issued) { issue_item(P, it.T, buf, ring); prof_mark(PS_ISSUED); }
-        __syncthreads();                     // s_w[2] of the previous claim has been read by every thread
-        if (threadIdx.x == 0) s_w[2] = atomicAdd(work, 1);
-        __syncthreads();
+        int claim = 0;                       // (late: thread 0's answer, published after the GEMV)
+        if (late) {
+            if (threadIdx.x == 0) claim = atomicAdd(work, 1);
+        } else {
+            __syncthreads();                 // s_w[2] of the previous claim has been read by every thread
+            if (threadIdx.x == 0) s_w[2] = atomicAdd(work, 1);
+            __syncthreads();
+        }
         prof_phase(0);
-        const int nxt = s_w[2];
+        const int nxt = late ? 0 : s_w[2];
         bool prefetched = false;             // the next item's tile is in flight in buf ^ 1
         if (two) {
             if (nxt < n_items) {
@@ -394,6 +402,9 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
         } else {
             gemv(P, buf, R, it.T.K, it.cnt);
         }
+        // late: every thread read the previous answer at the end of the last item, and the GEMV's barriers since
+        // then separate that read from this write; the item's last barrier below publishes it
+        if (late && threadIdx.x == 0) s_w[2] = claim;
         if (oitem) {
             oproj_epilogue(P, l, it.r0, it.nr);
 #if MK_PROFILE
@@ -413,7 +424,12 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
             prof_item(P, m, item, MK_PROF_ITEM_DN, l, ((long long)it.e << 16) | item);
 #endif
         }
-        item = nxt;
+        if (late) {
+            if (oitem || it.down) __syncthreads();   // (a gate/up item's signal ended on one)
+            item = s_w[2];
+        } else {
+            item = nxt;
+        }
         issued = prefetched;
         if (issued) buf ^= 1;
     }

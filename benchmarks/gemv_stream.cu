@@ -24,10 +24,7 @@
 #include "mk_gemv_swz.cuh"
 
 // The swizzled modes' layout: sRed | sOut | pad to 1024 B (absolute) | weight buffers | inputs (pitch K + 32).
-__device__ __forceinline__ size_t swz_w_off() {
-    const unsigned base = smem_addr(smem);
-    return (size_t)(((base + SM_W + 1023u) & ~1023u) - base);
-}
+__device__ __forceinline__ size_t swz_w_off() { return swz_align(SM_W); }
 
 // queue modes: claim the next tile number (thread 0, one atomic on the shared counter) and map it through the table
 // (a dependent L2 load), as a MoE worker does; every thread gets it through shared memory.
@@ -64,17 +61,17 @@ extern "C" __global__ void __launch_bounds__(NT, 1) gemv_stream(const __grid_con
         const float* sOut = reinterpret_cast<const float*>(smem + SM_OUT);
         auto sw = [&](int b) { return reinterpret_cast<bf16*>(smem + w0 + b * tile_bytes); };
         const int row_base = blockIdx.x * tiles * R;
-        if (mode == 10 && threadIdx.x < 32) issue_weights_swz(sw(0), &tmap, row_base, R, K, 0, box_rows);
+        if (mode == 10 && threadIdx.x < 32) issue_tile_swz(sw(0), &tmap, row_base, R, 0, 0, K, 0, box_rows);
         if (mode == 10) wait_weights(0);
-        if (mode == 9 && threadIdx.x < 32) issue_weights_swz(sw(0), &tmap, row_base, R, K, 0, box_rows);
+        if (mode == 9 && threadIdx.x < 32) issue_tile_swz(sw(0), &tmap, row_base, R, 0, 0, K, 0, box_rows);
         for (int t = 0; t < tiles; t++) {
             int buf = 0;
             if (mode == 8) {
-                if (threadIdx.x < 32) issue_weights_swz(sw(0), &tmap, row_base + t * R, R, K, 0, box_rows);
+                if (threadIdx.x < 32) issue_tile_swz(sw(0), &tmap, row_base + t * R, R, 0, 0, K, 0, box_rows);
                 wait_weights(0);
             } else if (mode == 9) {
                 buf = t & 1;
-                if (t + 1 < tiles && threadIdx.x < 32) issue_weights_swz(sw(buf ^ 1), &tmap, row_base + (t + 1) * R, R, K, buf ^ 1,
+                if (t + 1 < tiles && threadIdx.x < 32) issue_tile_swz(sw(buf ^ 1), &tmap, row_base + (t + 1) * R, R, 0, 0, K, buf ^ 1,
                                                                  box_rows);
                 wait_weights(buf);
             }

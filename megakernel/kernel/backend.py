@@ -103,6 +103,8 @@ class MegakernelBackend(DecodeBackend):
         self.dev_index = self.device.index if self.device.index is not None else torch.cuda.current_device()
         self.arch = arch
         self.lib = build.load(arch)
+        # MK_SWZ builds: the expert tiles by swizzled tensor copies (tensor maps encoded below, shared-memory slack)
+        self.swz = "-DMK_SWZ=1" in build.switch_flags()
         self._lib_prof = None                # the profiling build, loaded on first use
         self._profile_next = False
         self.last_profile = None             # timeline.RawProfile of the last profiled launch
@@ -174,8 +176,32 @@ class MegakernelBackend(DecodeBackend):
                 wp[l, F["e_gu"]] = ptr(lw.moe.experts_gate_up)
                 wp[l, F["e_down"]] = ptr(lw.moe.experts_down)
         self.wptrs = torch.from_numpy(wp).to(dev)
+        self.tmaps = self._expert_tensor_maps(wp, F) if self.swz else None
         self.embed_ptr, self.final_norm_ptr, self.lm_head_ptr = ptr(w.embed), ptr(w.final_norm), ptr(w.lm_head)
         self.step_dev = torch.zeros(1, dtype=torch.int32, device=dev)
+
+    def _expert_tensor_maps(self, wp: np.ndarray, F: dict[str, int]) -> torch.Tensor:
+        """MK_SWZ: the tensor maps of every MoE layer's expert matrices, two per layer at 2 * moe_idx (gate/up as
+        [E * 2I, H], down as [E * H, I]; boxes of 64 columns x SWZ_BOX_ROWS rows, 128-byte swizzle), on the device."""
+        p = self.plan
+        li = p.layer_info()
+        m_col = O.LAYER_INFO_FIELDS.index("moe_idx")
+        host = np.zeros((max(p.Lm, 1) * 2, O.TMAP_BYTES), dtype=np.uint8)
+        for l in range(p.L):
+            m = int(li[l, m_col])
+            if m < 0:
+                continue
+            for j, (field, rows, K) in enumerate((("e_gu", p.E * 2 * p.I, p.H), ("e_down", p.E * p.H, p.I))):
+                rc = self.lib.mk_encode_swizzled(host[2 * m + j].ctypes.data, int(wp[l, F[field]]), rows, K,
+                                                 O.SWZ_BOX_ROWS)
+                if rc:
+                    raise MegakernelFailure(f"tensor map of layer {l}'s {field} ({rows} x {K}) failed: {rc}")
+        return torch.from_numpy(host).to(self.device)
+
+    def _smem_of(self, plan: ModelPlan) -> int:
+        """Dynamic shared memory of a launch with `plan`: the plan's layouts, plus (MK_SWZ builds) the swizzled tile's
+        alignment and its inputs' pad."""
+        return plan.smem_bytes() + (O.SWZ_SLACK if self.swz else 0)
 
     def set_tuning(self, **tuning: int) -> None:
         """(Re)build the plans from TUNING_KEYS overrides (measurements; the task lists are rebuilt). `self.plan`
@@ -191,10 +217,10 @@ class MegakernelBackend(DecodeBackend):
         plan = plans[-1]
         plan.check_supported()
         for p in plans:
-            if p.smem_bytes() > self.smem_optin - 1024:
-                raise ValueError(f"kernel needs {p.smem_bytes()} B of shared memory, the GPU allows {self.smem_optin}")
+            if self._smem_of(p) > self.smem_optin - 1024:
+                raise ValueError(f"kernel needs {self._smem_of(p)} B of shared memory, the GPU allows {self.smem_optin}")
         self.plan, self.plans, self.batch_tiles = plan, plans, batch_tiles
-        self.smem = plan.smem_bytes()
+        self.smem = self._smem_of(plan)
         lm_tiles = max(q.n_lm_tiles for q in plans)
         if hasattr(self, "buf") and self.buf["lm_best"].shape[0] < lm_tiles:     # re-tuned to smaller LM tiles
             self.buf["lm_best"] = torch.empty(lm_tiles, plan.max_batch, 2, dtype=torch.float32, device=self.device)
@@ -289,7 +315,7 @@ class MegakernelBackend(DecodeBackend):
         stream = torch.cuda.current_stream(dev)
         lib = self.lib if prof is None else self._lib_prof
         rc = lib.mk_launch(self.dev_index, params.ctypes.data_as(
-            ctypes.POINTER(ctypes.c_longlong)), self.grid, self._plan_for(B).smem_bytes(),
+            ctypes.POINTER(ctypes.c_longlong)), self.grid, self._smem_of(self._plan_for(B)),
             self.sync.data_ptr(), p.sync_ints * 4, stream.cuda_stream)
         if rc:
             raise MegakernelFailure(f"megakernel launch failed: {self.lib.mk_error_string(rc).decode()}")
@@ -366,6 +392,7 @@ class MegakernelBackend(DecodeBackend):
             prof=prof["tasks"].data_ptr() if prof else 0, prof_items=prof["items"].data_ptr() if prof else 0,
             prof_items_per_layer=int(prof["per_layer"]) if prof else 0,
             prof_blocks=prof["blocks"].data_ptr() if prof else 0,
+            tmaps=self.tmaps.data_ptr() if self.tmaps is not None else 0,
         )
         for name, t in self.buf.items():
             vals[name] = t.data_ptr()

@@ -111,7 +111,7 @@ PROFILE_FLAGS = ("-DMK_PROFILE=1",)     # the profiling build: every task stampe
 # Compile-time switches of the kernel sources a measurement may flip, with their defaults (the sources say what each
 # does). $MEGAKERNEL_KERNEL_DEFINES="MK_SIGNAL_FENCE=0" overrides them; they are nvcc flags, so part of the hash.
 KERNEL_SWITCHES = {"MK_SIGNAL_FENCE": 1, "MK_GEMV_TC": 1, "MK_GEMV_B1": 1, "MK_SMALL_VEC": 1, "MK_WS_MOE": 0, "MK_MOE_LOCAL": 1,
-                   "MK_REPEAT_SMALL": 1, "MK_TOPK_PACKED": 0}
+                   "MK_REPEAT_SMALL": 1, "MK_TOPK_PACKED": 0, "MK_SWZ": 0}
 
 
 def switch_flags() -> tuple[str, ...]:
@@ -145,6 +145,9 @@ def load(arch: str = "sm_90a", profile: bool = False) -> ctypes.CDLL:
         lib.mk_error_string.restype = ctypes.c_char_p
         lib.mk_device_info.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
         lib.mk_device_info.restype = ctypes.c_int
+        lib.mk_encode_swizzled.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_int,
+                                           ctypes.c_int]
+        lib.mk_encode_swizzled.restype = ctypes.c_int
         if lib.mk_num_params() != opcodes.NUM_PARAMS:
             raise BuildError("the loaded library disagrees with opcodes.py on the parameter count")
         _loaded[key] = lib

@@ -40,6 +40,11 @@ SMEM_RESERVE = 3072          # of SMEM_LIMIT, left to the kernel's static shared
                              # the MoE worker's route cache of MK_MOE_LOCAL; test_build checks the build's own figure)
 PREFETCH_MIN_TILE = 48 * 1024  # a plan double-buffers its GEMV weights (the next task's tile loads while this one
                              # waits and computes) only where two tiles of at least this many bytes fit
+SWZ_BOX_ROWS = 16            # MK_SWZ builds: rows per box of the expert matrices' tensor maps (csrc/mk_gemv_swz.cuh);
+                             # the expert items' swizzled tiles are made of them, so their halves are multiples of it
+SWZ_SLACK = 2048             # MK_SWZ builds: dynamic shared memory the backend adds to a plan's (the swizzled tile's
+                             # 1024-byte alignment and its inputs' 64-byte pad per row)
+TMAP_BYTES = 128             # one CUtensorMap
 DEFAULT_SPLIT_TOKENS = 512   # keys per attention split (rounded to the KV block size)
 MAX_SPLITS_PER_HEAD = 256    # longer contexts get longer splits
 
@@ -137,6 +142,8 @@ PARAM_FIELDS = (
     # profiling build only (0 otherwise): task records [n_tasks][PROF_INTS], MoE item records
     # [Lm][prof_items_per_layer][PROF_INTS], per-block clock calibration [grid][PROF_BLOCK_INTS] (all int64)
     "prof", "prof_items", "prof_items_per_layer", "prof_blocks",
+    # MK_SWZ builds: the expert matrices' tensor maps, two per MoE layer (gate/up, down; TMAP_BYTES each), or 0
+    "tmaps",
 )
 NUM_PARAMS = len(PARAM_FIELDS)
 P = {name: i for i, name in enumerate(PARAM_FIELDS)}
@@ -195,6 +202,7 @@ def generate_header() -> str:
                   ATTN_MAX_GROUP=ATTN_MAX_GROUP, ATTN_MAX_HEAD_DIM=ATTN_MAX_HEAD_DIM, ATTN_OUT_PER_THREAD=ATTN_OUT_PER_THREAD,
                   MAX_HEAD_DIM=MAX_HEAD_DIM, MAX_GROUP=MAX_GROUP, MAX_EXPERTS=MAX_EXPERTS, MAX_TOPK=MAX_TOPK,
                   MAX_PAIRS=MAX_PAIRS, MAX_SLOTS=MAX_SLOTS, SMEM_RESERVE=SMEM_RESERVE,
+                  SWZ_BOX_ROWS=SWZ_BOX_ROWS, SWZ_SLACK=SWZ_SLACK, TMAP_BYTES=TMAP_BYTES,
                   REC_INTS=REC_INTS, MAX_WAITS=MAX_WAITS, CTRL_INTS=CTRL_INTS, NUM_PARAMS=NUM_PARAMS,
                   LAYER_INFO_INTS=LAYER_INFO_INTS, WPTR_INTS=WPTR_INTS,
                   ERR_WATCHDOG=ERR_WATCHDOG, ERR_BAD_OPCODE=ERR_BAD_OPCODE, ERR_SMEM=ERR_SMEM,

@@ -60,6 +60,14 @@ typedef __nv_bfloat16 bf16;
 #define MK_TOPK_PACKED 0
 #endif
 
+// MK_SWZ: the plain MoE worker's expert tiles by TMA tensor copies with the 128-byte swizzle, multiplied by the
+// swizzled tensor-core core (csrc/mk_gemv_swz.cuh; the backend encodes two tensor maps per MoE layer), where the
+// tile fits (K a multiple of 64, halves multiples of MK_SWZ_BOX_ROWS) (1); or today's contiguous copies (0). Off
+// until it has run on the GPU.
+#ifndef MK_SWZ
+#define MK_SWZ 0
+#endif
+
 // MK_REPEAT_SMALL: an experiment, not a speed-up. The NORM and TOPK tasks run their (idempotent) work this many times
 // before they signal: the second run finds the task's code in the SM's instruction cache, so a trace of the build
 // with 2 against the default's 1 measures how much of a single-block task's ~5-10 us is its first, cold pass.

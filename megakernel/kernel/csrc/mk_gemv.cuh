@@ -91,8 +91,8 @@ __shared__ const bf16* s_xrow[MB];
 // Copies nb input rows (pointers in s_xrow) of K elements into sX (pitch row_pitch(K)) with plain L2 loads (the
 // inputs were written in this launch), four 16-byte loads in flight per thread; threads 0..NTHREADS-1 take part.
 template <int NTHREADS = NT>
-__device__ __forceinline__ void load_x(bf16* sX, int nb, int K) {
-    const int per_row = K >> 3, n = nb * per_row, pitch = row_pitch(K);
+__device__ __forceinline__ void load_x(bf16* sX, int nb, int K, int pitch_elems = 0) {   // 0: row_pitch(K)
+    const int per_row = K >> 3, n = nb * per_row, pitch = pitch_elems ? pitch_elems : row_pitch(K);
     for (int u0 = threadIdx.x; u0 < n; u0 += 4 * NTHREADS) {
         uint4 v[4];
 #pragma unroll

@@ -24,13 +24,15 @@ __device__ __forceinline__ void bulk_tensor_2d(void* dst, const CUtensorMap* map
         "l"(policy) : "memory");
 }
 
-// One warp: rows row0..row0+R-1 (every column) of the map's matrix into sW (1024-byte aligned), completing on
-// weight buffer buf's mbarrier: (K / 64) x (R / box_rows) tensor copies, each a box of 64 columns x box_rows rows
-// (the map's box; 128-byte swizzle), spread over the lanes. Box (kb, j) lands at lines kb * R + j * box_rows.. of the
-// tile, so the layout is the same whatever the box height (box_rows divides R, a multiple of 8).
-__device__ __noinline__ void issue_weights_swz(bf16* sW, const CUtensorMap* map, int row0, int R, int K, int buf,
-                                               int box_rows) {
+// One warp: a tile of two halves, rows y0..y0+n0-1 then y1..y1+n1-1 (every column) of the map's matrix, into sW
+// (1024-byte aligned) as one swizzled tile of R = n0 + n1 rows, completing on weight buffer buf's mbarrier:
+// (K / 64) x (R / box_rows) tensor copies, each a box of 64 columns x box_rows rows (the map's box; 128-byte
+// swizzle), spread over the lanes. Box (kb, j) lands at lines kb * R + (its first row in the tile).., so the layout
+// is the same whatever the box height (box_rows divides n0 and n1, R a multiple of 8).
+__device__ __noinline__ void issue_tile_swz(bf16* sW, const CUtensorMap* map, int y0, int n0, int y1, int n1, int K,
+                                            int buf, int box_rows) {
     const int lane = threadIdx.x & 31;
+    const int R = n0 + n1;
     if (lane == 0) {
         s_wpend[buf] = 1;
         fence_proxy_async();
@@ -39,12 +41,20 @@ __device__ __noinline__ void issue_weights_swz(bf16* sW, const CUtensorMap* map,
     __syncwarp();
     fence_proxy_async();
     const unsigned long long pol = l2_evict_first();
-    const int nkb = K >> 6, per = R / box_rows;
-    for (int i = lane; i < nkb * per; i += 32) {
+    const int nkb = K >> 6, b0 = n0 / box_rows, nbox = b0 + n1 / box_rows;
+    for (int i = lane; i < nkb * nbox; i += 32) {
         const int kb = i % nkb, j = i / nkb;
-        bulk_tensor_2d(reinterpret_cast<char*>(sW) + ((size_t)kb * R + (size_t)j * box_rows) * 128, map, kb * 64,
-                       row0 + j * box_rows, &s_wbar[buf], pol);
+        const int r = j < b0 ? j * box_rows : n0 + (j - b0) * box_rows;      // its first row in the tile
+        const int y = j < b0 ? y0 + j * box_rows : y1 + (j - b0) * box_rows;  // and in the matrix
+        bulk_tensor_2d(reinterpret_cast<char*>(sW) + ((size_t)kb * R + r) * 128, map, kb * 64, y, &s_wbar[buf], pol);
     }
+}
+
+// The offset from the dynamic shared memory's start of the first 1024-byte aligned address at or after `off`
+// (a swizzled tile's buffer; the plan leaves MK_SWZ_SLACK bytes for it).
+__device__ __forceinline__ size_t swz_align(size_t off) {
+    const unsigned base = smem_addr(smem);
+    return (size_t)((((unsigned)(base + off) + 1023u) & ~1023u) - base);
 }
 
 // Fragment row g (0..7) of a 16-row block reads local row swz_perm(g) (and that + 8). The 8 lanes of a quarter warp

@@ -3,6 +3,9 @@
 #pragma once
 #include "mk_common.cuh"
 #include "mk_gemv.cuh"      // the experts' tiles run on the GEMV core
+#if MK_SWZ
+#include "mk_gemv_swz.cuh"  // or, swizzled, on its tensor-core core
+#endif
 
 // ---- MOE_WORKER: claims expert work items of one layer until the queue is empty --------------------------------
 // One work item: a gate/up tile (with SiLU * up) or a down tile of one active expert slot, or (o_queue) a tile of
@@ -338,17 +341,46 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
     // moe_claim_late (one buffer): thread 0 keeps the next claim's answer in a register until this item's GEMV is
     // done, then publishes it in s_w[2] before the item's last barrier
     const bool late = !two && PI(moe_claim_late);
+#if MK_SWZ
+    // MK_SWZ (one buffer, maps given): an expert tile by swizzled tensor copies into a 1024-byte aligned buffer, its
+    // inputs after it at a pitch of K + 32, both read by the swizzled core
+    const CUtensorMap* tmaps = PP(const CUtensorMap*, tmaps);
+    const bool swz_worker = !two && tmaps != nullptr;
+    const size_t swz_w = swz_align(SM_W);
+#endif
     if (item >= n_items) prefetch_next(P, 1);
     while (item < n_items) {
         prof_reset();
         const MoeItem it = moe_item(P, l, route, egu, edn, item, n_gu);
         const int R = it.T.n0 + it.T.n1;
+#if MK_SWZ
+        const bool sz = swz_worker && it.slot >= 0 && (it.T.K & 63) == 0 && it.T.n0 % MK_SWZ_BOX_ROWS == 0 &&
+                        it.T.n1 % MK_SWZ_BOX_ROWS == 0;
+        const int xpitch = sz ? it.T.K + 32 : row_pitch(it.T.K);
+        const size_t x_off = sz ? swz_w + (size_t)R * it.T.K * 2 : (ring ? moe_x(P) : sm_x(P, R, it.T.K));
+        if (!smem_fits(P, x_off + (size_t)it.cnt * xpitch * 2, ticket) ||
+            (ring && (size_t)R * row_pitch(it.T.K) * 2 > (size_t)PI(moe_wbuf))) {
+            drain_weights();
+            return false;
+        }
+        if (!issued && sz) {
+            if (threadIdx.x < 32) {
+                const int E2 = 2 * PI(I);
+                const int y0 = it.down ? it.e * PI(H) + it.r0 : it.e * E2 + it.r0;
+                issue_tile_swz(reinterpret_cast<bf16*>(smem + swz_w), tmaps + 2 * m + (it.down ? 1 : 0), y0, it.T.n0,
+                               it.e * E2 + PI(I) + it.r0, it.T.n1, it.T.K, buf, MK_SWZ_BOX_ROWS);
+            }
+            prof_mark(PS_ISSUED);
+            issued = true;
+        }
+#else
         const size_t x_off = ring ? moe_x(P) : sm_x(P, R, it.T.K);
         if (!smem_fits(P, x_off + (size_t)it.cnt * row_pitch(it.T.K) * 2, ticket) ||
             (ring && (size_t)R * row_pitch(it.T.K) * 2 > (size_t)PI(moe_wbuf))) {
             drain_weights();
             return false;
         }
+#endif
         if (!issued) { issue_item(P, it.T, buf, ring); prof_mark(PS_ISSUED); }
         int claim = 0;                       // (late: thread 0's answer, published after the GEMV)
         if (late) {
@@ -388,13 +420,24 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
             s_pair_rank[threadIdx.x] = ldcg_i(route + PI(r_pair_rank) + it.st + threadIdx.x);
         }
 #endif
+#if MK_SWZ
+        if (!same) load_x(reinterpret_cast<bf16*>(smem + x_off), it.cnt, it.T.K, xpitch);
+#else
         if (!same) load_x(reinterpret_cast<bf16*>(smem + x_off), it.cnt, it.T.K);
+#endif
 #if MK_PROFILE
         __syncthreads();                     // (profiling only: the inputs' loads are done, for the mark)
         prof_phase(2);
 #endif
         wait_weights(buf);                   // (its barrier: every thread compared s_xprev, sX is published)
         if (keep_x) inputs_hold(it.cnt, it.T.K, x_off);
+#if MK_SWZ
+        if (sz) {
+            gemv_swz(reinterpret_cast<const bf16*>(smem + swz_w), reinterpret_cast<const bf16*>(smem + x_off), xpitch,
+                     R, it.T.K, it.cnt);
+            prof_mark(PS_COMPUTED);
+        } else
+#endif
         if (ring) {
             gemv_at(reinterpret_cast<const bf16*>(smem + moe_w(P, buf)), reinterpret_cast<const bf16*>(smem + x_off),
                     R, it.T.K, it.cnt);

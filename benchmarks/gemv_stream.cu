@@ -51,7 +51,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) gemv_stream(const __grid_con
     const bf16* base = W + (size_t)blockIdx.x * tiles * tile_elems;
     if (mode >= 8) {                         // swizzled: TMA tensor copies, the swizzled core
         const size_t w0 = swz_w_off(), tile_bytes = tile_elems * 2;
-        const int xpitch = K + 32, nbuf = mode == 9 ? 2 : 1;
+        const int xpitch = K + MK_SWZ_X_PAD, nbuf = mode == 9 ? 2 : 1;
         bf16* sX = reinterpret_cast<bf16*>(smem + w0 + nbuf * tile_bytes);
         for (int i = threadIdx.x; i < nb * (K >> 3); i += NT) {
             const int b = i / (K >> 3), c = i - b * (K >> 3);

@@ -59,7 +59,7 @@ def smem_for(R: int, K: int, nb: int, double: bool, swizzled: bool = False) -> t
     """(wbuf param, dynamic shared memory) of the kernel's layouts (schedule.smem_bytes); swizzled: the swz modes'
     (1 KB to align the weight buffers, inputs at a pitch of K + 32)."""
     if swizzled:
-        return 0, O.GEMV_SCRATCH_BYTES + 1024 + (2 if double else 1) * R * K * 2 + nb * (K + 32) * 2
+        return 0, O.GEMV_SCRATCH_BYTES + O.SWZ_ALIGN + (2 if double else 1) * R * K * 2 + nb * (K + O.SWZ_X_PAD) * 2
     tile = (R * (K + O.ROW_PAD) * 2 + 15) // 16 * 16
     x = nb * (K + O.ROW_PAD) * 2
     if double:

@@ -62,6 +62,24 @@ def megakernel_available(device: torch.device | str | None = None) -> tuple[bool
     return True, ""
 
 
+def swz_expert_smem_bytes(plan: ModelPlan) -> int:
+    """MK_SWZ: shared memory of the plain MoE worker's swizzled expert tiles at their largest (the GEMV scratch, the
+    tile's alignment, a gate/up or down tile, tile_batch input rows at the padded pitch; csrc/mk_moe.cuh)."""
+    return O.GEMV_SCRATCH_BYTES + O.SWZ_ALIGN + max(
+        2 * plan.gu_rows * plan.H * 2 + plan.tb * (plan.H + O.SWZ_X_PAD) * 2,
+        plan.dn_rows * plan.I * 2 + plan.tb * (plan.I + O.SWZ_X_PAD) * 2)
+
+
+def launch_smem_bytes(plan: ModelPlan, swz: bool) -> int:
+    """Dynamic shared memory of a launch with `plan`: the plan's layouts, and (swz: MK_SWZ builds, plain MoE workers)
+    the swizzled expert tiles', as far as the limit allows (an item whose swizzled layout does not fit the launch
+    takes today's path)."""
+    need = plan.smem_bytes()
+    if swz and not plan.wbuf and not plan.moe_wbuf:
+        need = max(need, min(swz_expert_smem_bytes(plan), O.SMEM_LIMIT - O.SMEM_RESERVE))
+    return need
+
+
 TUNING_KEYS = ("split_tokens", "attn_stages", "n_workers", "oproj_first", "qkv_by_head", "fused_norm", "batch_tiles",
                "prefetch", "o_queue", "moe_ring", "router_first", "lm_stream",
                "claim_ahead", "router_tile_rows", "moe_claim_late")
@@ -199,9 +217,7 @@ class MegakernelBackend(DecodeBackend):
         return torch.from_numpy(host).to(self.device)
 
     def _smem_of(self, plan: ModelPlan) -> int:
-        """Dynamic shared memory of a launch with `plan`: the plan's layouts, plus (MK_SWZ builds) the swizzled tile's
-        alignment and its inputs' pad."""
-        return plan.smem_bytes() + (O.SWZ_SLACK if self.swz else 0)
+        return launch_smem_bytes(plan, self.swz)
 
     def set_tuning(self, **tuning: int) -> None:
         """(Re)build the plans from TUNING_KEYS overrides (measurements; the task lists are rebuilt). `self.plan`
@@ -217,7 +233,7 @@ class MegakernelBackend(DecodeBackend):
         plan = plans[-1]
         plan.check_supported()
         for p in plans:
-            if self._smem_of(p) > self.smem_optin - 1024:
+            if self._smem_of(p) > self.smem_optin - O.SMEM_RESERVE:     # (the rest: the kernel's static smem)
                 raise ValueError(f"kernel needs {self._smem_of(p)} B of shared memory, the GPU allows {self.smem_optin}")
         self.plan, self.plans, self.batch_tiles = plan, plans, batch_tiles
         self.smem = self._smem_of(plan)

@@ -42,8 +42,9 @@ PREFETCH_MIN_TILE = 48 * 1024  # a plan double-buffers its GEMV weights (the nex
                              # waits and computes) only where two tiles of at least this many bytes fit
 SWZ_BOX_ROWS = 16            # MK_SWZ builds: rows per box of the expert matrices' tensor maps (csrc/mk_gemv_swz.cuh);
                              # the expert items' swizzled tiles are made of them, so their halves are multiples of it
-SWZ_SLACK = 2048             # MK_SWZ builds: dynamic shared memory the backend adds to a plan's (the swizzled tile's
-                             # 1024-byte alignment and its inputs' 64-byte pad per row)
+SWZ_ALIGN = 1024             # MK_SWZ builds: a swizzled tile's buffer starts at a shared address aligned to this
+SWZ_X_PAD = 32               # MK_SWZ builds: elements after each input row of a swizzled tile (a pitch of K + 32:
+                             # the 8 input rows of an MMA fragment in different banks)
 TMAP_BYTES = 128             # one CUtensorMap
 DEFAULT_SPLIT_TOKENS = 512   # keys per attention split (rounded to the KV block size)
 MAX_SPLITS_PER_HEAD = 256    # longer contexts get longer splits
@@ -202,7 +203,7 @@ def generate_header() -> str:
                   ATTN_MAX_GROUP=ATTN_MAX_GROUP, ATTN_MAX_HEAD_DIM=ATTN_MAX_HEAD_DIM, ATTN_OUT_PER_THREAD=ATTN_OUT_PER_THREAD,
                   MAX_HEAD_DIM=MAX_HEAD_DIM, MAX_GROUP=MAX_GROUP, MAX_EXPERTS=MAX_EXPERTS, MAX_TOPK=MAX_TOPK,
                   MAX_PAIRS=MAX_PAIRS, MAX_SLOTS=MAX_SLOTS, SMEM_RESERVE=SMEM_RESERVE,
-                  SWZ_BOX_ROWS=SWZ_BOX_ROWS, SWZ_SLACK=SWZ_SLACK, TMAP_BYTES=TMAP_BYTES,
+                  SWZ_BOX_ROWS=SWZ_BOX_ROWS, SWZ_ALIGN=SWZ_ALIGN, SWZ_X_PAD=SWZ_X_PAD, TMAP_BYTES=TMAP_BYTES,
                   REC_INTS=REC_INTS, MAX_WAITS=MAX_WAITS, CTRL_INTS=CTRL_INTS, NUM_PARAMS=NUM_PARAMS,
                   LAYER_INFO_INTS=LAYER_INFO_INTS, WPTR_INTS=WPTR_INTS,
                   ERR_WATCHDOG=ERR_WATCHDOG, ERR_BAD_OPCODE=ERR_BAD_OPCODE, ERR_SMEM=ERR_SMEM,

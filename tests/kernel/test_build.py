@@ -31,11 +31,11 @@ def _check_static_smem(log: str) -> None:
     assert int(m.group(1)) <= build.opcodes.SMEM_RESERVE, f"{m.group(1)} bytes of static shared memory"
 
 
-@pytest.mark.parametrize("defines", ["MK_MOE_LOCAL=0", "MK_TOPK_PACKED=1", "MK_SMALL_VEC=2", "MK_SWZ=1"])
+@pytest.mark.parametrize("defines", ["MK_MOE_LOCAL=0", "MK_TOPK_PACKED=1", "MK_SMALL_VEC=2", "MK_SWZ=2"])
 def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     """The builds the switches select besides the default (MK_MOE_LOCAL=0: the MoE worker's routing read from L2 per
-    item; MK_TOPK_PACKED=1: TOPK's one-max-per-round selection; MK_SMALL_VEC=2: NORM in one wave of loads; MK_SWZ=1:
-    the expert tiles swizzled): each compiles, its entry function does not spill, and its static shared memory fits
+    item; MK_TOPK_PACKED=1: TOPK's one-max-per-round selection; MK_SMALL_VEC=2: NORM in one wave of loads; MK_SWZ=2:
+    every expert tile swizzled): each compiles, its entry function does not spill, and its static shared memory fits
     the reserve."""
     if build.find_nvcc() is None:
         pytest.skip("nvcc not installed")

@@ -231,6 +231,27 @@ def test_per_batch_tilings_on_north_dims():
     assert tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, False, prefetch=0)[0].tb == 16
 
 
+def test_swizzled_expert_tiles_fit_north_plans():
+    """MK_SWZ: at North dims every plan's swizzled expert tiles (aligned buffer, tile, the batch's inputs at the
+    padded pitch) fit the launch uncapped, so every expert item can take the swizzled path; the launch stays inside
+    the limit with the static part reserved; without the switch a launch is the plan's own size."""
+    from megakernel.config import north_mini_code_config
+    from megakernel.kernel.backend import launch_smem_bytes, swz_expert_smem_bytes
+    from megakernel.kernel.schedule import tiling_plans
+    from megakernel.kv.cache import KVLayout
+
+    cfg = north_mini_code_config()
+    for knobs in ({}, {"moe_claim_late": 1}, {"o_queue": 1}):
+        for p in tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, True, n_workers=132, **knobs):
+            need = swz_expert_smem_bytes(p)
+            assert need <= O.SMEM_LIMIT - O.SMEM_RESERVE, (p.tb, need)
+            assert launch_smem_bytes(p, True) >= need
+            assert launch_smem_bytes(p, True) <= O.SMEM_LIMIT - O.SMEM_RESERVE
+            assert launch_smem_bytes(p, False) == p.smem_bytes()
+            assert p.gu_rows % O.SWZ_BOX_ROWS == 0 and p.dn_rows % O.SWZ_BOX_ROWS == 0
+            assert p.H % 64 == 0 and p.I % 64 == 0
+
+
 def test_prefetching_tilings_on_north_dims():
     """Prefetching plans (prefetch=1): launches of 1, 2, 4 and 8 rows get two weight buffers, each tile filling
     one, the inputs after both; 16 rows of 4096 inputs leave no room for two buffers of PREFETCH_MIN_TILE, so that

@@ -62,8 +62,8 @@ typedef __nv_bfloat16 bf16;
 
 // MK_SWZ: the plain MoE worker's expert tiles by TMA tensor copies with the 128-byte swizzle, multiplied by the
 // swizzled tensor-core core (csrc/mk_gemv_swz.cuh; the backend encodes two tensor maps per MoE layer), where the
-// tile fits (K a multiple of 64, halves multiples of MK_SWZ_BOX_ROWS) (1); or today's contiguous copies (0). Off
-// until it has run on the GPU.
+// tile fits (K a multiple of 64, halves multiples of MK_SWZ_BOX_ROWS, the launch's shared memory) for items of more
+// than one input row (1) or every item (2); or today's contiguous copies (0). Off until it has run on the GPU.
 #ifndef MK_SWZ
 #define MK_SWZ 0
 #endif

@@ -14,6 +14,13 @@
 #include <cuda.h>
 #include "mk_gemv.cuh"
 
+// Before a block's first copy through a tensor map that the host wrote into global memory (MK_SWZ's maps): its
+// 128 bytes acquired by the tensor-map proxy (the CUDA programming guide's rule for maps copied in by the host).
+__device__ __forceinline__ void tensormap_acquire(const CUtensorMap* map) {
+    asm volatile("fence.proxy.tensormap::generic.acquire.sys [%0], 128;\n" ::"l"(reinterpret_cast<unsigned long long>(map))
+                 : "memory");
+}
+
 // One 2D tensor copy of box (x = first column, y = first row) of the map's matrix into dst, completing on bar.
 __device__ __forceinline__ void bulk_tensor_2d(void* dst, const CUtensorMap* map, int x, int y, unsigned long long* bar,
                                                unsigned long long policy) {
@@ -50,11 +57,11 @@ __device__ __noinline__ void issue_tile_swz(bf16* sW, const CUtensorMap* map, in
     }
 }
 
-// The offset from the dynamic shared memory's start of the first 1024-byte aligned address at or after `off`
-// (a swizzled tile's buffer; the plan leaves MK_SWZ_SLACK bytes for it).
+// The offset from the dynamic shared memory's start of the first MK_SWZ_ALIGN-aligned address at or after `off`
+// (a swizzled tile's buffer: every box lands at a multiple of 1024 bytes, the 128-byte swizzle's period).
 __device__ __forceinline__ size_t swz_align(size_t off) {
     const unsigned base = smem_addr(smem);
-    return (size_t)((((unsigned)(base + off) + 1023u) & ~1023u) - base);
+    return (size_t)((((unsigned)(base + off) + (MK_SWZ_ALIGN - 1u)) & ~(MK_SWZ_ALIGN - 1u)) - base);
 }
 
 // Fragment row g (0..7) of a 16-row block reads local row swz_perm(g) (and that + 8). The 8 lanes of a quarter warp

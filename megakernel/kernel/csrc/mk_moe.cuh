@@ -342,11 +342,13 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
     // done, then publishes it in s_w[2] before the item's last barrier
     const bool late = !two && PI(moe_claim_late);
 #if MK_SWZ
-    // MK_SWZ (one buffer, maps given): an expert tile by swizzled tensor copies into a 1024-byte aligned buffer, its
-    // inputs after it at a pitch of K + 32, both read by the swizzled core
+    // MK_SWZ (one buffer, maps given): an expert tile by swizzled tensor copies into a SWZ_ALIGN-aligned buffer, its
+    // inputs after it at a pitch of K + SWZ_X_PAD, both read by the swizzled core
     const CUtensorMap* tmaps = PP(const CUtensorMap*, tmaps);
     const bool swz_worker = !two && tmaps != nullptr;
     const size_t swz_w = swz_align(SM_W);
+    if (swz_worker && threadIdx.x < 2) tensormap_acquire(tmaps + 2 * m + threadIdx.x);   // host-written maps
+    __syncthreads();
 #endif
     if (item >= n_items) prefetch_next(P, 1);
     while (item < n_items) {
@@ -354,10 +356,15 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
         const MoeItem it = moe_item(P, l, route, egu, edn, item, n_gu);
         const int R = it.T.n0 + it.T.n1;
 #if MK_SWZ
+        // swizzled where the tile's shape allows, its layout fits the launch (else today's path), and (MK_SWZ=1)
+        // the item has more than one input row: one-row items keep the CUDA-core core until MK_SWZ=2 measures it
+        const size_t swz_end = swz_w + (size_t)R * it.T.K * 2 + (size_t)it.cnt * (it.T.K + MK_SWZ_X_PAD) * 2;
         const bool sz = swz_worker && it.slot >= 0 && (it.T.K & 63) == 0 && it.T.n0 % MK_SWZ_BOX_ROWS == 0 &&
-                        it.T.n1 % MK_SWZ_BOX_ROWS == 0;
-        const int xpitch = sz ? it.T.K + 32 : row_pitch(it.T.K);
+                        it.T.n1 % MK_SWZ_BOX_ROWS == 0 && (MK_SWZ >= 2 || it.cnt > 1) &&
+                        swz_end <= dynamic_smem_bytes();
+        const int xpitch = sz ? it.T.K + MK_SWZ_X_PAD : row_pitch(it.T.K);
         const size_t x_off = sz ? swz_w + (size_t)R * it.T.K * 2 : (ring ? moe_x(P) : sm_x(P, R, it.T.K));
+        const size_t x_key = x_off | ((size_t)xpitch << 40);    // held inputs: the same place and pitch
         if (!smem_fits(P, x_off + (size_t)it.cnt * xpitch * 2, ticket) ||
             (ring && (size_t)R * row_pitch(it.T.K) * 2 > (size_t)PI(moe_wbuf))) {
             drain_weights();
@@ -413,7 +420,11 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
                               : item_xrow(P, l, m, route, it.down, it.st, i);
         }
         __syncthreads();
+#if MK_SWZ
+        const bool same = keep_x && inputs_held(it.cnt, it.T.K, x_key);
+#else
         const bool same = keep_x && inputs_held(it.cnt, it.T.K, x_off);
+#endif
 #if MK_MOE_LOCAL
         if (it.down && threadIdx.x < it.cnt) {   // the epilogue's pair weights and ranks, loaded with the inputs
             s_pair_w[threadIdx.x] = __int_as_float(ldcg_i(route + PI(r_pair_w) + it.st + threadIdx.x));
@@ -430,7 +441,11 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
         prof_phase(2);
 #endif
         wait_weights(buf);                   // (its barrier: every thread compared s_xprev, sX is published)
+#if MK_SWZ
+        if (keep_x) inputs_hold(it.cnt, it.T.K, x_key);
+#else
         if (keep_x) inputs_hold(it.cnt, it.T.K, x_off);
+#endif
 #if MK_SWZ
         if (sz) {
             gemv_swz(reinterpret_cast<const bf16*>(smem + swz_w), reinterpret_cast<const bf16*>(smem + x_off), xpitch,

@@ -1,13 +1,15 @@
-"""Microbenchmark of the megakernel's GEMV inner loop on its own: the kernel's bulk-copy loader and GEMV core
-(csrc/mk_gemv.cuh, included unchanged) streaming weight tiles through every SM, without the task list (see
-gemv_stream.cu for the modes: serial, double-buffered, loads only, math only, and serial / double-buffered with
-tiles claimed from one global queue as MoE workers claim items, and warp-specialised: one loader warp, 15 compute
-warps, with and without the queue).
+"""Microbenchmark of the megakernel's GEMV inner loop on its own: the kernel's bulk-copy loader and GEMV cores
+(csrc/mk_loader.cuh, mk_gemv_core.cuh, mk_gemv_swz.cuh, included unchanged) streaming weight tiles through every
+SM, without the task list (see gemv_stream.cu for the modes: serial, double-buffered, loads only, math only, and
+serial / double-buffered with tiles claimed from one global queue as MoE workers claim items, warp-specialised:
+one loader warp, 15 compute warps, with and without the queue, and the swizzled tiles' serial, double and math-only
+modes).
 
     python benchmarks/gemv_stream.py --json OUT.json        # on an sm_90 GPU, ~20 s
 
 Per (tile shape, input rows, mode) it prints us per tile per SM and the GB/s of weights over all SMs, next to the
-peak read bandwidth measured in the same run; it checks each tile's first output against torch (fp32) first. What
+peak read bandwidth measured in the same run; it checks each tile's first and a last-row output against torch
+(fp32) first. What
 it answers: how fast one SM can stream and multiply tiles when nothing else is in the way, whether issuing the
 next tile before computing this one pays by itself (the megakernel's `prefetch` knob measured slower in the step),
 and what claiming each tile from a shared queue costs on top.

@@ -9,10 +9,9 @@ modes).
 
 Per (tile shape, input rows, mode) it prints us per tile per SM and the GB/s of weights over all SMs, next to the
 peak read bandwidth measured in the same run; it checks each tile's first and a last-row output against torch
-(fp32) first. What
-it answers: how fast one SM can stream and multiply tiles when nothing else is in the way, whether issuing the
-next tile before computing this one pays by itself (the megakernel's `prefetch` knob measured slower in the step),
-and what claiming each tile from a shared queue costs on top.
+(fp32) first. What it answers: how fast one SM can stream and multiply tiles when nothing else is in the way,
+whether issuing the next tile before computing this one pays by itself (the megakernel's `prefetch` knob measured
+slower in the step), what claiming each tile from a shared queue costs on top, and what the swizzled tiles gain.
 """
 
 from __future__ import annotations

@@ -17,8 +17,7 @@
 //  10 swz_compute  as compute, swizzled
 // Each block writes sOut's first value per tile into out (and the last row's last input's into out_last), so the
 // math cannot be optimised away and both ends of the tile are checked.
-#include <cuda.h>
-#include <cstring>
+#include "mk_tmap.h"
 #include "mk_common.cuh"
 #include "mk_gemv.cuh"
 #include "mk_gemv_swz.cuh"
@@ -191,31 +190,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1) gemv_stream(const __grid_con
     }
 }
 
-// The 2D tensor map of W (rows x K bf16, row-major) with boxes of 64 columns x R rows and the 128-byte swizzle,
-// encoded through the driver entry point (no link against libcuda). 0 on success.
-typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-static int encode_swizzled(CUtensorMap* map, const void* W, unsigned long long rows, int K, int box_rows) {
-    static EncodeTiled fn = nullptr;
-    if (!fn) {
-        cudaDriverEntryPointQueryResult q;
-        void* p = nullptr;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-            q != cudaDriverEntryPointSuccess || !p)
-            return -1;
-        fn = reinterpret_cast<EncodeTiled>(p);
-    }
-    const cuuint64_t dims[2] = {(cuuint64_t)K, rows};
-    const cuuint64_t strides[1] = {(cuuint64_t)K * 2};
-    const cuuint32_t box[2] = {64, (cuuint32_t)box_rows};
-    const cuuint32_t estr[2] = {1, 1};
-    const CUresult r = fn(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(W), dims, strides, box, estr,
-                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    return r == CUDA_SUCCESS ? 0 : 1000 + (int)r;
-}
-
 extern "C" int gemv_stream_launch(const long long* params, const void* W, const void* X, int tiles, int R, int K,
                                   int nb, int mode, void* out, void* out_last, void* queue, const void* table, int grid,
                                   int smem_bytes, void* stream, int box_rows) {
@@ -231,8 +205,7 @@ extern "C" int gemv_stream_launch(const long long* params, const void* W, const 
         if (K % 64 || R % 8 || R > 64 || nb > MB || R % box_rows || box_rows % 8 || box_rows > 256) return -2;
         const unsigned long long rows = (unsigned long long)grid * tiles * R;
         if (map_w != W || map_rows != rows || map_k != K || map_box != box_rows) {
-            memset(&map, 0, sizeof(map));
-            const int rc = encode_swizzled(&map, W, rows, K, box_rows);
+            const int rc = mk_tmap_encode_swizzled(&map, W, rows, K, box_rows);
             if (rc) { map_w = nullptr; return rc; }
             map_w = W; map_rows = rows; map_k = K; map_box = box_rows;
         }

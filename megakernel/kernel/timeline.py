@@ -13,6 +13,7 @@ task lasts a fixed cost plus its bytes at a per-SM rate): the CPU tests check th
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -201,10 +202,8 @@ def critical_path(tl: Timeline) -> list[int]:
     return path[::-1]
 
 
-def phases(tl: Timeline) -> dict[str, dict[str, float]]:
-    """For each task kind that takes marks (opcodes.PROF_MARKS): the mean time in us after its claim of every stamp
-    and every mark it took, in time order, so the phases of its work read off as differences."""
-    out: dict[str, dict[str, float]] = {}
+def _marked_kinds(tl: Timeline) -> Iterator[tuple[str, Events, np.ndarray, tuple[str, ...]]]:
+    """(name, events, mask, mark labels) of every task kind that took marks (opcodes.PROF_MARKS) in this step."""
     for ev in (tl.tasks, tl.items):
         if not len(ev) or ev.marks is None:
             continue
@@ -212,14 +211,21 @@ def phases(tl: Timeline) -> dict[str, dict[str, float]]:
             name = op_name(int(op))
             labels = O.PROF_MARKS.get(name)
             m = ev.op == op
-            if not labels or not np.isfinite(ev.marks[m]).any():
-                continue
-            at = {k: float((getattr(ev, k)[m] - ev.claim[m]).mean()) / 1e3 for k in STAMPS if k != "claim"}
-            for j, label in enumerate(labels):
-                v = ev.marks[m, j] - ev.claim[m]
-                if np.isfinite(v).any():
-                    at[label] = float(np.nanmean(v)) / 1e3
-            out[name] = {k: round(v, 3) for k, v in sorted(at.items(), key=lambda kv: kv[1])}
+            if labels and np.isfinite(ev.marks[m]).any():
+                yield name, ev, m, labels
+
+
+def phases(tl: Timeline) -> dict[str, dict[str, float]]:
+    """For each task kind that takes marks (opcodes.PROF_MARKS): the mean time in us after its claim of every stamp
+    and every mark it took, in time order, so the phases of its work read off as differences."""
+    out: dict[str, dict[str, float]] = {}
+    for name, ev, m, labels in _marked_kinds(tl):
+        at = {k: float((getattr(ev, k)[m] - ev.claim[m]).mean()) / 1e3 for k in STAMPS if k != "claim"}
+        for j, label in enumerate(labels):
+            v = ev.marks[m, j] - ev.claim[m]
+            if np.isfinite(v).any():
+                at[label] = float(np.nanmean(v)) / 1e3
+        out[name] = {k: round(v, 3) for k, v in sorted(at.items(), key=lambda kv: kv[1])}
     return out
 
 
@@ -228,27 +234,19 @@ def phase_spans(tl: Timeline) -> dict[str, dict[str, list[float]]]:
     next, in the mean order of `phases`), over the tasks or items that took both ends. Means hide the bimodal
     phases (an item whose inputs were already in shared memory next to one that loads them); medians do not."""
     out: dict[str, dict[str, list[float]]] = {}
-    for ev in (tl.tasks, tl.items):
-        if not len(ev) or ev.marks is None:
-            continue
-        for op in np.unique(ev.op):
-            name = op_name(int(op))
-            labels = O.PROF_MARKS.get(name)
-            m = ev.op == op
-            if not labels or not np.isfinite(ev.marks[m]).any():
-                continue
-            cols = {k: getattr(ev, k)[m].astype(float) for k in STAMPS}
-            for j, label in enumerate(labels):
-                cols[label] = ev.marks[m, j].astype(float)
-            order = sorted(cols, key=lambda k: np.nanmean(cols[k]) if np.isfinite(cols[k]).any() else np.inf)
-            order = [k for k in order if np.isfinite(cols[k]).any()]
-            spans = {}
-            for a, b in zip(order, order[1:]):
-                d = (cols[b] - cols[a]) / 1e3
-                d = d[np.isfinite(d)]
-                if len(d):
-                    spans[b] = [round(float(np.median(d)), 3), round(float(np.percentile(d, 90)), 3)]
-            out[name] = spans
+    for name, ev, m, labels in _marked_kinds(tl):
+        cols = {k: getattr(ev, k)[m].astype(float) for k in STAMPS}
+        for j, label in enumerate(labels):
+            cols[label] = ev.marks[m, j].astype(float)
+        order = sorted(cols, key=lambda k: np.nanmean(cols[k]) if np.isfinite(cols[k]).any() else np.inf)
+        order = [k for k in order if np.isfinite(cols[k]).any()]
+        spans = {}
+        for a, b in zip(order, order[1:]):
+            d = (cols[b] - cols[a]) / 1e3
+            d = d[np.isfinite(d)]
+            if len(d):
+                spans[b] = [round(float(np.median(d)), 3), round(float(np.percentile(d, 90)), 3)]
+        out[name] = spans
     return out
 
 

@@ -11,6 +11,21 @@ __device__ __forceinline__ void mma_bf16(float* c, unsigned a0, unsigned a1, uns
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// Warps 0..NWC-1, after the tensor-core cores' (16-row block, K slice) items: the slices' partial sums in sRed
+// ([slice][block][16 rows][MB]) added in slice order (deterministic) into sOut, between the barriers that publish
+// sRed and then sOut.
+template <int NWC>
+__device__ __forceinline__ void sum_k_slices(const float* sRed, float* sOut, int R, int nb, int KS, int RB) {
+    group_sync<NWC>();
+    for (int i = threadIdx.x; i < R * nb; i += NWC * 32) {
+        const int r = i / nb, b = i - r * nb, rb = r >> 4;
+        float sum = 0.f;
+        for (int ks = 0; ks < KS; ks++) sum += sRed[((size_t)(ks * RB + rb) * 16 + (r & 15)) * MB + b];
+        sOut[r * MB + b] = sum;
+    }
+    group_sync<NWC>();
+}
+
 // sOut[r * MB + b] = dot(W[r, :], X[b, :]) in fp32 for r < R, b < nb, on tensor cores. W rows are the MMA's M
 // (16-row blocks), the input rows its N (NB blocks of 8), K in steps of 32: lane (g, t) loads 16 bytes of weight
 // rows g and g + 8 and of input row g at k offset 8t of the step, i.e. the step's k order is permuted the same way
@@ -62,14 +77,7 @@ __device__ __forceinline__ void gemv_core(const bf16* sW, const bf16* sX, int R,
             }
         }
     }
-    group_sync<NWC>();
-    for (int i = threadIdx.x; i < R * nb; i += NWC * 32) {
-        const int r = i / nb, b = i - r * nb, rb = r >> 4;
-        float sum = 0.f;
-        for (int ks = 0; ks < KS; ks++) sum += sRed[((size_t)(ks * RB + rb) * 16 + (r & 15)) * MB + b];
-        sOut[r * MB + b] = sum;
-    }
-    group_sync<NWC>();
+    sum_k_slices<NWC>(sRed, sOut, R, nb, KS, RB);
 }
 
 // The CUDA-core variant (MK_GEMV_TC=0): each warp takes (row, K-slice) items, x re-read from shared memory per row.

@@ -1,5 +1,6 @@
 // Weight tiles in the 128-byte swizzled layout of TMA tensor copies, and the tensor-core GEMV core that reads them
-// without bank conflicts. Not yet used by the megakernel: benchmarks/gemv_stream.cu's swz_* modes measure it first.
+// without bank conflicts. The megakernel uses them behind MK_SWZ (the MoE worker's expert tiles); benchmarks/
+// gemv_stream.cu's swz_* modes measure them alone.
 //
 // Why: the plain layout keeps a tile's rows K * 2 bytes apart (4096 B at K = 2048), so the 8 weight rows of an MMA
 // fragment, read at the same k, fall in the same banks (Nsight Compute on the tensor-core core at 8 input rows: 7.1-way
@@ -138,14 +139,7 @@ __device__ __forceinline__ void gemv_core_swz(const bf16* sW, const bf16* sX, in
             }
         }
     }
-    group_sync<NWC>();
-    for (int i = threadIdx.x; i < R * nb; i += NWC * 32) {
-        const int r = i / nb, b = i - r * nb, rb = r >> 4;
-        float sum = 0.f;
-        for (int ks = 0; ks < KS; ks++) sum += sRed[((size_t)(ks * RB + rb) * 16 + (r & 15)) * MB + b];
-        sOut[r * MB + b] = sum;
-    }
-    group_sync<NWC>();
+    sum_k_slices<NWC>(sRed, sOut, R, nb, KS, RB);
 }
 
 // The swizzled tile at sW times the nb input rows at sX (pitch xpitch) on every warp.

@@ -2,8 +2,7 @@
 // list and the no-deadlock argument, opcodes.py for the record layout). One block per SM; blocks claim tasks
 // with one global ticket in list order; a task waits only on the counters of the tasks whose output it reads.
 // The task kinds live in one header each (by role); this file is the persistent loop and the host entry points.
-#include <cuda.h>
-#include <cstring>
+#include "mk_tmap.h"
 #include "mk_common.cuh"
 #include "mk_gemv.cuh"
 #include "mk_lm_head.cuh"
@@ -110,34 +109,13 @@ extern "C" int mk_device_info(int device, int* out) {
     return 0;
 }
 
-// The 2D tensor map (128 bytes, into out) of a row-major bf16 matrix of `rows` x K at `base`, boxes of 64 columns x
-// box_rows rows, 128-byte swizzle: what csrc/mk_gemv_swz.cuh's copies read (MK_SWZ builds). Encoded through the
-// driver's entry point (no link against libcuda). 0 on success, else -1 (no entry point) or 1000 + the CUresult.
-typedef CUresult (*MkEncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                  const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                  CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+// The swizzled tiles' tensor map (128 bytes, into out; csrc/mk_tmap.h) of a row-major bf16 matrix of `rows` x K at
+// `base` with boxes of 64 columns x box_rows rows (MK_SWZ builds). 0 on success, else mk_tmap.h's codes.
 extern "C" int mk_encode_swizzled(void* out, const void* base, unsigned long long rows, int K, int box_rows) {
-    static MkEncodeTiled fn = nullptr;
-    if (!fn) {
-        cudaDriverEntryPointQueryResult q;
-        void* f = nullptr;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-            q != cudaDriverEntryPointSuccess || !f)
-            return -1;
-        fn = reinterpret_cast<MkEncodeTiled>(f);
-    }
-    const cuuint64_t dims[2] = {(cuuint64_t)K, rows};
-    const cuuint64_t strides[1] = {(cuuint64_t)K * 2};
-    const cuuint32_t box[2] = {64, (cuuint32_t)box_rows};
-    const cuuint32_t estr[2] = {1, 1};
     CUtensorMap map;                        // (aligned here; `out` need not be)
-    memset(&map, 0, sizeof(map));
-    const CUresult r = fn(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box, estr,
-                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS) return 1000 + (int)r;
-    memcpy(out, &map, sizeof(map));
-    return 0;
+    const int rc = mk_tmap_encode_swizzled(&map, base, rows, K, box_rows);
+    if (rc == 0) memcpy(out, &map, sizeof(map));
+    return rc;
 }
 
 // Zeroes the control block and counters, then launches the step, all on `stream`.

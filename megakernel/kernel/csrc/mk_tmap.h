@@ -1,0 +1,34 @@
+// Host side of the swizzled weight tiles (csrc/mk_gemv_swz.cuh): the 2D tensor map of a row-major bf16 matrix of
+// `rows` x K at `base`, boxes of 64 columns x box_rows rows, 128-byte swizzle. Encoded through the driver's entry
+// point (no link against libcuda). Used by the megakernel's mk_encode_swizzled and benchmarks/gemv_stream.cu.
+#pragma once
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <cstring>
+
+typedef CUresult (*MkEncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                  const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                  CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// Into *map (zeroed first). 0 on success, else -1 (no entry point) or 1000 + the CUresult.
+static inline int mk_tmap_encode_swizzled(CUtensorMap* map, const void* base, unsigned long long rows, int K,
+                                          int box_rows) {
+    static MkEncodeTiled fn = nullptr;
+    if (!fn) {
+        cudaDriverEntryPointQueryResult q;
+        void* f = nullptr;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess || !f)
+            return -1;
+        fn = reinterpret_cast<MkEncodeTiled>(f);
+    }
+    const cuuint64_t dims[2] = {(cuuint64_t)K, rows};
+    const cuuint64_t strides[1] = {(cuuint64_t)K * 2};
+    const cuuint32_t box[2] = {64, (cuuint32_t)box_rows};
+    const cuuint32_t estr[2] = {1, 1};
+    memset(map, 0, sizeof(*map));
+    const CUresult r = fn(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box, estr,
+                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? 0 : 1000 + (int)r;
+}

@@ -237,26 +237,32 @@ __device__ __forceinline__ void combine_stats(const float* lse, int n, int gq, f
 }
 
 // acc[k] += the weighted partial outputs of splits 0..jn-1 (po and sWt start at the first of them) for this thread's
-// outputs threadIdx.x + k * NT, in split order; U splits' loads are issued before any is used, so their L2 round
-// trips overlap instead of chaining.
+// outputs threadIdx.x + k * NT, in split order. Every load's address is clamped into range (a split past jn re-reads
+// split jn - 1, an output past gq * d re-reads the last one; neither is added), so the loads are unconditional and
+// all U x MK_ATTN_OUT_PER_THREAD of a round are issued before the first is used: one L2 round trip per U splits.
+// (Loads under `if`s compiled to a branch around each load-and-FMA pair: one round trip per split and output,
+// ~7 us per combine under the experts' HBM load; SPEED_NOTES.md, sixth session.)
 template <int U>
 __device__ __forceinline__ void combine_accumulate(const float* po, const float* sWt, int jn, int gq, int d,
                                                    float* acc) {
+    const int nout = gq * d;
     for (int jj = 0; jj < jn; jj += U) {
+        float v[MK_ATTN_OUT_PER_THREAD][U];
+#pragma unroll
+        for (int k = 0; k < MK_ATTN_OUT_PER_THREAD; k++) {
+            const int o = min(threadIdx.x + k * NT, nout - 1);
+#pragma unroll
+            for (int u = 0; u < U; u++) v[k][u] = ldcg_f(po + (size_t)min(jj + u, jn - 1) * nout + o);
+        }
 #pragma unroll
         for (int k = 0; k < MK_ATTN_OUT_PER_THREAD; k++) {
             const int o = threadIdx.x + k * NT;
-            if (o < gq * d) {
-                const int h = o / d;
-                float v[U];
+            const int h = min(o, nout - 1) / d;
+            float a = acc[k];
 #pragma unroll
-                for (int u = 0; u < U; u++) v[u] = jj + u < jn ? ldcg_f(po + (size_t)(jj + u) * gq * d + o) : 0.f;
-                float a = acc[k];
-#pragma unroll
-                for (int u = 0; u < U; u++)
-                    if (jj + u < jn) a = fmaf(sWt[(jj + u) * gq + h], v[u], a);
-                acc[k] = a;
-            }
+            for (int u = 0; u < U; u++)
+                if (jj + u < jn) a = fmaf(sWt[(jj + u) * gq + h], v[k][u], a);
+            acc[k] = a;
         }
     }
 }
@@ -287,7 +293,9 @@ __device__ bool task_combine(const Params& P, const int* rec, int ticket) {
             sWt[i] = expf(sWt[i] - sMx[h]) / sDen[h];
         }
         __syncthreads();
-        combine_accumulate<16>(po, sWt, n, gq, d, acc);
+        prof_phase(1);
+        if (n <= 8) combine_accumulate<8>(po, sWt, n, gq, d, acc);
+        else combine_accumulate<16>(po, sWt, n, gq, d, acc);
     } else
 #endif
     {
@@ -304,7 +312,7 @@ __device__ bool task_combine(const Params& P, const int* rec, int ticket) {
             __syncthreads();
         }
     }
-    prof_phase(1);                           // (thread 0's share of the merge: the others may still run)
+    prof_phase(2);                           // (thread 0's share of the merge: the others may still run)
     bf16* out = PP(bf16*, attn) + ((size_t)l * Bm + s) * Q + (size_t)kvh * gq * d;
 #pragma unroll
     for (int k = 0; k < MK_ATTN_OUT_PER_THREAD; k++) {

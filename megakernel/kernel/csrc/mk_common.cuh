@@ -33,9 +33,10 @@ typedef __nv_bfloat16 bf16;
 // (mk_attention.cuh); or the loops that chain them (0). The same per-element math either way. On: measured b1 8K
 // 4.85 vs 5.08 ms, b8 16.03 vs 16.33 (SPEED_NOTES.md, 2026-12-01 night).
 // 2: as 1, and NORM issues all of a thread's loads (h, attention, MLP, the experts' outputs, its norm weights)
-// at once and normalises in registers (one L2 round trip instead of three or four); off until it has run on the GPU.
+// at once and normalises in registers (one L2 round trip instead of three or four). 2 is the default: with
+// MK_TOPK_PACKED=1 measured b1 8K 3.82 vs 3.92 ms, b8 14.66 vs 14.66 (separate processes, 7c5f6f7; SPEED_NOTES.md).
 #ifndef MK_SMALL_VEC
-#define MK_SMALL_VEC 1
+#define MK_SMALL_VEC 2
 #endif
 // MK_WS_MOE: MoE workers warp-specialised (1: a loader warp claims, decodes and streams items into the expert ring
 // of a moe_ring or prefetch plan while 15 warps compute; mk_moe.cuh) or not (0). Off until it has run on the GPU.
@@ -55,9 +56,9 @@ typedef __nv_bfloat16 bf16;
 // MK_TOPK_PACKED: TOPK picks each row's experts with one 32-bit warp max per round, the bf16 logit's 16-bit
 // order-preserving key above 0xffff - expert, and computes the routing weights a lane per expert (1; mk_routing.cuh);
 // or with a ballot per word of experts per round and one lane's serial loop (0). The same picks and weights, bit for
-// bit. Off until it has run on the GPU.
+// bit. On (with MK_SMALL_VEC=2): TOPK's share of the critical path 504 -> 386 us at b1 8K (7c5f6f7).
 #ifndef MK_TOPK_PACKED
-#define MK_TOPK_PACKED 0
+#define MK_TOPK_PACKED 1
 #endif
 
 // MK_SWZ: the plain MoE worker's expert tiles by TMA tensor copies with the 128-byte swizzle, multiplied by the

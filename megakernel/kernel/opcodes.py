@@ -171,7 +171,8 @@ PROF_ITEM_GU, PROF_ITEM_DN, PROF_ITEM_O = 100, 101, 102   # pseudo-opcodes of Mo
 PROF_MARKS = {
     "NORM": ("residual loaded and summed", "normed and stored"),
     "TOPK": ("logits loaded, experts chosen", "slots counted", "queue slots written", "pairs written"),
-    "ATTN_COMBINE": ("log-sum-exps read", "split weights computed", "partials merged (thread 0)"),
+    "ATTN_COMBINE": ("log-sum-exps read", "split weights computed", "partials merged (thread 0)",
+                     "a second, warm pass (MK_REPEAT_SMALL=2)"),
     "MOE_GATE_UP": ("next item claimed", "next tile issued (two buffers)", "inputs loaded"),
     "MOE_DOWN": ("next item claimed", "next tile issued (two buffers)", "inputs loaded"),
 }

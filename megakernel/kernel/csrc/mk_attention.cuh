@@ -282,20 +282,28 @@ __device__ bool task_combine(const Params& P, const int* rec, int ticket) {
 #pragma unroll
     for (int k = 0; k < MK_ATTN_OUT_PER_THREAD; k++) acc[k] = 0.f;
 #if MK_SMALL_VEC
-    if (n <= MAXS) {       // every log-sum-exp read once, all in flight; 16 splits' partials per round trip
-        for (int i = threadIdx.x; i < n * gq; i += NT) sWt[i] = ldcg_f(lse + i);
-        __syncthreads();
-        prof_phase(0);
-        combine_stats<false>(sWt, n, gq, sMx, sDen);
-        __syncthreads();
-        for (int i = threadIdx.x; i < n * gq; i += NT) {
-            const int h = i % gq;
-            sWt[i] = expf(sWt[i] - sMx[h]) / sDen[h];
+    if (n <= MAXS) {       // every log-sum-exp read once, all in flight; all splits' partials in one round trip
+        for (int rep = 0; rep < MK_REPEAT_SMALL; rep++) {   // (> 1: the experiment of mk_common.cuh; idempotent)
+            if (rep) {
+                __syncthreads();
+#pragma unroll
+                for (int k = 0; k < MK_ATTN_OUT_PER_THREAD; k++) acc[k] = 0.f;
+            }
+            for (int i = threadIdx.x; i < n * gq; i += NT) sWt[i] = ldcg_f(lse + i);
+            __syncthreads();
+            if (!rep) prof_phase(0);
+            combine_stats<false>(sWt, n, gq, sMx, sDen);
+            __syncthreads();
+            for (int i = threadIdx.x; i < n * gq; i += NT) {
+                const int h = i % gq;
+                sWt[i] = expf(sWt[i] - sMx[h]) / sDen[h];
+            }
+            __syncthreads();
+            if (!rep) prof_phase(1);
+            if (n <= 8) combine_accumulate<8>(po, sWt, n, gq, d, acc);
+            else combine_accumulate<16>(po, sWt, n, gq, d, acc);
+            prof_phase(rep ? 3 : 2);         // (thread 0's share of the merge: the others may still run)
         }
-        __syncthreads();
-        prof_phase(1);
-        if (n <= 8) combine_accumulate<8>(po, sWt, n, gq, d, acc);
-        else combine_accumulate<16>(po, sWt, n, gq, d, acc);
     } else
 #endif
     {
@@ -311,8 +319,8 @@ __device__ bool task_combine(const Params& P, const int* rec, int ticket) {
             combine_accumulate<8>(po + (size_t)j0 * gq * d, sWt, jn, gq, d, acc);
             __syncthreads();
         }
+        prof_phase(2);
     }
-    prof_phase(2);                           // (thread 0's share of the merge: the others may still run)
     bf16* out = PP(bf16*, attn) + ((size_t)l * Bm + s) * Q + (size_t)kvh * gq * d;
 #pragma unroll
     for (int k = 0; k < MK_ATTN_OUT_PER_THREAD; k++) {

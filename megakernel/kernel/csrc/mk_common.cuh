@@ -69,8 +69,8 @@ typedef __nv_bfloat16 bf16;
 #define MK_SWZ 0
 #endif
 
-// MK_REPEAT_SMALL: an experiment, not a speed-up. The NORM and TOPK tasks run their (idempotent) work this many times
-// before they signal: the second run finds the task's code in the SM's instruction cache, so a trace of the build
+// MK_REPEAT_SMALL: an experiment, not a speed-up. The NORM, TOPK and attention-combine tasks run their (idempotent)
+// work this many times before they signal: the second run finds the task's code in the SM's instruction cache, so a trace of the build
 // with 2 against the default's 1 measures how much of a single-block task's ~5-10 us is its first, cold pass.
 #ifndef MK_REPEAT_SMALL
 #define MK_REPEAT_SMALL 1

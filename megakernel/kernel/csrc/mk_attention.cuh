@@ -237,27 +237,27 @@ __device__ __forceinline__ void combine_stats(const float* lse, int n, int gq, f
 }
 
 // acc[k] += the weighted partial outputs of splits 0..jn-1 (po and sWt start at the first of them) for this thread's
-// outputs threadIdx.x + k * NT, in split order. Every load's address is clamped into range (a split past jn re-reads
-// split jn - 1, an output past gq * d re-reads the last one; neither is added), so the loads are unconditional and
-// all U x MK_ATTN_OUT_PER_THREAD of a round are issued before the first is used: one L2 round trip per U splits.
-// (Loads under `if`s compiled to a branch around each load-and-FMA pair: one round trip per split and output,
-// ~7 us per combine under the experts' HBM load; SPEED_NOTES.md, sixth session.)
-template <int U>
+// outputs threadIdx.x + k * NT, k < KN (KN * NT >= gq * d), in split order. The U x KN loads of a round are issued
+// before the first is used, their addresses clamped into range (a split past jn re-reads split jn - 1, an output past
+// gq * d the last one; neither is added), so no per-thread branch splits them: one L2 round trip per U splits.
+// (Loads under per-thread `if`s compiled to a round trip per output group; clamping all MK_ATTN_OUT_PER_THREAD
+// groups instead doubled a long context's combine traffic: SPEED_NOTES.md, sixth session.)
+template <int U, int KN>
 __device__ __forceinline__ void combine_accumulate(const float* po, const float* sWt, int jn, int gq, int d,
                                                    float* acc) {
+    static_assert(KN <= MK_ATTN_OUT_PER_THREAD, "acc has MK_ATTN_OUT_PER_THREAD outputs");
     const int nout = gq * d;
     for (int jj = 0; jj < jn; jj += U) {
-        float v[MK_ATTN_OUT_PER_THREAD][U];
+        float v[KN][U];
 #pragma unroll
-        for (int k = 0; k < MK_ATTN_OUT_PER_THREAD; k++) {
+        for (int k = 0; k < KN; k++) {
             const int o = min(threadIdx.x + k * NT, nout - 1);
 #pragma unroll
             for (int u = 0; u < U; u++) v[k][u] = ldcg_f(po + (size_t)min(jj + u, jn - 1) * nout + o);
         }
 #pragma unroll
-        for (int k = 0; k < MK_ATTN_OUT_PER_THREAD; k++) {
-            const int o = threadIdx.x + k * NT;
-            const int h = min(o, nout - 1) / d;
+        for (int k = 0; k < KN; k++) {
+            const int h = min(threadIdx.x + k * NT, nout - 1) / d;
             float a = acc[k];
 #pragma unroll
             for (int u = 0; u < U; u++)
@@ -265,6 +265,14 @@ __device__ __forceinline__ void combine_accumulate(const float* po, const float*
             acc[k] = a;
         }
     }
+}
+
+// combine_accumulate with the fewest output groups that cover gq * d, U splits per round.
+template <int U>
+__device__ __forceinline__ void combine_accumulate_any(const float* po, const float* sWt, int jn, int gq, int d,
+                                                       float* acc) {
+    if (gq * d <= 2 * NT) combine_accumulate<U, 2>(po, sWt, jn, gq, d, acc);
+    else combine_accumulate<U, MK_ATTN_OUT_PER_THREAD>(po, sWt, jn, gq, d, acc);
 }
 
 __device__ bool task_combine(const Params& P, const int* rec, int ticket) {
@@ -300,8 +308,8 @@ __device__ bool task_combine(const Params& P, const int* rec, int ticket) {
             }
             __syncthreads();
             if (!rep) prof_phase(1);
-            if (n <= 8) combine_accumulate<8>(po, sWt, n, gq, d, acc);
-            else combine_accumulate<16>(po, sWt, n, gq, d, acc);
+            if (n <= 8) combine_accumulate_any<8>(po, sWt, n, gq, d, acc);
+            else combine_accumulate_any<16>(po, sWt, n, gq, d, acc);
             prof_phase(rep ? 3 : 2);         // (thread 0's share of the merge: the others may still run)
         }
     } else
@@ -316,7 +324,7 @@ __device__ bool task_combine(const Params& P, const int* rec, int ticket) {
                 sWt[i] = expf(ldcg_f(lse + (size_t)j0 * gq + i) - sMx[h]) / sDen[h];
             }
             __syncthreads();
-            combine_accumulate<8>(po + (size_t)j0 * gq * d, sWt, jn, gq, d, acc);
+            combine_accumulate_any<8>(po + (size_t)j0 * gq * d, sWt, jn, gq, d, acc);
             __syncthreads();
         }
         prof_phase(2);

@@ -241,9 +241,15 @@ def run_record() -> dict:
     """What every result file carries beside its figures: commit, date, GPU and the command that made it."""
     argv = sys.argv or [""]
     prog = "megakernel" if Path(argv[0]).name in ("__main__.py", "megakernel") else f"python {argv[0]}"
-    return dict(commit=_git_commit(), date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-                command=" ".join([prog, *argv[1:]]))
+    rec = dict(commit=_git_commit(), date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+               gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+               command=" ".join([prog, *argv[1:]]))
+    # the overrides that change what the command measures without showing in it (the kernel's build switches, the
+    # megakernel's plan knobs)
+    env = {k: os.environ[k] for k in ("MEGAKERNEL_KERNEL_DEFINES", "MEGAKERNEL_MK_TUNING") if os.environ.get(k)}
+    if env:
+        rec["env"] = env
+    return rec
 
 
 @dataclass

@@ -130,9 +130,10 @@ PARAM_FIELDS = (
     # 1: a MoE worker with one weight buffer issues its next item's claim and uses the answer only after this item's
     # GEMV (ModelPlan.moe_claim_late); 0: it waits for the answer before the item's dependency wait
     "moe_claim_late",
-    # O-projection tiles in each MoE layer's work queue (the `o_queue` knob; 0: static OPROJ tasks), their rows, and
-    # the per-layer offset of the attention-combine counter they wait on
-    "o_items", "o_rows", "c_comb",
+    # O-projection tiles in each MoE layer's work queue (the `o_queue` knob; 0: static OPROJ tasks), the eighths of
+    # the down items queued ahead of them (ModelPlan.o_after), their rows, and the per-layer offset of the
+    # attention-combine counter they wait on
+    "o_items", "o_after", "o_rows", "c_comb",
     # route buffer layout (int32 offsets inside one MoE layer's route record)
     "r_stride", "r_slot_expert", "r_slot_start", "r_slot_cnt", "r_pair_row", "r_pair_rank", "r_pair_w",
     "r_topk_ids",

@@ -14,8 +14,8 @@ which runs the same list in random dependency-respecting orders, too):
 
   Routed experts are data dependent. Each MoE layer gets `n_workers` MOE_WORKER tasks (after the layer's TOPK in
   the list) that wait for the routing, then claim work items from the layer's queue with a second atomic
-  counter: first every gate/up tile of every active expert, then (knob `o_queue`) the layer's O-projection tiles,
-  then every down tile. A down item waits for the gate/up items of its expert, which have smaller item numbers
+  counter: first every gate/up tile of every active expert, then every down tile, with (knob `o_queue`) the layer's
+  O-projection tiles placed after the first `o_after` eighths of the down tiles. A down item waits for the gate/up items of its expert, which have smaller item numbers
   and were therefore claimed earlier by workers that execute them without waiting on anything else; an O item
   waits for the layer's attention combines, static tasks with smaller tickets than every worker, so the ticket
   induction finishes them; so the same induction applies to items. A worker runs its items in claim order and
@@ -134,8 +134,12 @@ class ModelPlan:
     tile_batch: int = 0                  # rows the GEMV tiles leave room for (0: max_batch); launches of at most
                                          # this many rows may use the larger tiles (the backend's `batch_tiles`)
     o_queue: int = 0                     # 1: each MoE layer's O-projection tiles are items of its expert queue
-                                         # (after the gate/up items, before the down items) instead of static
-                                         # tasks listed after the workers, which only free blocks claim
+                                         # (after the gate/up items and `o_after` eighths of the down items)
+                                         # instead of static tasks listed after the workers, which only free
+                                         # blocks claim
+    o_after: int = 0                     # 0..8: eighths of a layer's down items queued ahead of its O items
+                                         # (o_queue; 0: right after the gate/up items, where a worker that claims
+                                         # one may wait for the combines; 8: after every down item). Not yet measured
     router_first: int = 1                # 1: each MoE layer's router tiles listed ahead of its QKV tiles (0: after)
     moe_ring: int = 0                    # plans of at most this many rows (tile_batch) give the expert items a
                                          # ring of two weight buffers of their own (tiles sized to fill one; the
@@ -242,6 +246,8 @@ class ModelPlan:
         self.n_lm_tiles = len(self.lm_runs)          # LM-head tasks: one maximum per row each
         self.n_o_tiles = math.ceil(self.H / self.o_rows)
         self.o_items = self.n_o_tiles if self.o_queue and self.Lm else 0     # per MoE layer's queue
+        if not 0 <= self.o_after <= 8:
+            raise ValueError(f"o_after is in eighths of the down items, 0..8, got {self.o_after}")
         # route record layout (int32 offsets)
         ns, npair = self.n_slots, self.n_pairs
         off = 2                              # [0] n_active, [1] n_items

@@ -27,6 +27,11 @@ from megakernel.model.weights import ModelWeights
 Op = O.Op
 
 
+def _o_start(p, n_gu: int) -> int:
+    """The first O item of a layer's queue (o_queue plans): after the gate/up items and o_after eighths of the down
+    items (csrc/mk_moe.cuh o_queue_start)."""
+    return n_gu + (n_gu // p.gu_tiles * p.dn_tiles * p.o_after >> 3)
+
 class ReadBeforeWrite(AssertionError):
     pass
 
@@ -385,22 +390,23 @@ class Simulator:
         n_active, n_items = int(route[0]), int(route[1])
         n_gu = n_active * p.gu_tiles
         n_o = p.o_items
+        o0 = _o_start(p, n_gu)
         I = p.I
         while True:
             item = int(self.moe_work[m])
             self.moe_work[m] += 1
             if item >= n_items:
                 return
-            if n_gu <= item < n_gu + n_o:           # an O-projection tile: waits for the layer's combines
+            if o0 <= item < o0 + n_o:               # an O-projection tile: waits for the layer's combines
                 yield (l * p.cpl + p.c_comb, self.B * p.nkv)
                 self.cur_op = "MOE_WORKER(o-proj)"
-                r0 = (item - n_gu) * p.o_rows
+                r0 = (item - o0) * p.o_rows
                 self.t_oproj(l, r0, min(p.o_rows, p.H - r0))
                 continue
             if item < n_gu:
                 slot, t = divmod(item, p.gu_tiles)
             else:
-                slot, t = divmod(item - n_gu - n_o, p.dn_tiles)
+                slot, t = divmod(item - n_gu - (n_o if item >= o0 + n_o else 0), p.dn_tiles)
                 yield (l * p.cpl + p.c_gu + slot, p.gu_tiles)
                 self.cur_op = "MOE_WORKER(down)"
             e = int(route[p.r_slot_expert + slot])

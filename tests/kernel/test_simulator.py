@@ -307,13 +307,14 @@ def test_simulator_with_fused_norm(variant, B):
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-@pytest.mark.parametrize("B", [1, 4])
-def test_simulator_with_oproj_in_the_expert_queue(variant, B):
-    """o_queue: a MoE layer's O-projection tiles are items of its expert queue (after the gate/up items, waiting
-    for the layer's combines) instead of static OPROJ tasks, and the next layer waits on the workers' counter only;
-    dense layers keep their OPROJ tasks. Exact in random orders, with fewer workers than items."""
+@pytest.mark.parametrize("B,o_after", [(1, 0), (4, 0), (1, 8), (4, 3)])
+def test_simulator_with_oproj_in_the_expert_queue(variant, B, o_after):
+    """o_queue: a MoE layer's O-projection tiles are items of its expert queue (after the gate/up items and o_after
+    eighths of the down items, waiting for the layer's combines) instead of static OPROJ tasks, and the next layer
+    waits on the workers' counter only; dense layers keep their OPROJ tasks. Exact in random orders, with fewer
+    workers than items."""
     cfg, w, st, nxt = _setup(variant, B, seed=31 + B)
-    plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=2, split_tokens=4, o_queue=1)
+    plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=2, split_tokens=4, o_queue=1, o_after=o_after)
     assert plan.o_items == plan.n_o_tiles > 0
     batch = decode_batch(st, nxt)
     si = step_inputs(plan, batch.input_ids.tolist(), batch.positions.tolist(), batch.block_tables)

@@ -275,6 +275,52 @@ __device__ __forceinline__ void combine_accumulate_any(const float* po, const fl
     else combine_accumulate<U, MK_ATTN_OUT_PER_THREAD>(po, sWt, jn, gq, d, acc);
 }
 
+// The split weights of a combine of n <= MAXS splits into sWt [n][gq] (exp(lse - max) / sum per query head), the
+// log-sum-exps read once, all in flight; marks 0 and 1 on the first pass.
+__device__ __forceinline__ void combine_weights(const float* lse, int n, int gq, float* sWt, float* sMx, float* sDen,
+                                                int rep) {
+    for (int i = threadIdx.x; i < n * gq; i += NT) sWt[i] = ldcg_f(lse + i);
+    __syncthreads();
+    if (!rep) prof_phase(0);
+    combine_stats<false>(sWt, n, gq, sMx, sDen);
+    __syncthreads();
+    for (int i = threadIdx.x; i < n * gq; i += NT) {
+        const int h = i % gq;
+        sWt[i] = expf(sWt[i] - sMx[h]) / sDen[h];
+    }
+    __syncthreads();
+    if (!rep) prof_phase(1);
+}
+
+#if MK_SMALL_VEC >= 3
+// A combine of n <= U splits with two outputs a thread (gq * d <= 2 * NT) whose partials' loads are issued before
+// its log-sum-exps' (combine_weights), so it waits for one L2 round trip instead of two; addresses clamped as
+// combine_accumulate's, and the same sums in the same order.
+template <int U>
+struct CombineRegs {
+    float v[2][U];
+    __device__ __forceinline__ void load(const float* po, int n, int nout) {
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const int o = min(threadIdx.x + k * NT, nout - 1);
+#pragma unroll
+            for (int u = 0; u < U; u++) v[k][u] = ldcg_f(po + (size_t)min(u, n - 1) * nout + o);
+        }
+    }
+    __device__ __forceinline__ void accumulate(const float* sWt, int n, int gq, int d, float* acc) const {
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const int h = min(threadIdx.x + k * NT, gq * d - 1) / d;
+            float a = acc[k];
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                if (u < n) a = fmaf(sWt[u * gq + h], v[k][u], a);
+            acc[k] = a;
+        }
+    }
+};
+#endif
+
 __device__ bool task_combine(const Params& P, const int* rec, int ticket) {
     if (!wait_rec(P, rec, ticket)) return false;
     const int l = rec[RF_LAYER], s = rec[RF_A0], kvh = rec[RF_A1], n = rec[RF_A2], pbase = rec[RF_A3];
@@ -297,19 +343,24 @@ __device__ bool task_combine(const Params& P, const int* rec, int ticket) {
 #pragma unroll
                 for (int k = 0; k < MK_ATTN_OUT_PER_THREAD; k++) acc[k] = 0.f;
             }
-            for (int i = threadIdx.x; i < n * gq; i += NT) sWt[i] = ldcg_f(lse + i);
-            __syncthreads();
-            if (!rep) prof_phase(0);
-            combine_stats<false>(sWt, n, gq, sMx, sDen);
-            __syncthreads();
-            for (int i = threadIdx.x; i < n * gq; i += NT) {
-                const int h = i % gq;
-                sWt[i] = expf(sWt[i] - sMx[h]) / sDen[h];
+#if MK_SMALL_VEC >= 3
+            if (n <= 8 && gq * d <= 2 * NT) {
+                CombineRegs<8> r;
+                r.load(po, n, gq * d);
+                combine_weights(lse, n, gq, sWt, sMx, sDen, rep);
+                r.accumulate(sWt, n, gq, d, acc);
+            } else if (n <= 16 && gq * d <= 2 * NT) {
+                CombineRegs<16> r;
+                r.load(po, n, gq * d);
+                combine_weights(lse, n, gq, sWt, sMx, sDen, rep);
+                r.accumulate(sWt, n, gq, d, acc);
+            } else
+#endif
+            {
+                combine_weights(lse, n, gq, sWt, sMx, sDen, rep);
+                if (n <= 8) combine_accumulate_any<8>(po, sWt, n, gq, d, acc);
+                else combine_accumulate_any<16>(po, sWt, n, gq, d, acc);
             }
-            __syncthreads();
-            if (!rep) prof_phase(1);
-            if (n <= 8) combine_accumulate_any<8>(po, sWt, n, gq, d, acc);
-            else combine_accumulate_any<16>(po, sWt, n, gq, d, acc);
             prof_phase(rep ? 3 : 2);         // (thread 0's share of the merge: the others may still run)
         }
     } else

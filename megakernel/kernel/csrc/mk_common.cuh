@@ -35,6 +35,9 @@ typedef __nv_bfloat16 bf16;
 // 2: as 1, and NORM issues all of a thread's loads (h, attention, MLP, the experts' outputs, its norm weights)
 // at once and normalises in registers (one L2 round trip instead of three or four). 2 is the default: with
 // MK_TOPK_PACKED=1 measured b1 8K 3.82 vs 3.92 ms, b8 14.66 vs 14.66 (separate processes, 7c5f6f7; SPEED_NOTES.md).
+// 3: as 2, and the attention combine of up to 16 splits issues its partials' loads with its log-sum-exps' (one L2
+// round trip where it waits for two; a round trip costs ~3 us under the experts' load). Off until it has run on
+// the GPU.
 #ifndef MK_SMALL_VEC
 #define MK_SMALL_VEC 2
 #endif

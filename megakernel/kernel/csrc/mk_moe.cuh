@@ -28,6 +28,12 @@ __device__ __forceinline__ void route_to_shared(const Params& P, const int* rout
 }
 #endif
 
+// The first O item of a layer's queue (o_queue plans): after its n_gu gate/up items and the first o_after eighths of
+// its down items (schedule.ModelPlan.o_after; the simulator's _o_start is the same formula).
+__device__ __forceinline__ int o_queue_start(const Params& P, int n_gu) {
+    return n_gu + ((n_gu / PI(gu_tiles)) * PI(dn_tiles) * PI(o_after) >> 3);
+}
+
 struct MoeItem {
     bool down;
     int slot, e, st, cnt, r0, nr;
@@ -38,15 +44,17 @@ __device__ __forceinline__ MoeItem moe_item(const Params& P, int l, const int* r
                                             const bf16* edn, int item, int n_gu) {
     const int H = PI(H), I = PI(I), gu_tiles = PI(gu_tiles), gu_rows = PI(gu_rows), dn_rows = PI(dn_rows);
     const int n_o = PI(o_items);
+    // the O items start after the gate/up items and o_after eighths of the down items (o_queue_start)
+    const int o0 = n_o ? o_queue_start(P, n_gu) : 0;
     MoeItem it;
-    if (item >= n_gu && item < n_gu + n_o) {
+    if (n_o && item >= o0 && item < o0 + n_o) {
         it.down = false;
         it.slot = -1; it.e = -1; it.st = 0; it.cnt = PI(B);
-        it.r0 = (item - n_gu) * PI(o_rows); it.nr = min(PI(o_rows), H - it.r0);
+        it.r0 = (item - o0) * PI(o_rows); it.nr = min(PI(o_rows), H - it.r0);
         it.T = static_tile(P, OP_OPROJ, l, it.r0, it.nr);
         return it;
     }
-    if (item >= n_gu) item -= n_o;
+    if (n_o && item >= o0) item -= n_o;
     it.down = item >= n_gu;
     int t;
     if (!it.down) { it.slot = item / gu_tiles; t = item - it.slot * gu_tiles; }

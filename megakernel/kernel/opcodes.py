@@ -73,7 +73,7 @@ class Op(IntEnum):
 #   NORM         a0=row
 #   QKV/OPROJ/ROUTER/MLP_GU/MLP_DOWN   a0=first row of the tile, a1=rows (MLP_GU: rows of gate and of up each)
 #   ATTN         a0=seq, a1=kv head, a2=split index, a3=first partial slot of this (seq, kv head)
-#   ATTN_COMBINE a0=seq, a1=kv head, a2=number of splits, a3=first partial slot
+#   ATTN_COMBINE a0=seq, a1=kv head * combine_parts + part, a2=number of splits, a3=first partial slot
 #   TOPK         a0=moe layer index
 #   MOE_WORKER   a0=moe layer index
 #   LM_HEAD      a0=first row, a1=rows, a2=index of its maxima, a3=rows per tile of a streaming run (0: one tile)
@@ -134,6 +134,8 @@ PARAM_FIELDS = (
     # the down items queued ahead of them (ModelPlan.o_after), their rows, and the per-layer offset of the
     # attention-combine counter they wait on
     "o_items", "o_after", "o_rows", "c_comb",
+    # attention-combine tasks per (row, kv head), each over a part of its query heads (ModelPlan.combine_parts)
+    "combine_parts",
     # route buffer layout (int32 offsets inside one MoE layer's route record)
     "r_stride", "r_slot_expert", "r_slot_start", "r_slot_cnt", "r_pair_row", "r_pair_rank", "r_pair_w",
     "r_topk_ids",

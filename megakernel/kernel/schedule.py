@@ -83,7 +83,7 @@ def attn_smem_bytes(d: int, g: int) -> int:
 def small_task_smem_bytes(E: int, H: int) -> int:
     """Shared memory of the task kinds that prefetch the next GEMV tile into weight buffer 1 while they run (NORM,
     TOPK, ATTN_COMBINE: csrc/mk_kernel.cu): the largest of their layouts."""
-    combine = 2 * O.MAX_GROUP * 4 + O.MAX_SPLITS_PER_HEAD * O.MAX_GROUP * 4
+    combine = 2 * O.MAX_GROUP * 4 + O.MAX_SPLITS_PER_HEAD * O.MAX_GROUP * 4 + O.NUM_THREADS * 4  # (parts' sums)
     e32 = (E + 31) // 32 * 32
     route = (O.MAX_BATCH * e32 + 2 * O.MAX_BATCH * O.MAX_TOPK + e32 + O.MAX_BATCH * e32 // 32 + 2 * e32 // 32) * 4
     norm = H * 4 + 64 * 4
@@ -137,6 +137,10 @@ class ModelPlan:
                                          # (after the gate/up items and `o_after` eighths of the down items)
                                          # instead of static tasks listed after the workers, which only free
                                          # blocks claim
+    combine_parts: int = 1               # each (row, kv head)'s attention combine as this many tasks, each over
+                                         # group / combine_parts of its query heads (a divisor of the group): a
+                                         # combine of 256 splits (128K+ contexts) reads ~1 MB, on one SM at 1.
+                                         # Not yet measured
     o_after: int = 0                     # 0..8: eighths of a layer's down items queued ahead of its O items
                                          # (o_queue; 0: right after the gate/up items, where a worker that claims
                                          # one may wait for the combines; 8: after every down item). Not yet measured
@@ -246,6 +250,10 @@ class ModelPlan:
         self.n_lm_tiles = len(self.lm_runs)          # LM-head tasks: one maximum per row each
         self.n_o_tiles = math.ceil(self.H / self.o_rows)
         self.o_items = self.n_o_tiles if self.o_queue and self.Lm else 0     # per MoE layer's queue
+        if self.combine_parts < 1 or self.g % self.combine_parts or \
+                (self.combine_parts > 1 and self.g // self.combine_parts * self.d > O.NUM_THREADS):
+            raise ValueError(f"combine_parts={self.combine_parts} must divide the {self.g} query heads per kv head, "
+                             f"with at most {O.NUM_THREADS} outputs (heads x head_dim) per part")
         if not 0 <= self.o_after <= 8:
             raise ValueError(f"o_after is in eighths of the down items, 0..8, got {self.o_after}")
         # route record layout (int32 offsets)
@@ -564,7 +572,9 @@ def build_tasks(plan: ModelPlan, B: int, nsplit: np.ndarray) -> TaskList:
         for s_, h_, n_, c_ in zip(s_pair.tolist(), h_pair.tolist(), n_pair.tolist(), c_pair.tolist()):
             targets[c_] = n_
             names[c_] = f"layer {l} attention splits (seq {s_}, kv head {h_})"
-        comb = np.stack([s_pair, h_pair, n_pair, first, c_pair], axis=1)
+        cp = plan.combine_parts                  # a combine task per (pair, part of its query heads)
+        comb = np.repeat(np.stack([s_pair, h_pair, n_pair, first, c_pair], axis=1), cp, axis=0)
+        comb[:, 1] = comb[:, 1] * cp + np.tile(np.arange(cp), len(s_pair))    # a1 = kv head * parts + part
         s_a, h_a, p_a = np.repeat(s_pair, n_pair), np.repeat(h_pair, n_pair), np.repeat(first, n_pair)
         j_a = np.arange(int(n_pair.sum())) - (p_a - part)
         part += int(n_pair.sum())
@@ -574,7 +584,7 @@ def build_tasks(plan: ModelPlan, B: int, nsplit: np.ndarray) -> TaskList:
                 a0=s_a, a1=h_a, a2=j_a, a3=p_a)
         # 6. attention combine, ahead of the MoE workers: a worker keeps its block until the layer's queue
         #    is empty, so a combine listed after them is claimed only once the experts are done
-        c_comb = ctr(l, plan.c_comb, "attention combines", B * nkv)
+        c_comb = ctr(l, plan.c_comb, "attention combines", B * nkv * cp)
         em.emit(Op.ATTN_COMBINE, l, len(comb), sig=c_comb, waits=[(comb[:, 4], comb[:, 2])],
                 a0=comb[:, 0], a1=comb[:, 1], a2=comb[:, 2], a3=comb[:, 3])
 
@@ -584,7 +594,7 @@ def build_tasks(plan: ModelPlan, B: int, nsplit: np.ndarray) -> TaskList:
             (`oproj_first` measures that trade)."""
             r0, nr = _tiles(H, plan.o_rows)
             c = ctr(l, plan.c_o, "o-proj tiles", n_o_tiles)
-            em.emit(Op.OPROJ, l, len(r0), sig=c, waits=[(c_comb, B * nkv)], a0=r0, a1=nr)
+            em.emit(Op.OPROJ, l, len(r0), sig=c, waits=[(c_comb, B * nkv * cp)], a0=r0, a1=nr)
             return c
 
         o_in_queue = moe and plan.o_items > 0

@@ -317,15 +317,17 @@ class Simulator:
         self.wr("part_o", (pbase + j,), o)
         self.wr("part_lse", (pbase + j,), m + torch.log(lsum))
 
-    def t_combine(self, l, s, kvh, n, pbase):
+    def t_combine(self, l, s, a1, n, pbase):
         p = self.plan
         g, d = p.g, p.d
-        lse = self.rd("part_lse", (slice(pbase, pbase + n),))               # [n, g]
-        o = self.rd("part_o", (slice(pbase, pbase + n),))                   # [n, g, d]
+        kvh, part = divmod(a1, p.combine_parts)                              # this task's query heads h0 .. h1 - 1
+        h0, h1 = part * g // p.combine_parts, (part + 1) * g // p.combine_parts
+        lse = self.rd("part_lse", (slice(pbase, pbase + n),))[:, h0:h1]     # [n, heads]
+        o = self.rd("part_o", (slice(pbase, pbase + n),))[:, h0:h1]         # [n, heads, d]
         M = lse.max(dim=0).values
-        w = torch.exp(lse - M[None])                                        # [n, g]
+        w = torch.exp(lse - M[None])                                        # [n, heads]
         out = (w[:, :, None] * o).sum(0) / w.sum(0)[:, None]
-        self.wr("attn", (l, s, slice(kvh * g * d, (kvh + 1) * g * d)), out.reshape(-1).to(self.act))
+        self.wr("attn", (l, s, slice((kvh * g + h0) * d, (kvh * g + h1) * d)), out.reshape(-1).to(self.act))
 
     def t_oproj(self, l, r0, nr, *_):
         lw = self.w.layers[l]
@@ -398,7 +400,7 @@ class Simulator:
             if item >= n_items:
                 return
             if o0 <= item < o0 + n_o:               # an O-projection tile: waits for the layer's combines
-                yield (l * p.cpl + p.c_comb, self.B * p.nkv)
+                yield (l * p.cpl + p.c_comb, self.B * p.nkv * p.combine_parts)
                 self.cur_op = "MOE_WORKER(o-proj)"
                 r0 = (item - o0) * p.o_rows
                 self.t_oproj(l, r0, min(p.o_rows, p.H - r0))

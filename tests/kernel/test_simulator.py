@@ -324,6 +324,39 @@ def test_simulator_with_oproj_in_the_expert_queue(variant, B, o_after):
     _check_step(cfg, w, st, nxt, plan, seeds=[B, B + 9])
 
 
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("B,o_queue", [(1, 0), (3, 1)])
+def test_simulator_with_combines_split_over_query_heads(variant, B, o_queue):
+    """combine_parts: each (row, kv head)'s combine as several tasks over parts of its query heads (every head its
+    own task here), which the O projection (static tasks, or the queue's O items) waits for all of. Exact in random
+    orders, with splits of 4 keys so every combine merges several."""
+    cfg, w, st, nxt = _setup(variant, B, seed=41 + B)
+    g = cfg.num_heads // cfg.num_kv_heads
+    plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=2, split_tokens=4, combine_parts=g, o_queue=o_queue,
+                     o_after=4)
+    batch = decode_batch(st, nxt)
+    si = step_inputs(plan, batch.input_ids.tolist(), batch.positions.tolist(), batch.block_tables)
+    rec = build_tasks(plan, si.B, si.nsplit).records
+    comb = rec[rec[:, 0] == int(O.Op.ATTN_COMBINE)]
+    assert len(comb) == cfg.num_layers * B * cfg.num_kv_heads * g
+    assert sorted(set(comb[:, O.R["a1"]].tolist())) == list(range(cfg.num_kv_heads * g))
+    _check_step(cfg, w, st, nxt, plan, seeds=[B, B + 11])
+
+
+def test_combine_parts_must_divide_the_query_group():
+    """North (8 query heads of 128 per kv head): parts of 1, 2 (512 outputs, one per thread), 4 and 8 heads' worth
+    plan; 3 does not divide the group."""
+    from megakernel.config import north_mini_code_config
+    from megakernel.kv.cache import KVLayout
+
+    cfg = north_mini_code_config()
+    layout = KVLayout.for_model(cfg, 64)
+    for parts in (1, 2, 4, 8):
+        assert ModelPlan(cfg, layout, max_batch=16, combine_parts=parts).combine_parts == parts
+    with pytest.raises(ValueError, match="combine_parts"):
+        ModelPlan(cfg, layout, max_batch=16, combine_parts=3)
+
+
 def test_expert_ring_tilings_on_north_dims():
     """moe_ring: the static tasks keep one large buffer (128 KB tiles) while the expert items get a ring of two
     buffers with their inputs after it (the warp-specialised worker's layout): each item tile fits one buffer, the

@@ -321,17 +321,58 @@ struct CombineRegs {
 };
 #endif
 
+// A combine task over a part of its kv head's query heads (combine_parts > 1): outputs o0 .. o0 + nout - 1 of the
+// kv head's gq * d, nout <= NT. The block's threads split into G = NT / nout groups of nout; group g sums splits
+// g, g + G, g + 2G, ... (a warp reads one split's consecutive outputs), U at a time, all U loads in flight; then
+// thread o < nout adds the G groups' sums in group order. sWt holds every head's split weights (combine_weights).
+template <int U>
+__device__ __forceinline__ float combine_part_sum(const float* po, const float* sWt, float* sPart, int n, int gq,
+                                                  int d, int o0, int nout) {
+    const int G = NT / nout, g = threadIdx.x / nout, o = threadIdx.x - g * nout;
+    const int ko = o0 + min(o, nout - 1), h = ko / d;
+    float a = 0.f;
+    if (g < G) {
+        for (int j0 = g; j0 < n; j0 += U * G) {
+            float v[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) v[u] = ldcg_f(po + (size_t)min(j0 + u * G, n - 1) * gq * d + ko);
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                if (j0 + u * G < n) a = fmaf(sWt[(j0 + u * G) * gq + h], v[u], a);
+        }
+        sPart[threadIdx.x] = a;
+    }
+    __syncthreads();
+    float r = 0.f;
+    if (threadIdx.x < nout)
+        for (int gg = 0; gg < G; gg++) r += sPart[gg * nout + threadIdx.x];
+    return r;
+}
+
 __device__ bool task_combine(const Params& P, const int* rec, int ticket) {
     if (!wait_rec(P, rec, ticket)) return false;
-    const int l = rec[RF_LAYER], s = rec[RF_A0], kvh = rec[RF_A1], n = rec[RF_A2], pbase = rec[RF_A3];
+    const int parts = PI(combine_parts);
+    const int l = rec[RF_LAYER], s = rec[RF_A0], kvh = rec[RF_A1] / parts, part = rec[RF_A1] - kvh * parts;
+    const int n = rec[RF_A2], pbase = rec[RF_A3];
     const int d = PI(head_dim), nkv = PI(n_kv), gq = PI(n_heads) / nkv, Q = PI(n_heads) * d, Bm = PI(Bm);
     const float* lse = PP(const float*, part_lse) + (size_t)pbase * gq;
     const float* po = PP(const float*, part_o) + (size_t)pbase * gq * d;
     const int MAXS = 256;
-    if (!smem_fits(P, (size_t)(2 * MK_MAX_GROUP + MAXS * gq) * 4, ticket)) return false;
+    if (!smem_fits(P, (size_t)(2 * MK_MAX_GROUP + MAXS * gq + NT) * 4, ticket)) return false;
     float* sMx = reinterpret_cast<float*>(smem);
     float* sDen = sMx + MK_MAX_GROUP;
     float* sWt = sDen + MK_MAX_GROUP;          // [MAXS][gq]
+    if (parts > 1 && n <= MAXS) {             // (the plan checks nout <= NT)
+        const int nout = gq / parts * d, o0 = part * nout;
+        combine_weights(lse, n, gq, sWt, sMx, sDen, 0);
+        const float r = n <= 64 ? combine_part_sum<16>(po, sWt, sWt + MAXS * gq, n, gq, d, o0, nout)
+                                : combine_part_sum<32>(po, sWt, sWt + MAXS * gq, n, gq, d, o0, nout);
+        prof_phase(2);
+        bf16* out = PP(bf16*, attn) + ((size_t)l * Bm + s) * Q + (size_t)kvh * gq * d + o0;
+        if (threadIdx.x < nout) out[threadIdx.x] = f2bf(r);
+        task_signal(P, rec[RF_SIG]);
+        return true;
+    }
     float acc[MK_ATTN_OUT_PER_THREAD];
 #pragma unroll
     for (int k = 0; k < MK_ATTN_OUT_PER_THREAD; k++) acc[k] = 0.f;

@@ -420,7 +420,10 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
         const bool oitem = it.slot < 0;
         const int gu_ctr = l * PI(cpl) + PI(c_gu) + it.slot;
         if (it.down && !block_wait(P, gu_ctr, PI(gu_tiles), ticket)) { drain_weights(); return false; }
-        if (oitem && !block_wait(P, l * PI(cpl) + PI(c_comb), PI(B) * PI(n_kv), ticket)) { drain_weights(); return false; }
+        if (oitem && !block_wait(P, l * PI(cpl) + PI(c_comb), PI(B) * PI(n_kv) * PI(combine_parts), ticket)) {
+            drain_weights();
+            return false;
+        }
         prof_mark(PS_WAITED);
         if (threadIdx.x < it.cnt) {
             const int i = threadIdx.x;

@@ -136,6 +136,8 @@ PARAM_FIELDS = (
     "o_items", "o_after", "o_rows", "c_comb",
     # attention-combine tasks per (row, kv head), each over a part of its query heads (ModelPlan.combine_parts)
     "combine_parts",
+    # 1: no TOPK tasks; every MoE worker routes its layer itself (ModelPlan.worker_topk)
+    "worker_topk",
     # route buffer layout (int32 offsets inside one MoE layer's route record)
     "r_stride", "r_slot_expert", "r_slot_start", "r_slot_cnt", "r_pair_row", "r_pair_rank", "r_pair_w",
     "r_topk_ids",

@@ -13,7 +13,8 @@ which runs the same list in random dependency-respecting orders, too):
   finishes. No assumption on co-residency of blocks is needed: a block that never started claimed nothing.
 
   Routed experts are data dependent. Each MoE layer gets `n_workers` MOE_WORKER tasks (after the layer's TOPK in
-  the list) that wait for the routing, then claim work items from the layer's queue with a second atomic
+  the list) that wait for the routing (knob `worker_topk`: for the router tiles, static tasks listed before them;
+  each worker then computes the same routing from the same logits itself), then claim work items from the layer's queue with a second atomic
   counter: first every gate/up tile of every active expert, then every down tile, with (knob `o_queue`) the layer's
   O-projection tiles placed after the first `o_after` eighths of the down tiles. A down item waits for the gate/up items of its expert, which have smaller item numbers
   and were therefore claimed earlier by workers that execute them without waiting on anything else; an O item
@@ -137,6 +138,10 @@ class ModelPlan:
                                          # (after the gate/up items and `o_after` eighths of the down items)
                                          # instead of static tasks listed after the workers, which only free
                                          # blocks claim
+    worker_topk: int = 0                 # 1: no TOPK task; every MoE worker waits on the router tiles and routes the
+                                         # layer itself (the same code, into its shared memory): the router ->
+                                         # top-k -> workers hand-off, ~8 us per layer at batch 1, loses a hop.
+                                         # Needs MK_MOE_LOCAL=1 (default). Not yet measured
     combine_parts: int = 1               # each (row, kv head)'s attention combine as this many tasks, each over
                                          # group / combine_parts of its query heads (a divisor of the group): a
                                          # combine of 256 splits (128K+ contexts) reads ~1 MB, on one SM at 1.
@@ -534,14 +539,16 @@ def build_tasks(plan: ModelPlan, B: int, nsplit: np.ndarray) -> TaskList:
             # fused: the tile of row 0 writes the normed rows the MoE items read (they wait on all router tiles)
             em.emit(Op.ROUTER, l, len(r0), sig=c_rl, waits=x_waits, a0=r0, a1=nr,
                     flags=fl | np.where(fuse & (r0 == 0), O.FLAG_WRITE_X, 0))
-            c = ctr(l, plan.c_route, "top-k", 1)
-            em.emit(Op.TOPK, l, 1, sig=c, waits=[(c_rl, len(r0))], a0=m)
             for j in range(plan.n_slots):
                 # targets of the per-slot gate/up counters are dynamic (gu_tiles when the slot is active)
                 names[l * cpl + plan.c_gu + j] = f"layer {l} expert slot {j} gate/up items"
-            return c
+            if plan.worker_topk:             # the workers route the layer themselves, from the router tiles
+                return c_rl, len(r0)
+            c = ctr(l, plan.c_route, "top-k", 1)
+            em.emit(Op.TOPK, l, 1, sig=c, waits=[(c_rl, len(r0))], a0=m)
+            return c, 1
 
-        c_route = emit_routing() if moe and plan.router_first else -1
+        route_wait = emit_routing() if moe and plan.router_first else (-1, 0)   # what the workers wait on
         # 3. QKV tiles, grouped by the kv head whose counter they feed
         r0, nr = _tiles(Q + 2 * KV, plan.qkv_rows)
         head = np.where(r0 < Q, r0 // d // g, np.where(r0 < Q + KV, (r0 - Q) // d, (r0 - Q - KV) // d))
@@ -554,7 +561,7 @@ def build_tasks(plan: ModelPlan, B: int, nsplit: np.ndarray) -> TaskList:
         em.emit(Op.QKV, l, len(r0), sig=np.asarray(qkv_c, np.int32)[head], waits=x_waits, a0=r0, a1=nr,
                 flags=fl | np.where(fuse & (r0 == 0), O.FLAG_WRITE_H, 0))
         if moe and not plan.router_first:
-            c_route = emit_routing()
+            route_wait = emit_routing()
         # 4. static MLP gate/up tiles
         n_mgu = n_mdn = 0
         if kind != O.MLP_NONE:
@@ -603,7 +610,7 @@ def build_tasks(plan: ModelPlan, B: int, nsplit: np.ndarray) -> TaskList:
         mlp_target = 0
         c_mlp = l * cpl + plan.c_mlp
         if moe:
-            em.emit(Op.MOE_WORKER, l, plan.n_workers, sig=c_mlp, waits=[(c_route, 1)], a0=m)
+            em.emit(Op.MOE_WORKER, l, plan.n_workers, sig=c_mlp, waits=[route_wait], a0=m)
             mlp_target += plan.n_workers
         # 8. static MLP down tiles
         if kind != O.MLP_NONE:

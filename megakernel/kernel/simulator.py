@@ -342,6 +342,10 @@ class Simulator:
         self.wr("rlog", (m, slice(0, self.B), slice(r0, r0 + nr)), lg.float())
 
     def t_topk(self, l, m, *_):
+        self.wr("route", (m,), self._route(m))
+
+    def _route(self, m):
+        """Layer m's route record from its router logits (TOPK's, or with worker_topk every worker's own)."""
         p, cfg = self.plan, self.plan.cfg
         B, k = self.B, p.topk
         lg = self.rd("rlog", (m, slice(0, B))).to(self.act)                 # exact: values are act-dtype
@@ -380,7 +384,8 @@ class Simulator:
                 route[p.r_topk_ids + s * k + kk] = e
         route[0] = len(active)
         route[1] = len(active) * (p.gu_tiles + p.dn_tiles) + p.o_items
-        self.wr("route", (m,), route)
+        return route
+
 
     def t_worker(self, l, m, *_):
         return self._worker(l, m)
@@ -388,7 +393,12 @@ class Simulator:
     def _worker(self, l, m):
         p = self.plan
         lw = self.w.layers[l].moe
-        route = self.rd("route", (m,))
+        if p.worker_topk:                        # this worker routes the layer itself; the claimer of item 0 (the
+            route = self._route(m)               # next claim, as the kernel's) writes the record for the host
+            if int(self.moe_work[m]) == 0:
+                self.wr("route", (m,), route)
+        else:
+            route = self.rd("route", (m,))
         n_active, n_items = int(route[0]), int(route[1])
         n_gu = n_active * p.gu_tiles
         n_o = p.o_items

@@ -343,6 +343,24 @@ def test_simulator_with_combines_split_over_query_heads(variant, B, o_queue):
     _check_step(cfg, w, st, nxt, plan, seeds=[B, B + 11])
 
 
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("B,o_queue", [(1, 0), (5, 0), (3, 1)])
+def test_simulator_with_workers_routing_themselves(variant, B, o_queue):
+    """worker_topk: no TOPK tasks; every MoE worker waits on its layer's router tiles and computes the routing
+    itself, and the worker that claims item 0 writes the route record (the host reads it). Exact in random orders,
+    with fewer workers than items; the record holds every row's experts."""
+    cfg, w, st, nxt = _setup(variant, B, seed=51 + B)
+    plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=2, split_tokens=4, worker_topk=1, o_queue=o_queue)
+    batch = decode_batch(st, nxt)
+    si = step_inputs(plan, batch.input_ids.tolist(), batch.positions.tolist(), batch.block_tables)
+    rec = build_tasks(plan, si.B, si.nsplit).records
+    assert not (rec[:, 0] == int(O.Op.TOPK)).any()
+    workers = rec[rec[:, 0] == int(O.Op.MOE_WORKER)]
+    assert len(workers) == 2 * len(plan.moe_layers)
+    assert (workers[:, O.R["w0c"]] == workers[:, O.R["layer"]] * plan.cpl + plan.c_rl).all()
+    _check_step(cfg, w, st, nxt, plan, seeds=[B, B + 13])
+
+
 def test_combine_parts_must_divide_the_query_group():
     """North (8 query heads of 128 per kv head): parts of 1, 2 (512 outputs, one per thread), 4 and 8 heads' worth
     plan; 3 does not divide the group."""

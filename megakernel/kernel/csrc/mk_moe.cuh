@@ -3,6 +3,7 @@
 #pragma once
 #include "mk_common.cuh"
 #include "mk_gemv.cuh"      // the experts' tiles run on the GEMV core
+#include "mk_routing.cuh"   // (worker_topk plans: each worker routes its layer itself)
 #if MK_SWZ
 #include "mk_gemv_swz.cuh"  // or, swizzled, on its tensor-core core
 #endif
@@ -25,6 +26,37 @@ __device__ __forceinline__ void route_to_shared(const Params& P, const int* rout
         s_route_slot[i] = ldcg_i(route + PI(r_slot_expert) + i) | (ldcg_i(route + PI(r_slot_start) + i) << 9) |
                           (ldcg_i(route + PI(r_slot_cnt) + i) << 18);
     for (int i = threadIdx.x; i < PI(n_pairs); i += NT) s_route_row[i] = (unsigned char)ldcg_i(route + PI(r_pair_row) + i);
+}
+
+// worker_topk plans: every pair's routing weight (bf16 bits: topk_route rounds the weights to bf16) and rank, which
+// a down item takes from here instead of the global route record (one worker writes that while the others run).
+__shared__ unsigned short s_route_pw[MK_MAX_PAIRS];
+__shared__ unsigned char s_route_rank[MK_MAX_PAIRS];
+
+// worker_topk plans, all threads: this worker routes layer m itself (topk_route, into a copy of the route record in
+// the dynamic shared memory, which no item uses yet), then keeps what its items need as route_to_shared does, and
+// the header in hdr[0..1]. The worker that claimed item 0 (hdr[2], thread 0's claim) writes the record to global
+// memory for the host (routed-expert counts); nothing in the kernel reads it. Ends on a barrier.
+__device__ __forceinline__ bool route_in_worker(const Params& P, int m, int* route_g, int* hdr, int ticket) {
+    const size_t off = ((size_t)topk_scratch_bytes(PI(E)) + 15) / 16 * 16;
+    if (!smem_fits(P, off + (size_t)PI(r_stride) * 4, ticket)) return false;
+    int* sr = reinterpret_cast<int*>(smem + off);
+    if (threadIdx.x == 0) hdr[2] = atomicAdd(PP(int*, moe_work) + m, 1);   // (its round trip under the routing)
+    topk_route(P, m, sr);
+    __syncthreads();
+    for (int i = threadIdx.x; i < PI(n_slots); i += NT)
+        s_route_slot[i] = sr[PI(r_slot_expert) + i] | (sr[PI(r_slot_start) + i] << 9) | (sr[PI(r_slot_cnt) + i] << 18);
+    for (int i = threadIdx.x; i < PI(n_pairs); i += NT) {
+        s_route_row[i] = (unsigned char)sr[PI(r_pair_row) + i];
+        s_route_rank[i] = (unsigned char)sr[PI(r_pair_rank) + i];
+        s_route_pw[i] = (unsigned short)(__float_as_uint(__int_as_float(sr[PI(r_pair_w) + i])) >> 16);
+    }
+    if (threadIdx.x == 0) { hdr[0] = sr[0]; hdr[1] = sr[1]; }
+    __syncthreads();
+    if (hdr[2] == 0)
+        for (int i = threadIdx.x; i < PI(r_stride); i += NT) route_g[i] = sr[i];
+    __syncthreads();                          // (the record copy read before an item's tile lands over it)
+    return true;
 }
 #endif
 
@@ -324,16 +356,29 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
     __shared__ int s_w[4];
     const bool keep_x = ring || MK_MOE_LOCAL;   // sX kept between items (inputs_held)
     if (threadIdx.x == 0) s_xprev_n = 0;
-    if (threadIdx.x == 0) { s_w[0] = ldcg_i(route); s_w[1] = ldcg_i(route + 1); s_w[2] = atomicAdd(PP(int*, moe_work) + m, 1); }
+    const bool wtopk = PI(worker_topk) != 0;  // this worker routes the layer itself (it waited on the router tiles)
 #if MK_MOE_LOCAL
-    route_to_shared(P, route);               // (the same round trip as the header's)
+    if (wtopk) {
+        if (!route_in_worker(P, m, PP(int*, route) + (size_t)m * PI(r_stride), s_w, ticket)) return false;
+    } else
+#else
+    if (wtopk) {                              // (the plan's knob needs the build's MK_MOE_LOCAL=1)
+        if (threadIdx.x == 0) record_error(P, MK_ERR_BAD_OPCODE, ticket);
+        return false;
+    }
 #endif
-    __syncthreads();
+    {
+        if (threadIdx.x == 0) { s_w[0] = ldcg_i(route); s_w[1] = ldcg_i(route + 1); s_w[2] = atomicAdd(PP(int*, moe_work) + m, 1); }
+#if MK_MOE_LOCAL
+        route_to_shared(P, route);           // (the same round trip as the header's)
+#endif
+        __syncthreads();
+    }
     const int n_active = s_w[0], n_items = s_w[1];
     const int n_gu = n_active * PI(gu_tiles);
     int* work = PP(int*, moe_work) + m;
 #if MK_WS_MOE
-    if (PI(moe_wbuf) && PI(o_items) == 0) {
+    if (PI(moe_wbuf) && PI(o_items) == 0 && !wtopk) {
         // the item claimed above is the loader's first; it claims the rest
         if (!moe_worker_ws(P, ticket, l, m, route, egu, edn, n_gu, n_items, s_w[2])) return false;
         prefetch_next(P, 0);
@@ -438,8 +483,13 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
 #endif
 #if MK_MOE_LOCAL
         if (it.down && threadIdx.x < it.cnt) {   // the epilogue's pair weights and ranks, loaded with the inputs
-            s_pair_w[threadIdx.x] = __int_as_float(ldcg_i(route + PI(r_pair_w) + it.st + threadIdx.x));
-            s_pair_rank[threadIdx.x] = ldcg_i(route + PI(r_pair_rank) + it.st + threadIdx.x);
+            if (wtopk) {
+                s_pair_w[threadIdx.x] = __uint_as_float((unsigned)s_route_pw[it.st + threadIdx.x] << 16);
+                s_pair_rank[threadIdx.x] = s_route_rank[it.st + threadIdx.x];
+            } else {
+                s_pair_w[threadIdx.x] = __int_as_float(ldcg_i(route + PI(r_pair_w) + it.st + threadIdx.x));
+                s_pair_rank[threadIdx.x] = ldcg_i(route + PI(r_pair_rank) + it.st + threadIdx.x);
+            }
         }
 #endif
 #if MK_SWZ

@@ -20,14 +20,21 @@ __device__ __forceinline__ unsigned topk_key(float f) {
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// Not inlined into the persistent loop (nor is task_norm): inlined, their registers spill there.
-__device__ __noinline__ bool task_topk(const Params& P, const int* rec, int ticket) {
-    if (!wait_rec(P, rec, ticket)) return false;
-    const int m = rec[RF_A0];
+// Bytes of topk_route's shared-memory scratch at the start of the dynamic shared memory (the layout below;
+// schedule.small_task_smem_bytes sizes it for the largest batch).
+__device__ __forceinline__ int topk_scratch_bytes(int E) {
+    const int nq = (E + 31) >> 5, e32 = nq * 32;
+    return (MB * e32 + 2 * MB * MK_MAX_TOPK + e32 + MB * nq + 2 * nq) * 4;
+}
+
+// The routing of MoE layer m (every row's experts and weights, the expert queue's slots and pairs) written to
+// `route`: the layer's route record in global memory (TOPK), or a copy in shared memory past the scratch (a MoE
+// worker of a worker_topk plan, mk_moe.cuh). Ends without a barrier after its last writes. Not inlined into the
+// persistent loop (nor is task_norm): inlined, their registers spill there.
+__device__ __noinline__ void topk_route(const Params& P, int m, int* route) {
     const int B = PI(B), Bm = PI(Bm), E = PI(E), k = PI(topk);
     const int nq = (E + 31) >> 5, e32 = nq * 32;                  // experts in whole warps' worth
     const float* rl = PP(const float*, rlog) + (size_t)m * Bm * E;
-    int* route = PP(int*, route) + (size_t)m * PI(r_stride);
     // layout: schedule.small_task_smem_bytes (route)
     int* sRank = reinterpret_cast<int*>(smem);                     // [B][e32] position in the row's top-k, or -1
     int* sId = sRank + MB * e32;                                   // [B][MAX_TOPK] the row's experts, best first
@@ -37,8 +44,6 @@ __device__ __noinline__ bool task_topk(const Params& P, const int* rec, int tick
     int* sTot = reinterpret_cast<int*>(sBal + MB * nq);            // [2][nq] per-warp totals of the scan
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int sel = PI(sel_fn), norm = PI(norm_topk);
-    for (int rep = 0; rep < MK_REPEAT_SMALL; rep++) {   // (the same route written again: nobody reads it yet)
-    if (rep) __syncthreads();
 #if MK_TOPK_PACKED
     // 1. a warp per row: k rounds of the largest remaining key, one warp-wide max each. The router's logits are
     //    bf16 values (its epilogue rounds them; the simulator reads them as such), so the top 16 bits of their
@@ -212,6 +217,15 @@ __device__ __noinline__ bool task_topk(const Params& P, const int* rec, int tick
     __syncthreads();                         // (profiling only: every pair written, for the mark)
 #endif
     prof_phase(3);
+}
+
+__device__ __noinline__ bool task_topk(const Params& P, const int* rec, int ticket) {
+    if (!wait_rec(P, rec, ticket)) return false;
+    const int m = rec[RF_A0];
+    int* route = PP(int*, route) + (size_t)m * PI(r_stride);
+    for (int rep = 0; rep < MK_REPEAT_SMALL; rep++) {   // (the same route written again: nobody reads it yet)
+        if (rep) __syncthreads();
+        topk_route(P, m, route);
     }
     task_signal(P, rec[RF_SIG]);
     return true;

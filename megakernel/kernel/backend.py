@@ -233,6 +233,10 @@ class MegakernelBackend(DecodeBackend):
         plans = tiling_plans(self.cfg, self.layout, self.max_batch, bool(batch_tiles), **knobs)
         plan = plans[-1]
         plan.check_supported()
+        from megakernel.kernel import build
+        if plan.worker_topk and build.switch_value("MK_MOE_LOCAL") == 0:
+            raise ValueError("worker_topk needs the kernel's MK_MOE_LOCAL=1 (the workers keep their routing in shared "
+                             "memory); this build has MK_MOE_LOCAL=0")
         for p in plans:
             if self._smem_of(p) > self.smem_optin - O.SMEM_RESERVE:     # (the rest: the kernel's static smem)
                 raise ValueError(f"kernel needs {self._smem_of(p)} B of shared memory, the GPU allows {self.smem_optin}")

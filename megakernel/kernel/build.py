@@ -114,6 +114,15 @@ KERNEL_SWITCHES = {"MK_SIGNAL_FENCE": 1, "MK_GEMV_TC": 1, "MK_GEMV_B1": 1, "MK_S
                    "MK_REPEAT_SMALL": 1, "MK_TOPK_PACKED": 1, "MK_SWZ": 0}
 
 
+def switch_value(name: str) -> int:
+    """The value of kernel switch `name` in the build $MEGAKERNEL_KERNEL_DEFINES selects (its default if unset)."""
+    for flag in switch_flags():
+        key, _, val = flag[2:].partition("=")
+        if key == name:
+            return int(val)
+    return KERNEL_SWITCHES[name]
+
+
 def switch_flags() -> tuple[str, ...]:
     """-D flags for the switches that $MEGAKERNEL_KERNEL_DEFINES sets away from their defaults."""
     text = os.environ.get("MEGAKERNEL_KERNEL_DEFINES", "").strip()

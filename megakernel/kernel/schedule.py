@@ -81,12 +81,17 @@ def attn_smem_bytes(d: int, g: int) -> int:
     return max(ring, merge)
 
 
+def route_scratch_bytes(E: int) -> int:
+    """Shared memory of TOPK's routing scratch (csrc/mk_routing.cuh topk_scratch_bytes) for the largest batch."""
+    e32 = (E + 31) // 32 * 32
+    return (O.MAX_BATCH * e32 + 2 * O.MAX_BATCH * O.MAX_TOPK + e32 + O.MAX_BATCH * e32 // 32 + 2 * e32 // 32) * 4
+
+
 def small_task_smem_bytes(E: int, H: int) -> int:
     """Shared memory of the task kinds that prefetch the next GEMV tile into weight buffer 1 while they run (NORM,
     TOPK, ATTN_COMBINE: csrc/mk_kernel.cu): the largest of their layouts."""
     combine = 2 * O.MAX_GROUP * 4 + O.MAX_SPLITS_PER_HEAD * O.MAX_GROUP * 4 + O.NUM_THREADS * 4  # (parts' sums)
-    e32 = (E + 31) // 32 * 32
-    route = (O.MAX_BATCH * e32 + 2 * O.MAX_BATCH * O.MAX_TOPK + e32 + O.MAX_BATCH * e32 // 32 + 2 * e32 // 32) * 4
+    route = route_scratch_bytes(E)
     norm = H * 4 + 64 * 4
     return max(combine, route, norm)
 
@@ -303,6 +308,8 @@ class ModelPlan:
         if self.moe_wbuf and not self.wbuf:  # the expert items' ring and their inputs
             total = max(total, O.GEMV_SCRATCH_BYTES + 2 * self.moe_wbuf
                         + self.tb * (max(self.H, self.I) + O.ROW_PAD) * 2)
+        if self.worker_topk and self.Lm:     # a worker's routing scratch and its copy of the route record
+            total = max(total, (route_scratch_bytes(self.E) + 15) // 16 * 16 + self.r_stride * 4)
         return total + fused
 
     def check_supported(self) -> None:

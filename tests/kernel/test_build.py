@@ -91,3 +91,13 @@ def test_gemv_stream_microbenchmark_compiles():
     wbuf, smem = gemv_stream.smem_for(24, 2048, 1, double=True)      # two 96 KB buffers fit, two 128 KB do not
     assert wbuf == 24 * 2048 * 2 and smem <= build.opcodes.SMEM_LIMIT - build.opcodes.SMEM_RESERVE
     assert gemv_stream.smem_for(32, 2048, 1, double=True)[1] > build.opcodes.SMEM_LIMIT
+
+
+def test_switch_value_reads_the_selected_build(monkeypatch):
+    """switch_value: a switch's default, or the value $MEGAKERNEL_KERNEL_DEFINES gives it (the backend refuses plan
+    knobs the build cannot run, e.g. worker_topk without MK_MOE_LOCAL)."""
+    monkeypatch.delenv("MEGAKERNEL_KERNEL_DEFINES", raising=False)
+    assert build.switch_value("MK_MOE_LOCAL") == build.KERNEL_SWITCHES["MK_MOE_LOCAL"] == 1
+    monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_MOE_LOCAL=0,MK_SWZ=2")
+    assert build.switch_value("MK_MOE_LOCAL") == 0 and build.switch_value("MK_SWZ") == 2
+    assert build.switch_value("MK_GEMV_TC") == build.KERNEL_SWITCHES["MK_GEMV_TC"]

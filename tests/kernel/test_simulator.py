@@ -358,6 +358,8 @@ def test_simulator_with_workers_routing_themselves(variant, B, o_queue):
     workers = rec[rec[:, 0] == int(O.Op.MOE_WORKER)]
     assert len(workers) == 2 * len(plan.moe_layers)
     assert (workers[:, O.R["w0c"]] == workers[:, O.R["layer"]] * plan.cpl + plan.c_rl).all()
+    from megakernel.kernel.schedule import route_scratch_bytes
+    assert plan.smem_bytes() >= route_scratch_bytes(plan.E) + plan.r_stride * 4     # the workers' routing fits
     _check_step(cfg, w, st, nxt, plan, seeds=[B, B + 13])
 
 

@@ -362,8 +362,12 @@ __device__ bool task_combine(const Params& P, const int* rec, int ticket) {
     float* sMx = reinterpret_cast<float*>(smem);
     float* sDen = sMx + MK_MAX_GROUP;
     float* sWt = sDen + MK_MAX_GROUP;          // [MAXS][gq]
-    if (parts > 1 && n <= MAXS) {             // (the plan checks nout <= NT)
+    if (parts > 1 && n <= MAXS) {
         const int nout = gq / parts * d, o0 = part * nout;
+        if (gq % parts || nout > NT) {        // (the plan refuses such parts: every output must have a thread)
+            if (threadIdx.x == 0) record_error(P, MK_ERR_BAD_OPCODE, ticket);
+            return false;
+        }
         combine_weights(lse, n, gq, sWt, sMx, sDen, 0);
         const float r = n <= 64 ? combine_part_sum<16>(po, sWt, sWt + MAXS * gq, n, gq, d, o0, nout)
                                 : combine_part_sum<32>(po, sWt, sWt + MAXS * gq, n, gq, d, o0, nout);

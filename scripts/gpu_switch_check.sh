@@ -37,7 +37,7 @@ done
 if [ "${TRACE:-0}" = 1 ]; then
   echo "=== trace at $(($(date +%s) - t0)) s"
   MEGAKERNEL_KERNEL_DEFINES=${TRACE_DEFINES:-} timeout ${TRACE_TIMEOUT:-150} python3 -m megakernel bench --random-north --backend megakernel --batch-size 1 \
-    --context 8192 --steps 20 --trace "$OUT/tl_b1.json.gz" 2>&1 | grep -E "critical|SM time|phases|normal build|^megakernel|rror"
+    --context 8192 --steps 20 --trace "$OUT/tl_b1.json.gz" 2>&1 | grep -E "critical|SM time|phases|a layer|normal build|^megakernel|rror"
   [ "${TRACE_KEEP:-0}" = 1 ] || rm -f "$OUT/tl_b1.json.gz" "$OUT/tl_b1.png"
 fi
 if [ "${STREAM:-0}" = 1 ]; then

@@ -328,6 +328,39 @@ def critical_chain(tl: Timeline) -> list[tuple[str, int]]:
     return chain[::-1]
 
 
+def layer_events(tl: Timeline) -> dict[str, dict[str, float]]:
+    """A typical layer's timeline: for every task kind (and MoE item kind) of layer l, when its first task was
+    claimed and stopped waiting, and when its first and last ended, in us after the end of the layer's NORM task
+    (the norm that feeds it), as medians over the layers that have one; "next NORM" is layer l + 1's. Steps whose
+    layers have no NORM task (fused norms) give {}."""
+    t = tl.tasks
+    norm = np.flatnonzero(t.op == O.Op.NORM)
+    if not len(norm):
+        return {}
+    norm_end = {int(t.layer[i]): float(t.end[i]) for i in norm}
+    norm_at = {int(t.layer[i]): int(i) for i in norm}
+    rows: dict[str, list[tuple[float, float, float, float]]] = {}
+    for l, base in sorted(norm_end.items()):
+        for ev in (t, tl.items):
+            m = ev.layer == l
+            for op in np.unique(ev.op[m]):
+                mm = m & (ev.op == op)
+                rows.setdefault(op_name(int(op)), []).append(
+                    (ev.claim[mm].min() - base, ev.waited[mm].min() - base, ev.end[mm].min() - base,
+                     ev.end[mm].max() - base))
+        if l + 1 in norm_at:
+            i = norm_at[l + 1]
+            e = t.end[i] - base
+            rows.setdefault("next NORM", []).append((t.claim[i] - base, t.waited[i] - base, e, e))
+    rows.pop("NORM", None)
+    out = {}
+    for name, v in rows.items():
+        med = np.median(np.asarray(v, dtype=np.float64), axis=0) / 1e3
+        out[name] = {k: round(float(x), 2) for k, x in zip(("first_claim", "first_waited", "first_end", "last_end"),
+                                                           med)}
+    return dict(sorted(out.items(), key=lambda kv: kv[1]["last_end"]))
+
+
 def summarize(tl: Timeline) -> dict:
     """Where the step's time went. Time figures in microseconds; "SM-us" are summed over blocks, so dividing by
     the block count gives the share of the step's wall time."""
@@ -387,6 +420,7 @@ def summarize(tl: Timeline) -> dict:
     return dict(
         phases=phases(tl),
         phase_spans=phase_spans(tl),
+        layer_events=layer_events(tl),
         step_us=step / 1e3, n_blocks=tl.n_blocks, n_tasks=len(t), n_items=len(items),
         timer_step_ns=tl.timer_step_ns, per_op=per_op,
         last_block_start_us=float(head.max()) / 1e3,
@@ -417,6 +451,10 @@ def format_summary(s: dict) -> str:
                  + ", ".join(f"{k} {v:.1f}" for k, v in s["sm_time_us_per_step"].items()))
     for name, at in s.get("phases", {}).items():
         lines.append(f"phases of {name} (mean us after its claim): " + ", ".join(f"{k} {v:.2f}" for k, v in at.items()))
+    if s.get("layer_events"):
+        lines.append("a layer (medians, us after its NORM ended; first claim / first wait end / first end / last end): "
+                     + ", ".join(f"{k} " + "/".join(f"{x:.1f}" for x in v.values())
+                                 for k, v in s["layer_events"].items()))
     for name, sp in s.get("phase_spans", {}).items():
         lines.append(f"phase lengths of {name} (median / p90 us, each phase ending at): "
                      + ", ".join(f"{k} {v[0]:.2f}/{v[1]:.2f}" for k, v in sp.items()))

@@ -156,3 +156,18 @@ def test_critical_chain_follows_data_or_the_block(emulated):
     s = T.summarize(tl)
     assert abs(sum(s["critical_path"]["by_op"].values()) - s["critical_path"]["us"]) < 0.05
     assert abs(s["critical_path"]["us"] * 1e3 - t.end.max()) < 1
+
+
+def test_layer_events_read_a_typical_layer(emulated):
+    """layer_events: per task kind of a layer, the medians of its first claim, first wait end, first and last end
+    after the layer's NORM; each kind's first end precedes its last, and the next NORM ends after every kind of the
+    layer it waits on (its attention and MLP outputs)."""
+    raw, tl, tasks = emulated
+    ev = T.layer_events(tl)
+    assert {"QKV", "ATTN", "ATTN_COMBINE", "OPROJ", "next NORM"} <= set(ev), sorted(ev)
+    for name, v in ev.items():
+        assert v["first_end"] <= v["last_end"], (name, v)
+        assert v["first_claim"] <= v["first_waited"] + 1e-6, (name, v)
+    assert ev["QKV"]["last_end"] > 0 and ev["next NORM"]["last_end"] >= ev["OPROJ"]["last_end"]
+    s = T.summarize(tl)
+    assert s["layer_events"] == ev and "a layer (medians" in T.format_summary(s)

@@ -25,6 +25,14 @@
 // The swizzled modes' layout: sRed | sOut | pad to 1024 B (absolute) | weight buffers | inputs (pitch K + 32).
 __device__ __forceinline__ size_t swz_w_off() { return swz_align(SM_W); }
 
+// A swizzled tile of R rows from row y: 2D boxes of box_rows rows (box_rows > 0), or one 3D copy (box_rows < 0: the
+// map is 3D with a box of the whole tile). One warp.
+__device__ __forceinline__ void issue_swz(bf16* sW, const CUtensorMap* map, int y, int R, int K, int buf,
+                                          int box_rows) {
+    if (box_rows < 0) issue_tile_swz3d(sW, map, y, R, K, buf);
+    else issue_tile_swz(sW, map, y, R, 0, 0, K, buf, box_rows);
+}
+
 // queue modes: claim the next tile number (thread 0, one atomic on the shared counter) and map it through the table
 // (a dependent L2 load), as a MoE worker does; every thread gets it through shared memory.
 __device__ __forceinline__ int claim_tile(int* queue, const int* table, int n) {
@@ -60,18 +68,18 @@ extern "C" __global__ void __launch_bounds__(NT, 1) gemv_stream(const __grid_con
         const float* sOut = reinterpret_cast<const float*>(smem + SM_OUT);
         auto sw = [&](int b) { return reinterpret_cast<bf16*>(smem + w0 + b * tile_bytes); };
         const int row_base = blockIdx.x * tiles * R;
-        if (mode == 10 && threadIdx.x < 32) issue_tile_swz(sw(0), &tmap, row_base, R, 0, 0, K, 0, box_rows);
+        if (mode == 10 && threadIdx.x < 32) issue_swz(sw(0), &tmap, row_base, R, K, 0, box_rows);
         if (mode == 10) wait_weights(0);
-        if (mode == 9 && threadIdx.x < 32) issue_tile_swz(sw(0), &tmap, row_base, R, 0, 0, K, 0, box_rows);
+        if (mode == 9 && threadIdx.x < 32) issue_swz(sw(0), &tmap, row_base, R, K, 0, box_rows);
         for (int t = 0; t < tiles; t++) {
             int buf = 0;
             if (mode == 8) {
-                if (threadIdx.x < 32) issue_tile_swz(sw(0), &tmap, row_base + t * R, R, 0, 0, K, 0, box_rows);
+                if (threadIdx.x < 32) issue_swz(sw(0), &tmap, row_base + t * R, R, K, 0, box_rows);
                 wait_weights(0);
             } else if (mode == 9) {
                 buf = t & 1;
-                if (t + 1 < tiles && threadIdx.x < 32) issue_tile_swz(sw(buf ^ 1), &tmap, row_base + (t + 1) * R, R, 0, 0, K, buf ^ 1,
-                                                                 box_rows);
+                if (t + 1 < tiles && threadIdx.x < 32) issue_swz(sw(buf ^ 1), &tmap, row_base + (t + 1) * R, R, K, buf ^ 1,
+                                                            box_rows);
                 wait_weights(buf);
             }
             gemv_swz(sw(buf), sX, xpitch, R, K, nb);
@@ -201,11 +209,15 @@ extern "C" int gemv_stream_launch(const long long* params, const void* W, const 
     static unsigned long long map_rows = 0;
     static int map_k = 0, map_box = 0;
     if (mode >= 8) {
-        if (box_rows <= 0) box_rows = R;
-        if (K % 64 || R % 8 || R > 64 || nb > MB || R % box_rows || box_rows % 8 || box_rows > 256) return -2;
+        // box_rows: 0 = the tile's height; -1 = one 3D copy per tile (mk_tmap_encode_swizzled_3d)
+        if (box_rows == 0) box_rows = R;
+        const int bh = box_rows < 0 ? R : box_rows;
+        if (K % 64 || R % 8 || R > 64 || nb > MB || R % bh || bh % 8 || bh > 256 || K / 64 > 256 || box_rows < -1)
+            return -2;
         const unsigned long long rows = (unsigned long long)grid * tiles * R;
         if (map_w != W || map_rows != rows || map_k != K || map_box != box_rows) {
-            const int rc = mk_tmap_encode_swizzled(&map, W, rows, K, box_rows);
+            const int rc = box_rows < 0 ? mk_tmap_encode_swizzled_3d(&map, W, rows, K, R)
+                                        : mk_tmap_encode_swizzled(&map, W, rows, K, box_rows);
             if (rc) { map_w = nullptr; return rc; }
             map_w = W; map_rows = rows; map_k = K; map_box = box_rows;
         }

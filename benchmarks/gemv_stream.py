@@ -77,7 +77,8 @@ def main() -> int:
     ap.add_argument("--modes", default=",".join(MODES), help=f"modes to run, of {','.join(MODES)}")
     ap.add_argument("--swz-box-rows", type=int, default=0,
                     help="swz modes: rows per tensor-copy box (0: the whole tile in one box per 64 columns; 8 or 16: "
-                         "the fixed box a megakernel map would use for every tile height)")
+                         "the fixed box a megakernel map would use for every tile height; -1: the whole tile in ONE "
+                         "3D tensor copy, same layout)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     modes = {m: MODES[m] for m in args.modes.split(",")}

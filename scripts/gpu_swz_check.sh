@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call (~2-3 min): the swizzled weight tiles of csrc/mk_gemv_swz.cuh against today's layout, in the GEMV
 # microbenchmark alone. For each shape and input-row count: today's serial / double / compute modes, then the
-# swizzled ones with one box per 64 columns (the tile's height) and with fixed 8-row boxes; every mode that loads
+# swizzled ones with one box per 64 columns (the tile's height), with fixed 8-row boxes, and with one 3D tensor
+# copy per tile (NCU=0 skips Nsight Compute; MODES3D picks the 3D run's modes); every mode that loads
 # checks both ends of each tile against torch (fp32). Then (NCU=1) Nsight Compute on the swizzled compute mode at
 # 8 input rows, to confirm the bank conflicts are gone. JSON and logs under $OUT.
 #   run(command="bash scripts/gpu_swz_check.sh", timeout_s=400)
@@ -17,6 +18,10 @@ timeout 150 python3 benchmarks/gemv_stream.py --shapes "$SHAPES" --rows "$ROWS" 
 echo "=== 8-row boxes at $(($(date +%s) - t0)) s"
 timeout 100 python3 benchmarks/gemv_stream.py --shapes "$SHAPES" --rows "$ROWS" --swz-box-rows 8 \
   --modes swz_serial,swz_double,swz_compute --json "$OUT/gemv_swz_box8.json" 2>&1 | tee "$OUT/gemv_swz_box8.log" \
+  | grep -vE "^$"
+echo "=== one 3D tensor copy per tile at $(($(date +%s) - t0)) s"
+timeout 100 python3 benchmarks/gemv_stream.py --shapes "$SHAPES" --rows "$ROWS" --swz-box-rows -1 \
+  --modes "${MODES3D:-serial,swz_serial,swz_double}" --json "$OUT/gemv_swz_3d.json" 2>&1 | tee "$OUT/gemv_swz_3d.log" \
   | grep -vE "^$"
 if [ "${NCU:-1}" = 1 ]; then
   echo "=== ncu at $(($(date +%s) - t0)) s"

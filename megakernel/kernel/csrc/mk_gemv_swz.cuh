@@ -32,6 +32,31 @@ __device__ __forceinline__ void bulk_tensor_2d(void* dst, const CUtensorMap* map
         "l"(policy) : "memory");
 }
 
+// One 3D tensor copy of box (x = first column in a block, y = first row, z = first column block) of a 3D map
+// (mk_tmap_encode_swizzled_3d) into dst, completing on bar.
+__device__ __forceinline__ void bulk_tensor_3d(void* dst, const CUtensorMap* map, int x, int y, int z,
+                                               unsigned long long* bar, unsigned long long policy) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1, {%2, %3, %4}], [%5], %6;\n"
+        ::"r"(smem_addr(dst)), "l"(reinterpret_cast<unsigned long long>(map)), "r"(x), "r"(y), "r"(z),
+        "r"(smem_addr(bar)), "l"(policy) : "memory");
+}
+
+// One thread (lane 0 of the calling warp): rows y0..y0+R-1 of a 3D map whose box is R rows of every column
+// (mk_tmap_encode_swizzled_3d) into sW (1024-byte aligned) as one swizzled tile, with ONE tensor copy where the 2D
+// boxes take (K / 64) x (R / box rows); same layout, completing on weight buffer buf's mbarrier. (Measured in
+// benchmarks/gemv_stream.py --swz-3d; the megakernel's two-half tiles would need the core to read each half as
+// its own sub-tile.)
+__device__ __forceinline__ void issue_tile_swz3d(bf16* sW, const CUtensorMap* map3, int y0, int R, int K, int buf) {
+    if ((threadIdx.x & 31) == 0) {
+        s_wpend[buf] = 1;
+        fence_proxy_async();
+        mbar_expect_tx(&s_wbar[buf], (unsigned)R * (unsigned)K * 2u);
+        bulk_tensor_3d(sW, map3, 0, y0, 0, &s_wbar[buf], l2_evict_first());
+    }
+}
+
 // One warp: a tile of two halves, rows y0..y0+n0-1 then y1..y1+n1-1 (every column) of the map's matrix, into sW
 // (1024-byte aligned) as one swizzled tile of R = n0 + n1 rows, completing on weight buffer buf's mbarrier:
 // (K / 64) x (R / box_rows) tensor copies, each a box of 64 columns x box_rows rows (the map's box; 128-byte

@@ -10,24 +10,50 @@ typedef CUresult (*MkEncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t,
                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 
-// Into *map (zeroed first). 0 on success, else -1 (no entry point) or 1000 + the CUresult.
-static inline int mk_tmap_encode_swizzled(CUtensorMap* map, const void* base, unsigned long long rows, int K,
-                                          int box_rows) {
+// The driver's encoder, looked up once; nullptr if the driver has none.
+static inline MkEncodeTiled mk_tmap_encoder() {
     static MkEncodeTiled fn = nullptr;
     if (!fn) {
         cudaDriverEntryPointQueryResult q;
         void* f = nullptr;
         if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
             q != cudaDriverEntryPointSuccess || !f)
-            return -1;
+            return nullptr;
         fn = reinterpret_cast<MkEncodeTiled>(f);
     }
+    return fn;
+}
+
+// Into *map (zeroed first). 0 on success, else -1 (no entry point) or 1000 + the CUresult.
+static inline int mk_tmap_encode_swizzled(CUtensorMap* map, const void* base, unsigned long long rows, int K,
+                                          int box_rows) {
+    const MkEncodeTiled fn = mk_tmap_encoder();
+    if (!fn) return -1;
     const cuuint64_t dims[2] = {(cuuint64_t)K, rows};
     const cuuint64_t strides[1] = {(cuuint64_t)K * 2};
     const cuuint32_t box[2] = {64, (cuuint32_t)box_rows};
     const cuuint32_t estr[2] = {1, 1};
     memset(map, 0, sizeof(*map));
     const CUresult r = fn(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box, estr,
+                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? 0 : 1000 + (int)r;
+}
+
+// The same matrix seen as 3D, (64 columns, rows, K / 64 column blocks) with strides (K * 2, 128) bytes, and one box
+// of (64, box_rows, K / 64): a single tensor copy then brings box_rows whole rows, and its shared-memory image
+// [column block][row][64 columns] is the 2D boxes' layout (column block kb at kb * box_rows * 128). 0 on success,
+// else as above.
+static inline int mk_tmap_encode_swizzled_3d(CUtensorMap* map, const void* base, unsigned long long rows, int K,
+                                             int box_rows) {
+    const MkEncodeTiled fn = mk_tmap_encoder();
+    if (!fn) return -1;
+    const cuuint64_t dims[3] = {64, rows, (cuuint64_t)(K / 64)};
+    const cuuint64_t strides[2] = {(cuuint64_t)K * 2, 128};
+    const cuuint32_t box[3] = {64, (cuuint32_t)box_rows, (cuuint32_t)(K / 64)};
+    const cuuint32_t estr[3] = {1, 1, 1};
+    memset(map, 0, sizeof(*map));
+    const CUresult r = fn(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), dims, strides, box, estr,
                           CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     return r == CUDA_SUCCESS ? 0 : 1000 + (int)r;

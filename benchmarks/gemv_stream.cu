@@ -25,11 +25,13 @@
 // The swizzled modes' layout: sRed | sOut | pad to 1024 B (absolute) | weight buffers | inputs (pitch K + 32).
 __device__ __forceinline__ size_t swz_w_off() { return swz_align(SM_W); }
 
-// A swizzled tile of R rows from row y: 2D boxes of box_rows rows (box_rows > 0), or one 3D copy (box_rows < 0: the
-// map is 3D with a box of the whole tile). One warp.
+// A swizzled tile of R rows from row y: 2D boxes of box_rows rows (box_rows > 0), one 3D copy (-1: the map is 3D
+// with a box of the whole tile), or one 3D copy per 16 rows (-16: 16-row sub-tiles, the layout gemv_swz reads with
+// sub16). One warp.
 __device__ __forceinline__ void issue_swz(bf16* sW, const CUtensorMap* map, int y, int R, int K, int buf,
                                           int box_rows) {
-    if (box_rows < 0) issue_tile_swz3d(sW, map, y, R, K, buf);
+    if (box_rows == -16) issue_tile_swz3d16(sW, map, y, R, 0, 0, K, buf);
+    else if (box_rows < 0) issue_tile_swz3d(sW, map, y, R, K, buf);
     else issue_tile_swz(sW, map, y, R, 0, 0, K, buf, box_rows);
 }
 
@@ -82,7 +84,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) gemv_stream(const __grid_con
                                                             box_rows);
                 wait_weights(buf);
             }
-            gemv_swz(sw(buf), sX, xpitch, R, K, nb);
+            gemv_swz(sw(buf), sX, xpitch, R, K, nb, box_rows == -16);
             if (threadIdx.x == 0) {                  // row R - 1 - (t & 7): over the tiles, every fragment row
                 out[(size_t)blockIdx.x * tiles + t] = sOut[0];   // mapping and every swizzle value is checked
                 out_last[(size_t)blockIdx.x * tiles + t] = sOut[(R - 1 - (t & 7)) * MB + nb - 1];
@@ -209,14 +211,14 @@ extern "C" int gemv_stream_launch(const long long* params, const void* W, const 
     static unsigned long long map_rows = 0;
     static int map_k = 0, map_box = 0;
     if (mode >= 8) {
-        // box_rows: 0 = the tile's height; -1 = one 3D copy per tile (mk_tmap_encode_swizzled_3d)
+        // box_rows: 0 = the tile's height; -1 = one 3D copy per tile, -16 = one per 16 rows (mk_tmap_encode_swizzled_3d)
         if (box_rows == 0) box_rows = R;
-        const int bh = box_rows < 0 ? R : box_rows;
-        if (K % 64 || R % 8 || R > 64 || nb > MB || R % bh || bh % 8 || bh > 256 || K / 64 > 256 || box_rows < -1)
+        const int bh = box_rows == -1 ? R : box_rows == -16 ? 16 : box_rows;
+        if (K % 64 || R % 8 || R > 64 || nb > MB || bh <= 0 || R % bh || bh % 8 || bh > 256 || K / 64 > 256)
             return -2;
         const unsigned long long rows = (unsigned long long)grid * tiles * R;
         if (map_w != W || map_rows != rows || map_k != K || map_box != box_rows) {
-            const int rc = box_rows < 0 ? mk_tmap_encode_swizzled_3d(&map, W, rows, K, R)
+            const int rc = box_rows < 0 ? mk_tmap_encode_swizzled_3d(&map, W, rows, K, bh)
                                         : mk_tmap_encode_swizzled(&map, W, rows, K, box_rows);
             if (rc) { map_w = nullptr; return rc; }
             map_w = W; map_rows = rows; map_k = K; map_box = box_rows;

@@ -78,7 +78,7 @@ def main() -> int:
     ap.add_argument("--swz-box-rows", type=int, default=0,
                     help="swz modes: rows per tensor-copy box (0: the whole tile in one box per 64 columns; 8 or 16: "
                          "the fixed box a megakernel map would use for every tile height; -1: the whole tile in ONE "
-                         "3D tensor copy, same layout)")
+                         "3D tensor copy, same layout; -16: one 3D copy per 16 rows, into 16-row sub-tiles)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     modes = {m: MODES[m] for m in args.modes.split(",")}
@@ -108,6 +108,9 @@ def main() -> int:
             for mode, code in modes.items():
                 if mode.startswith("swz") and (K % 64 or R % 8):
                     print(f"R={R} K={K} nb={nb} {mode}: skipped (swizzled tiles need K % 64 == 0, R % 8 == 0)")
+                    continue
+                if mode.startswith("swz") and args.swz_box_rows == -16 and R % 16:
+                    print(f"R={R} K={K} nb={nb} {mode}: skipped (16-row sub-tiles need R % 16 == 0)")
                     continue
                 wbuf, smem = smem_for(R, K, nb, mode in ("double", "queue2", "ws", "ws_queue", "swz_double"),
                                       mode.startswith("swz"))

@@ -23,6 +23,10 @@ echo "=== one 3D tensor copy per tile at $(($(date +%s) - t0)) s"
 timeout 100 python3 benchmarks/gemv_stream.py --shapes "$SHAPES" --rows "$ROWS" --swz-box-rows -1 \
   --modes "${MODES3D:-serial,swz_serial,swz_double}" --json "$OUT/gemv_swz_3d.json" 2>&1 | tee "$OUT/gemv_swz_3d.log" \
   | grep -vE "^$"
+echo "=== one 3D tensor copy per 16 rows (16-row sub-tiles, the megakernel's MK_SWZ_3D) at $(($(date +%s) - t0)) s"
+timeout 100 python3 benchmarks/gemv_stream.py --shapes "$SHAPES" --rows "$ROWS" --swz-box-rows -16 \
+  --modes "${MODES3D:-serial,swz_serial,swz_double},swz_compute" --json "$OUT/gemv_swz_3d16.json" 2>&1 \
+  | tee "$OUT/gemv_swz_3d16.log" | grep -vE "^$"
 if [ "${NCU:-1}" = 1 ]; then
   echo "=== ncu at $(($(date +%s) - t0)) s"
   NCU_BIN=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)

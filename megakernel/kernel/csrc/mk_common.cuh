@@ -71,6 +71,12 @@ typedef __nv_bfloat16 bf16;
 #ifndef MK_SWZ
 #define MK_SWZ 0
 #endif
+// MK_SWZ_3D (with MK_SWZ): the swizzled expert tiles by one 3D tensor copy per 16 rows into 16-row sub-tiles (the
+// backend encodes 3D maps; csrc/mk_gemv_swz.cuh issue_tile_swz3d16) instead of a 2D copy per 16 rows x 64 columns
+// (64 copies per 128 KB item). Off until it has run on the GPU.
+#ifndef MK_SWZ_3D
+#define MK_SWZ_3D 0
+#endif
 
 // MK_REPEAT_SMALL: an experiment, not a speed-up. The NORM, TOPK and attention-combine tasks run their (idempotent)
 // work this many times before they signal: the second run finds the task's code in the SM's instruction cache, so a trace of the build

@@ -57,6 +57,28 @@ __device__ __forceinline__ void issue_tile_swz3d(bf16* sW, const CUtensorMap* ma
     }
 }
 
+// One warp: a tile of R = n0 + n1 rows (halves y0.. and y1.., multiples of 16 rows) of a 3D map whose box is 16
+// rows of every column (mk_tmap_encode_swizzled_3d with box_rows 16) into sW (1024-byte aligned) as R / 16
+// sub-tiles of 16 rows, one tensor copy each: sub-tile q at byte q * 16 * K * 2, inside it column block kb at
+// kb * 16 * 128 and row r at r * 128 (the layout gemv_core_swz<.., true> reads). Completing on buffer buf's mbarrier.
+__device__ __noinline__ void issue_tile_swz3d16(bf16* sW, const CUtensorMap* map3, int y0, int n0, int y1, int n1,
+                                                int K, int buf) {
+    const int lane = threadIdx.x & 31;
+    if (lane == 0) {
+        s_wpend[buf] = 1;
+        fence_proxy_async();
+        mbar_expect_tx(&s_wbar[buf], (unsigned)(n0 + n1) * (unsigned)K * 2u);
+    }
+    __syncwarp();
+    fence_proxy_async();
+    const unsigned long long pol = l2_evict_first();
+    const int q0 = n0 >> 4, nq = q0 + (n1 >> 4);
+    for (int q = lane; q < nq; q += 32) {
+        const int y = q < q0 ? y0 + 16 * q : y1 + 16 * (q - q0);
+        bulk_tensor_3d(reinterpret_cast<char*>(sW) + (size_t)q * 16 * K * 2, map3, 0, y, 0, &s_wbar[buf], pol);
+    }
+}
+
 // One warp: a tile of two halves, rows y0..y0+n0-1 then y1..y1+n1-1 (every column) of the map's matrix, into sW
 // (1024-byte aligned) as one swizzled tile of R = n0 + n1 rows, completing on weight buffer buf's mbarrier:
 // (K / 64) x (R / box_rows) tensor copies, each a box of 64 columns x box_rows rows (the map's box; 128-byte
@@ -116,7 +138,9 @@ __device__ __forceinline__ void swz_step(const char* a, const char* cr, const bf
 // (line0 + row) & 7 is the same in every box since R is a multiple of 8, so a step's addresses are a base, the box
 // offset and one of two per-lane constants. Two accumulator sets take alternate steps (two MMA chains in flight).
 // Rows past R read row R - 1 (dropped).
-template <int NB, int NWC = NW>
+// SUB16: the tile is R / 16 sub-tiles of 16 rows (issue_tile_swz3d16's layout): row r's line in column block kb is
+// (r >> 4) * 16 * (K / 64) + kb * 16 + (r & 15), the same swizzle value (line0 + r) & 7 since 16 is a multiple of 8.
+template <int NB, int NWC = NW, bool SUB16 = false>
 __device__ __forceinline__ void gemv_core_swz(const bf16* sW, const bf16* sX, int xpitch, int R, int K, int nb) {
     float* sRed = reinterpret_cast<float*>(smem + SM_RED);
     float* sOut = reinterpret_cast<float*>(smem + SM_OUT);
@@ -124,15 +148,15 @@ __device__ __forceinline__ void gemv_core_swz(const bf16* sW, const bf16* sX, in
     const int RB = (R + 15) >> 4, KS = max(1, NWC / RB), steps = K >> 5;
     const char* w = reinterpret_cast<const char*>(sW);
     const unsigned line0 = smem_addr(sW) >> 7;
-    const size_t box = (size_t)R * 128;
+    const size_t box = (size_t)(SUB16 ? 16 : R) * 128;
     for (int it = warp; it < RB * KS; it += NWC) {
         const int rb = it / KS, ks = it - rb * KS;
         const int s0 = (ks * steps) / KS, s1 = ((ks + 1) * steps) / KS;
         const int pa = rb * 16 + swz_perm(g), pc = pa + 8;
         const int ra = min(pa, R - 1), rc = min(pc, R - 1);
         const int va = (int)((line0 + ra) & 7), vc = (int)((line0 + rc) & 7);
-        const char* wa = w + (size_t)ra * 128;
-        const char* wc = w + (size_t)rc * 128;
+        const char* wa = w + (SUB16 ? (size_t)(ra >> 4) * 32 * K + (size_t)(ra & 15) * 128 : (size_t)ra * 128);
+        const char* wc = w + (SUB16 ? (size_t)(rc >> 4) * 32 * K + (size_t)(rc & 15) * 128 : (size_t)rc * 128);
         const int oa[2] = {(t ^ va) << 4, ((4 + t) ^ va) << 4}, oc[2] = {(t ^ vc) << 4, ((4 + t) ^ vc) << 4};
         const bf16* xr[NB];
 #pragma unroll
@@ -167,8 +191,15 @@ __device__ __forceinline__ void gemv_core_swz(const bf16* sW, const bf16* sX, in
     sum_k_slices<NWC>(sRed, sOut, R, nb, KS, RB);
 }
 
-// The swizzled tile at sW times the nb input rows at sX (pitch xpitch) on every warp.
-__device__ __noinline__ void gemv_swz(const bf16* sW, const bf16* sX, int xpitch, int R, int K, int nb) {
-    if (nb <= 8) gemv_core_swz<1>(sW, sX, xpitch, R, K, nb);
-    else gemv_core_swz<2>(sW, sX, xpitch, R, K, nb);
+// The swizzled tile at sW times the nb input rows at sX (pitch xpitch) on every warp; sub16: the tile is in 16-row
+// sub-tiles (issue_tile_swz3d16), else in whole-tile column blocks (issue_tile_swz, issue_tile_swz3d).
+__device__ __noinline__ void gemv_swz(const bf16* sW, const bf16* sX, int xpitch, int R, int K, int nb,
+                                      bool sub16 = false) {
+    if (sub16) {
+        if (nb <= 8) gemv_core_swz<1, NW, true>(sW, sX, xpitch, R, K, nb);
+        else gemv_core_swz<2, NW, true>(sW, sX, xpitch, R, K, nb);
+    } else {
+        if (nb <= 8) gemv_core_swz<1>(sW, sX, xpitch, R, K, nb);
+        else gemv_core_swz<2>(sW, sX, xpitch, R, K, nb);
+    }
 }

@@ -111,9 +111,11 @@ extern "C" int mk_device_info(int device, int* out) {
 
 // The swizzled tiles' tensor map (128 bytes, into out; csrc/mk_tmap.h) of a row-major bf16 matrix of `rows` x K at
 // `base` with boxes of 64 columns x box_rows rows (MK_SWZ builds). 0 on success, else mk_tmap.h's codes.
+// MK_SWZ_3D builds: the 3D view (64 columns, rows, K / 64 column blocks) with boxes of box_rows rows of every column.
 extern "C" int mk_encode_swizzled(void* out, const void* base, unsigned long long rows, int K, int box_rows) {
     CUtensorMap map;                        // (aligned here; `out` need not be)
-    const int rc = mk_tmap_encode_swizzled(&map, base, rows, K, box_rows);
+    const int rc = MK_SWZ_3D ? mk_tmap_encode_swizzled_3d(&map, base, rows, K, box_rows)
+                             : mk_tmap_encode_swizzled(&map, base, rows, K, box_rows);
     if (rc == 0) memcpy(out, &map, sizeof(map));
     return rc;
 }

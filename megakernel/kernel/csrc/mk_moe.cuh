@@ -427,8 +427,14 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
             if (threadIdx.x < 32) {
                 const int E2 = 2 * PI(I);
                 const int y0 = it.down ? it.e * PI(H) + it.r0 : it.e * E2 + it.r0;
+#if MK_SWZ_3D
+                static_assert(MK_SWZ_BOX_ROWS == 16, "the 3D maps' box is 16 rows");
+                issue_tile_swz3d16(reinterpret_cast<bf16*>(smem + swz_w), tmaps + 2 * m + (it.down ? 1 : 0), y0,
+                                   it.T.n0, it.e * E2 + PI(I) + it.r0, it.T.n1, it.T.K, buf);
+#else
                 issue_tile_swz(reinterpret_cast<bf16*>(smem + swz_w), tmaps + 2 * m + (it.down ? 1 : 0), y0, it.T.n0,
                                it.e * E2 + PI(I) + it.r0, it.T.n1, it.T.K, buf, MK_SWZ_BOX_ROWS);
+#endif
             }
             prof_mark(PS_ISSUED);
             issued = true;
@@ -510,7 +516,7 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
 #if MK_SWZ
         if (sz) {
             gemv_swz(reinterpret_cast<const bf16*>(smem + swz_w), reinterpret_cast<const bf16*>(smem + x_off), xpitch,
-                     R, it.T.K, it.cnt);
+                     R, it.T.K, it.cnt, MK_SWZ_3D != 0);
             prof_mark(PS_COMPUTED);
         } else
 #endif

@@ -209,7 +209,7 @@ extern "C" int gemv_stream_launch(const long long* params, const void* W, const 
     static CUtensorMap map;
     static const void* map_w = nullptr;
     static unsigned long long map_rows = 0;
-    static int map_k = 0, map_box = 0;
+    static int map_k = 0, map_box = 0, map_r = 0;   // (map_box: box_rows as given, -1 / -16 for the 3D maps)
     if (mode >= 8) {
         // box_rows: 0 = the tile's height; -1 = one 3D copy per tile, -16 = one per 16 rows (mk_tmap_encode_swizzled_3d)
         if (box_rows == 0) box_rows = R;
@@ -217,11 +217,11 @@ extern "C" int gemv_stream_launch(const long long* params, const void* W, const 
         if (K % 64 || R % 8 || R > 64 || nb > MB || bh <= 0 || R % bh || bh % 8 || bh > 256 || K / 64 > 256)
             return -2;
         const unsigned long long rows = (unsigned long long)grid * tiles * R;
-        if (map_w != W || map_rows != rows || map_k != K || map_box != box_rows) {
+        if (map_w != W || map_rows != rows || map_k != K || map_box != box_rows || map_r != R) {
             const int rc = box_rows < 0 ? mk_tmap_encode_swizzled_3d(&map, W, rows, K, bh)
                                         : mk_tmap_encode_swizzled(&map, W, rows, K, box_rows);
             if (rc) { map_w = nullptr; return rc; }
-            map_w = W; map_rows = rows; map_k = K; map_box = box_rows;
+            map_w = W; map_rows = rows; map_k = K; map_box = box_rows; map_r = R;
         }
     }
     cudaError_t e = cudaFuncSetAttribute(gemv_stream, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);

@@ -214,7 +214,10 @@ class MegakernelBackend(DecodeBackend):
                 rc = self.lib.mk_encode_swizzled(host[2 * m + j].ctypes.data, int(wp[l, F[field]]), rows, K,
                                                  O.SWZ_BOX_ROWS)
                 if rc:
-                    raise MegakernelFailure(f"tensor map of layer {l}'s {field} ({rows} x {K}) failed: {rc}")
+                    from megakernel.kernel import build
+                    three_d = build.switch_value("MK_SWZ_3D")
+                    raise MegakernelFailure(f"tensor map of layer {l}'s {field} ({rows} x {K}) failed: {rc}"
+                                            + (" (a 3D map: try MK_SWZ_3D=0)" if three_d else ""))
         return torch.from_numpy(host).to(self.device)
 
     def _smem_of(self, plan: ModelPlan) -> int:

@@ -46,7 +46,7 @@ __device__ __forceinline__ void bulk_tensor_3d(void* dst, const CUtensorMap* map
 // One thread (lane 0 of the calling warp): rows y0..y0+R-1 of a 3D map whose box is R rows of every column
 // (mk_tmap_encode_swizzled_3d) into sW (1024-byte aligned) as one swizzled tile, with ONE tensor copy where the 2D
 // boxes take (K / 64) x (R / box rows); same layout, completing on weight buffer buf's mbarrier. (Measured in
-// benchmarks/gemv_stream.py --swz-3d; the megakernel's two-half tiles would need the core to read each half as
+// benchmarks/gemv_stream.py --swz-box-rows -1; the megakernel's two-half tiles would need the core to read each half as
 // its own sub-tile.)
 __device__ __forceinline__ void issue_tile_swz3d(bf16* sW, const CUtensorMap* map3, int y0, int R, int K, int buf) {
     if ((threadIdx.x & 31) == 0) {
@@ -64,15 +64,15 @@ __device__ __forceinline__ void issue_tile_swz3d(bf16* sW, const CUtensorMap* ma
 __device__ __noinline__ void issue_tile_swz3d16(bf16* sW, const CUtensorMap* map3, int y0, int n0, int y1, int n1,
                                                 int K, int buf) {
     const int lane = threadIdx.x & 31;
+    const int q0 = n0 >> 4, nq = q0 + (n1 >> 4);      // (the callers keep both halves multiples of 16 rows)
     if (lane == 0) {
         s_wpend[buf] = 1;
         fence_proxy_async();
-        mbar_expect_tx(&s_wbar[buf], (unsigned)(n0 + n1) * (unsigned)K * 2u);
+        mbar_expect_tx(&s_wbar[buf], (unsigned)nq * 16u * (unsigned)K * 2u);   // exactly what the copies bring
     }
     __syncwarp();
     fence_proxy_async();
     const unsigned long long pol = l2_evict_first();
-    const int q0 = n0 >> 4, nq = q0 + (n1 >> 4);
     for (int q = lane; q < nq; q += 32) {
         const int y = q < q0 ? y0 + 16 * q : y1 + 16 * (q - q0);
         bulk_tensor_3d(reinterpret_cast<char*>(sW) + (size_t)q * 16 * K * 2, map3, 0, y, 0, &s_wbar[buf], pol);

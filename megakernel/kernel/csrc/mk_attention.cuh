@@ -236,34 +236,45 @@ __device__ __forceinline__ void combine_stats(const float* lse, int n, int gq, f
     }
 }
 
-// acc[k] += the weighted partial outputs of splits 0..jn-1 (po and sWt start at the first of them) for this thread's
-// outputs threadIdx.x + k * NT, k < KN (KN * NT >= gq * d), in split order. The U x KN loads of a round are issued
-// before the first is used, their addresses clamped into range (a split past jn re-reads split jn - 1, an output past
-// gq * d the last one; neither is added), so no per-thread branch splits them: one L2 round trip per U splits.
-// (Loads under per-thread `if`s compiled to a round trip per output group; clamping all MK_ATTN_OUT_PER_THREAD
-// groups instead doubled a long context's combine traffic: SPEED_NOTES.md, sixth session.)
+// One round of a combine's merge: splits j0 .. j0 + U - 1 (of jn) of this thread's outputs threadIdx.x + k * NT,
+// k < KN (KN * NT >= gq * d). `load` issues all U x KN loads before any is used, their addresses clamped into range
+// (a split past jn re-reads split jn - 1, an output past gq * d the last one; neither is added), so no per-thread
+// branch splits them: one L2 round trip per round. `accumulate` adds them to acc in split order. (Loads under
+// per-thread `if`s compiled to a round trip per output group; clamping all MK_ATTN_OUT_PER_THREAD groups instead
+// doubled a long context's combine traffic: SPEED_NOTES.md, sixth session.)
 template <int U, int KN>
-__device__ __forceinline__ void combine_accumulate(const float* po, const float* sWt, int jn, int gq, int d,
-                                                   float* acc) {
+struct CombineRound {
     static_assert(KN <= MK_ATTN_OUT_PER_THREAD, "acc has MK_ATTN_OUT_PER_THREAD outputs");
-    const int nout = gq * d;
-    for (int jj = 0; jj < jn; jj += U) {
-        float v[KN][U];
+    float v[KN][U];
+    __device__ __forceinline__ void load(const float* po, int j0, int jn, int nout) {
 #pragma unroll
         for (int k = 0; k < KN; k++) {
             const int o = min(threadIdx.x + k * NT, nout - 1);
 #pragma unroll
-            for (int u = 0; u < U; u++) v[k][u] = ldcg_f(po + (size_t)min(jj + u, jn - 1) * nout + o);
+            for (int u = 0; u < U; u++) v[k][u] = ldcg_f(po + (size_t)min(j0 + u, jn - 1) * nout + o);
         }
+    }
+    __device__ __forceinline__ void accumulate(const float* sWt, int j0, int jn, int gq, int d, float* acc) const {
 #pragma unroll
         for (int k = 0; k < KN; k++) {
-            const int h = min(threadIdx.x + k * NT, nout - 1) / d;
+            const int h = min(threadIdx.x + k * NT, gq * d - 1) / d;
             float a = acc[k];
 #pragma unroll
             for (int u = 0; u < U; u++)
-                if (jj + u < jn) a = fmaf(sWt[(jj + u) * gq + h], v[k][u], a);
+                if (j0 + u < jn) a = fmaf(sWt[(j0 + u) * gq + h], v[k][u], a);
             acc[k] = a;
         }
+    }
+};
+
+// acc[k] += the weighted partial outputs of splits 0..jn-1 (po and sWt start at the first of them), U per round.
+template <int U, int KN>
+__device__ __forceinline__ void combine_accumulate(const float* po, const float* sWt, int jn, int gq, int d,
+                                                   float* acc) {
+    for (int jj = 0; jj < jn; jj += U) {
+        CombineRound<U, KN> r;
+        r.load(po, jj, jn, gq * d);
+        r.accumulate(sWt, jj, jn, gq, d, acc);
     }
 }
 
@@ -292,33 +303,18 @@ __device__ __forceinline__ void combine_weights(const float* lse, int n, int gq,
     if (!rep) prof_phase(1);
 }
 
+
 #if MK_SMALL_VEC >= 3
-// A combine of n <= U splits with two outputs a thread (gq * d <= 2 * NT) whose partials' loads are issued before
-// its log-sum-exps' (combine_weights), so it waits for one L2 round trip instead of two; addresses clamped as
-// combine_accumulate's, and the same sums in the same order.
+// A combine of n <= U splits with two outputs a thread (gq * d <= 2 * NT): its partials' loads (one round) issued
+// before its log-sum-exps', so it waits for one L2 round trip instead of two; the same sums as combine_accumulate's.
 template <int U>
-struct CombineRegs {
-    float v[2][U];
-    __device__ __forceinline__ void load(const float* po, int n, int nout) {
-#pragma unroll
-        for (int k = 0; k < 2; k++) {
-            const int o = min(threadIdx.x + k * NT, nout - 1);
-#pragma unroll
-            for (int u = 0; u < U; u++) v[k][u] = ldcg_f(po + (size_t)min(u, n - 1) * nout + o);
-        }
-    }
-    __device__ __forceinline__ void accumulate(const float* sWt, int n, int gq, int d, float* acc) const {
-#pragma unroll
-        for (int k = 0; k < 2; k++) {
-            const int h = min(threadIdx.x + k * NT, gq * d - 1) / d;
-            float a = acc[k];
-#pragma unroll
-            for (int u = 0; u < U; u++)
-                if (u < n) a = fmaf(sWt[u * gq + h], v[k][u], a);
-            acc[k] = a;
-        }
-    }
-};
+__device__ __forceinline__ void combine_one_trip(const float* po, const float* lse, int n, int gq, int d, float* sWt,
+                                                 float* sMx, float* sDen, int rep, float* acc) {
+    CombineRound<U, 2> r;
+    r.load(po, 0, n, gq * d);
+    combine_weights(lse, n, gq, sWt, sMx, sDen, rep);
+    r.accumulate(sWt, 0, n, gq, d, acc);
+}
 #endif
 
 // A combine task over a part of its kv head's query heads (combine_parts > 1): outputs o0 .. o0 + nout - 1 of the
@@ -389,17 +385,9 @@ __device__ bool task_combine(const Params& P, const int* rec, int ticket) {
                 for (int k = 0; k < MK_ATTN_OUT_PER_THREAD; k++) acc[k] = 0.f;
             }
 #if MK_SMALL_VEC >= 3
-            if (n <= 8 && gq * d <= 2 * NT) {
-                CombineRegs<8> r;
-                r.load(po, n, gq * d);
-                combine_weights(lse, n, gq, sWt, sMx, sDen, rep);
-                r.accumulate(sWt, n, gq, d, acc);
-            } else if (n <= 16 && gq * d <= 2 * NT) {
-                CombineRegs<16> r;
-                r.load(po, n, gq * d);
-                combine_weights(lse, n, gq, sWt, sMx, sDen, rep);
-                r.accumulate(sWt, n, gq, d, acc);
-            } else
+            if (n <= 8 && gq * d <= 2 * NT) combine_one_trip<8>(po, lse, n, gq, d, sWt, sMx, sDen, rep, acc);
+            else if (n <= 16 && gq * d <= 2 * NT) combine_one_trip<16>(po, lse, n, gq, d, sWt, sMx, sDen, rep, acc);
+            else
 #endif
             {
                 combine_weights(lse, n, gq, sWt, sMx, sDen, rep);

@@ -19,19 +19,28 @@ __shared__ unsigned char s_route_row[MK_MAX_PAIRS];
 __shared__ float s_pair_w[MB];
 __shared__ int s_pair_rank[MB];
 
-// All threads (before a barrier): the route's slots and pairs into shared memory; only the first n_active slots and
-// B * topk pairs hold this step's routing (the rest are never read).
-__device__ __forceinline__ void route_to_shared(const Params& P, const int* route) {
-    for (int i = threadIdx.x; i < PI(n_slots); i += NT)
-        s_route_slot[i] = ldcg_i(route + PI(r_slot_expert) + i) | (ldcg_i(route + PI(r_slot_start) + i) << 9) |
-                          (ldcg_i(route + PI(r_slot_cnt) + i) << 18);
-    for (int i = threadIdx.x; i < PI(n_pairs); i += NT) s_route_row[i] = (unsigned char)ldcg_i(route + PI(r_pair_row) + i);
-}
-
 // worker_topk plans: every pair's routing weight (bf16 bits: topk_route rounds the weights to bf16) and rank, which
 // a down item takes from here instead of the global route record (one worker writes that while the others run).
 __shared__ unsigned short s_route_pw[MK_MAX_PAIRS];
 __shared__ unsigned char s_route_rank[MK_MAX_PAIRS];
+
+// All threads (before a barrier): the route's slots and pairs into shared memory; only the first n_active slots and
+// B * topk pairs hold this step's routing (the rest are never read). OWN: `route` is this worker's own copy in
+// shared memory (worker_topk), read directly, and the pairs' weights and ranks are kept too; else the layer's
+// record in global memory, read from L2.
+template <bool OWN = false>
+__device__ __forceinline__ void route_to_shared(const Params& P, const int* route) {
+    auto at = [&](int i) { return OWN ? route[i] : ldcg_i(route + i); };
+    for (int i = threadIdx.x; i < PI(n_slots); i += NT)
+        s_route_slot[i] = at(PI(r_slot_expert) + i) | (at(PI(r_slot_start) + i) << 9) | (at(PI(r_slot_cnt) + i) << 18);
+    for (int i = threadIdx.x; i < PI(n_pairs); i += NT) {
+        s_route_row[i] = (unsigned char)at(PI(r_pair_row) + i);
+        if (OWN) {
+            s_route_rank[i] = (unsigned char)at(PI(r_pair_rank) + i);
+            s_route_pw[i] = (unsigned short)((unsigned)at(PI(r_pair_w) + i) >> 16);   // (float bits: bf16 exact)
+        }
+    }
+}
 
 // worker_topk plans, all threads: this worker routes layer m itself (topk_route, into a copy of the route record in
 // the dynamic shared memory, which no item uses yet), then keeps what its items need as route_to_shared does, and
@@ -44,13 +53,7 @@ __device__ __forceinline__ bool route_in_worker(const Params& P, int m, int* rou
     if (threadIdx.x == 0) hdr[2] = atomicAdd(PP(int*, moe_work) + m, 1);   // (its round trip under the routing)
     topk_route(P, m, sr);
     __syncthreads();
-    for (int i = threadIdx.x; i < PI(n_slots); i += NT)
-        s_route_slot[i] = sr[PI(r_slot_expert) + i] | (sr[PI(r_slot_start) + i] << 9) | (sr[PI(r_slot_cnt) + i] << 18);
-    for (int i = threadIdx.x; i < PI(n_pairs); i += NT) {
-        s_route_row[i] = (unsigned char)sr[PI(r_pair_row) + i];
-        s_route_rank[i] = (unsigned char)sr[PI(r_pair_rank) + i];
-        s_route_pw[i] = (unsigned short)(__float_as_uint(__int_as_float(sr[PI(r_pair_w) + i])) >> 16);
-    }
+    route_to_shared<true>(P, sr);
     if (threadIdx.x == 0) { hdr[0] = sr[0]; hdr[1] = sr[1]; }
     __syncthreads();
     if (hdr[2] == 0)

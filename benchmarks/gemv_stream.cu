@@ -30,8 +30,7 @@ __device__ __forceinline__ size_t swz_w_off() { return swz_align(SM_W); }
 // sub16). One warp.
 __device__ __forceinline__ void issue_swz(bf16* sW, const CUtensorMap* map, int y, int R, int K, int buf,
                                           int box_rows) {
-    if (box_rows == -16) issue_tile_swz3d16(sW, map, y, R, 0, 0, K, buf);
-    else if (box_rows < 0) issue_tile_swz3d(sW, map, y, R, K, buf);
+    if (box_rows < 0) issue_tile_swz3d(sW, map, y, R, 0, 0, K, buf, box_rows == -16 ? 16 : R);
     else issue_tile_swz(sW, map, y, R, 0, 0, K, buf, box_rows);
 }
 

@@ -72,8 +72,8 @@ typedef __nv_bfloat16 bf16;
 #define MK_SWZ 0
 #endif
 // MK_SWZ_3D (with MK_SWZ): the swizzled expert tiles by one 3D tensor copy per 16 rows into 16-row sub-tiles (the
-// backend encodes 3D maps; csrc/mk_gemv_swz.cuh issue_tile_swz3d16) instead of a 2D copy per 16 rows x 64 columns
-// (64 copies per 128 KB item). Off until it has run on the GPU.
+// backend encodes 3D maps; csrc/mk_gemv_swz.cuh issue_tile_swz3d with 16-row boxes) instead of a 2D copy per 16 rows
+// x 64 columns (64 copies per 128 KB item). Off until it has run on the GPU.
 #ifndef MK_SWZ_3D
 #define MK_SWZ_3D 0
 #endif

@@ -43,39 +43,27 @@ __device__ __forceinline__ void bulk_tensor_3d(void* dst, const CUtensorMap* map
         "r"(smem_addr(bar)), "l"(policy) : "memory");
 }
 
-// One thread (lane 0 of the calling warp): rows y0..y0+R-1 of a 3D map whose box is R rows of every column
-// (mk_tmap_encode_swizzled_3d) into sW (1024-byte aligned) as one swizzled tile, with ONE tensor copy where the 2D
-// boxes take (K / 64) x (R / box rows); same layout, completing on weight buffer buf's mbarrier. (Measured in
-// benchmarks/gemv_stream.py --swz-box-rows -1; the megakernel's two-half tiles would need the core to read each half as
-// its own sub-tile.)
-__device__ __forceinline__ void issue_tile_swz3d(bf16* sW, const CUtensorMap* map3, int y0, int R, int K, int buf) {
-    if ((threadIdx.x & 31) == 0) {
-        s_wpend[buf] = 1;
-        fence_proxy_async();
-        mbar_expect_tx(&s_wbar[buf], (unsigned)R * (unsigned)K * 2u);
-        bulk_tensor_3d(sW, map3, 0, y0, 0, &s_wbar[buf], l2_evict_first());
-    }
-}
-
-// One warp: a tile of R = n0 + n1 rows (halves y0.. and y1.., multiples of 16 rows) of a 3D map whose box is 16
-// rows of every column (mk_tmap_encode_swizzled_3d with box_rows 16) into sW (1024-byte aligned) as R / 16
-// sub-tiles of 16 rows, one tensor copy each: sub-tile q at byte q * 16 * K * 2, inside it column block kb at
-// kb * 16 * 128 and row r at r * 128 (the layout gemv_core_swz<.., true> reads). Completing on buffer buf's mbarrier.
-__device__ __noinline__ void issue_tile_swz3d16(bf16* sW, const CUtensorMap* map3, int y0, int n0, int y1, int n1,
-                                                int K, int buf) {
+// One warp: a tile of R = n0 + n1 rows (halves y0.. and y1.., multiples of bh rows) of a 3D map whose box is bh
+// rows of every column (mk_tmap_encode_swizzled_3d with box_rows bh) into sW (1024-byte aligned) as R / bh
+// sub-tiles of bh rows, one tensor copy each: sub-tile q at byte q * bh * K * 2, inside it column block kb at
+// kb * bh * 128 and row r at r * 128. With bh = R (one half) that is the 2D boxes' layout in ONE copy, where they
+// take (K / 64) x (R / box rows); with bh = 16 the layout gemv_core_swz<.., true> reads. Completing on buffer buf's
+// mbarrier. (benchmarks/gemv_stream.py --swz-box-rows -1 and -16 measure both.)
+__device__ __noinline__ void issue_tile_swz3d(bf16* sW, const CUtensorMap* map3, int y0, int n0, int y1, int n1,
+                                              int K, int buf, int bh) {
     const int lane = threadIdx.x & 31;
-    const int q0 = n0 >> 4, nq = q0 + (n1 >> 4);      // (the callers keep both halves multiples of 16 rows)
+    const int q0 = n0 / bh, nq = q0 + n1 / bh;        // (the callers keep both halves multiples of bh rows)
     if (lane == 0) {
         s_wpend[buf] = 1;
         fence_proxy_async();
-        mbar_expect_tx(&s_wbar[buf], (unsigned)nq * 16u * (unsigned)K * 2u);   // exactly what the copies bring
+        mbar_expect_tx(&s_wbar[buf], (unsigned)nq * (unsigned)bh * (unsigned)K * 2u);   // exactly what the copies bring
     }
     __syncwarp();
     fence_proxy_async();
     const unsigned long long pol = l2_evict_first();
     for (int q = lane; q < nq; q += 32) {
-        const int y = q < q0 ? y0 + 16 * q : y1 + 16 * (q - q0);
-        bulk_tensor_3d(reinterpret_cast<char*>(sW) + (size_t)q * 16 * K * 2, map3, 0, y, 0, &s_wbar[buf], pol);
+        const int y = q < q0 ? y0 + bh * q : y1 + bh * (q - q0);
+        bulk_tensor_3d(reinterpret_cast<char*>(sW) + (size_t)q * bh * K * 2, map3, 0, y, 0, &s_wbar[buf], pol);
     }
 }
 
@@ -138,8 +126,9 @@ __device__ __forceinline__ void swz_step(const char* a, const char* cr, const bf
 // (line0 + row) & 7 is the same in every box since R is a multiple of 8, so a step's addresses are a base, the box
 // offset and one of two per-lane constants. Two accumulator sets take alternate steps (two MMA chains in flight).
 // Rows past R read row R - 1 (dropped).
-// SUB16: the tile is R / 16 sub-tiles of 16 rows (issue_tile_swz3d16's layout): row r's line in column block kb is
-// (r >> 4) * 16 * (K / 64) + kb * 16 + (r & 15), the same swizzle value (line0 + r) & 7 since 16 is a multiple of 8.
+// SUB16: the tile is R / 16 sub-tiles of 16 rows (issue_tile_swz3d's layout with bh = 16): row r's line in column
+// block kb is (r >> 4) * 16 * (K / 64) + kb * 16 + (r & 15), the same swizzle value (line0 + r) & 7 since 16 is a
+// multiple of 8.
 template <int NB, int NWC = NW, bool SUB16 = false>
 __device__ __forceinline__ void gemv_core_swz(const bf16* sW, const bf16* sX, int xpitch, int R, int K, int nb) {
     float* sRed = reinterpret_cast<float*>(smem + SM_RED);
@@ -192,7 +181,8 @@ __device__ __forceinline__ void gemv_core_swz(const bf16* sW, const bf16* sX, in
 }
 
 // The swizzled tile at sW times the nb input rows at sX (pitch xpitch) on every warp; sub16: the tile is in 16-row
-// sub-tiles (issue_tile_swz3d16), else in whole-tile column blocks (issue_tile_swz, issue_tile_swz3d).
+// sub-tiles (issue_tile_swz3d, bh = 16), else in whole-tile column blocks (issue_tile_swz, or issue_tile_swz3d with
+// bh = R).
 __device__ __noinline__ void gemv_swz(const bf16* sW, const bf16* sX, int xpitch, int R, int K, int nb,
                                       bool sub16 = false) {
     if (sub16) {

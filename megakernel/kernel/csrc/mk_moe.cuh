@@ -432,8 +432,8 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
                 const int y0 = it.down ? it.e * PI(H) + it.r0 : it.e * E2 + it.r0;
 #if MK_SWZ_3D
                 static_assert(MK_SWZ_BOX_ROWS == 16, "the 3D maps' box is 16 rows");
-                issue_tile_swz3d16(reinterpret_cast<bf16*>(smem + swz_w), tmaps + 2 * m + (it.down ? 1 : 0), y0,
-                                   it.T.n0, it.e * E2 + PI(I) + it.r0, it.T.n1, it.T.K, buf);
+                issue_tile_swz3d(reinterpret_cast<bf16*>(smem + swz_w), tmaps + 2 * m + (it.down ? 1 : 0), y0,
+                                 it.T.n0, it.e * E2 + PI(I) + it.r0, it.T.n1, it.T.K, buf, MK_SWZ_BOX_ROWS);
 #else
                 issue_tile_swz(reinterpret_cast<bf16*>(smem + swz_w), tmaps + 2 * m + (it.down ? 1 : 0), y0, it.T.n0,
                                it.e * E2 + PI(I) + it.r0, it.T.n1, it.T.K, buf, MK_SWZ_BOX_ROWS);

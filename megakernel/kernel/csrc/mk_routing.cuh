@@ -20,6 +20,25 @@ __device__ __forceinline__ unsigned topk_key(float f) {
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+// One warp, one row: lane's logits raw[q] of experts q * 32 + lane (all in flight), their keys, and the row's ranks
+// reset to -1. PACKED: the bf16 logit's 16-bit key above 0xffff - expert (MK_TOPK_PACKED's one-max selection; NaN
+// keeps 1), else topk_key; 0 for experts past E.
+template <bool PACKED>
+__device__ __forceinline__ void topk_load_row(const float* logits, int E, int nq, int* rank, float* raw,
+                                              unsigned* key) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int q = 0; q < TOPK_WORDS; q++) {
+        const int e = q * 32 + lane;
+        const bool in = q < nq && e < E;
+        raw[q] = in ? ldcg_f(logits + e) : 0.f;
+        key[q] = !in     ? 0u
+                 : PACKED ? (max(topk_key(raw[q]) >> 16, 1u) << 16) | (0xffffu - (unsigned)e)
+                          : topk_key(raw[q]);
+        if (q < nq) rank[e] = -1;
+    }
+}
+
 // Bytes of topk_route's shared-memory scratch at the start of the dynamic shared memory (the layout below;
 // schedule.small_task_smem_bytes sizes it for the largest batch).
 __device__ __forceinline__ int topk_scratch_bytes(int E) {
@@ -53,14 +72,7 @@ __device__ __noinline__ void topk_route(const Params& P, int m, int* route) {
     for (int b = warp; b < B; b += NW) {
         float raw[TOPK_WORDS];
         unsigned key[TOPK_WORDS];
-#pragma unroll
-        for (int q = 0; q < TOPK_WORDS; q++) {
-            const int e = q * 32 + lane;
-            const bool in = q < nq && e < E;
-            raw[q] = in ? ldcg_f(rl + (size_t)b * E + e) : 0.f;
-            key[q] = in ? (max(topk_key(raw[q]) >> 16, 1u) << 16) | (0xffffu - (unsigned)e) : 0u;  // NaN: 1
-            if (q < nq) sRank[b * e32 + e] = -1;
-        }
+        topk_load_row<true>(rl + (size_t)b * E, E, nq, sRank + b * e32, raw, key);
         __syncwarp();                           // every lane's -1 before lane 0 writes the picks' ranks
         float mine = 0.f;                       // lane kk: the logit of the row's kk-th expert
         for (int kk = 0; kk < k; kk++) {
@@ -106,14 +118,7 @@ __device__ __noinline__ void topk_route(const Params& P, int m, int* route) {
     for (int b = warp; b < B; b += NW) {
         float raw[TOPK_WORDS];
         unsigned key[TOPK_WORDS];
-#pragma unroll
-        for (int q = 0; q < TOPK_WORDS; q++) {
-            const int e = q * 32 + lane;
-            const bool in = q < nq && e < E;
-            raw[q] = in ? ldcg_f(rl + (size_t)b * E + e) : 0.f;
-            key[q] = in ? topk_key(raw[q]) : 0u;
-            if (q < nq) sRank[b * e32 + e] = -1;
-        }
+        topk_load_row<false>(rl + (size_t)b * E, E, nq, sRank + b * e32, raw, key);
         for (int kk = 0; kk < k; kk++) {
             unsigned mx = 0u;
 #pragma unroll

@@ -15,58 +15,90 @@ __device__ __forceinline__ uint4 pack8(const float* f) {
     return make_uint4(pack2(f[0], f[1]), pack2(f[2], f[3]), pack2(f[4], f[5]), pack2(f[6], f[7]));
 }
 
+// Where the residual of `row` entering layer l >= 1 comes from (layer l - 1's h, attention and MLP outputs, its
+// routed experts' outputs y), in 16-byte groups of 8 columns.
+struct ResidualSrc {
+    const uint4 *hp, *ao, *y, *mo;
+    int kind, comb, ny;                      // the MLP kind, the shared experts' combination, the routed outputs
+};
+__device__ __forceinline__ ResidualSrc residual_src(const Params& P, int l, int row) {
+    const int H = PI(H), Bm = PI(Bm), topk = PI(topk), lp = l - 1;
+    const int* li = layer_info(P, lp);
+    const int m = li[LI_MOE_IDX];
+    ResidualSrc r;
+    r.hp = reinterpret_cast<const uint4*>(PP(const bf16*, h) + ((size_t)lp * Bm + row) * H);
+    r.ao = reinterpret_cast<const uint4*>(PP(const bf16*, ao) + ((size_t)lp * Bm + row) * H);
+    r.y = reinterpret_cast<const uint4*>(PP(const bf16*, y) + ((size_t)(m < 0 ? 0 : m) * Bm + row) * topk * H);
+    r.mo = reinterpret_cast<const uint4*>(PP(const bf16*, mout) + ((size_t)lp * Bm + row) * H);
+    r.kind = li[LI_MLP_KIND];
+    r.comb = PI(shared_comb);
+    r.ny = m >= 0 ? topk : 0;
+    return r;
+}
+
+// acc (8 columns) plus the next routed expert's output yv, in rank order (the first one starts the sum).
+__device__ __forceinline__ void add_expert8(float* acc, uint4 yv, bool first) {
+    float f[8];
+    unpack8(yv, f);
+#pragma unroll
+    for (int j = 0; j < 8; j++) acc[j] = first ? f[j] : rbf(acc[j] + f[j]);
+}
+
+// The residual of 8 columns from h, the attention output, the MLP output and the routed experts' sum acc, rounded
+// as the PyTorch path rounds them (the shared / dense MLP, then h + attention + that).
+__device__ __forceinline__ void residual8(uint4 hv, uint4 av, uint4 mv, const float* acc, int kind, int comb,
+                                          float* out) {
+    float hf[8], af[8], mf[8];
+    unpack8(hv, hf);
+    unpack8(av, af);
+    unpack8(mv, mf);
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        float a = acc[j];
+        if (kind == MK_MLP_DENSE) a = mf[j];
+        else if (kind == MK_MLP_SHARED) a = comb == MK_COMB_SUM ? rbf(a + mf[j]) : rbf(rbf(a + mf[j]) * 0.5f);
+        out[j] = rbf(rbf(hf[j] + af[j]) + a);
+    }
+}
+
+// x of 8 columns v (fp32 residual) with norm weights wv: RMSNorm (scale r) or LayerNorm (mean, scale r).
+__device__ __forceinline__ uint4 norm8(uint4 wv, const float* v, bool rms, float mean, float r) {
+    float wf[8], xf[8];
+    unpack8(wv, wf);
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        xf[j] = rms ? bf2f(f2bf(wf[j] * rbf(v[j] * r))) : bf2f(f2bf(wf[j] * ((v[j] - mean) * r)));
+    return pack8(xf);
+}
+
 // The residual stream of `row` entering layer l into sH (fp32): the embedding for l == 0, else h_{l-1} + the
 // attention output + the MLP output of layer l-1, rounded as the PyTorch path rounds them (per column: the routed
 // experts' outputs added in rank order, then the shared / dense MLP, then h + attention + that). All threads.
 __device__ __forceinline__ void residual_row(const Params& P, int l, int row, float* sH) {
-    const int H = PI(H), Bm = PI(Bm), topk = PI(topk), C = H >> 3;
+    const int H = PI(H), C = H >> 3;
     if (l == 0) {
         const int tok = step_in(P)[row];
         const uint4* e = reinterpret_cast<const uint4*>(PP(const bf16*, embed) + (size_t)tok * H);
         for (int c = threadIdx.x; c < C; c += NT) unpack8(__ldg(e + c), sH + 8 * c);
         return;
     }
-    const int lp = l - 1;
-    const int* li = layer_info(P, lp);
-    const int m = li[LI_MOE_IDX], kind = li[LI_MLP_KIND];
-    const uint4* hp = reinterpret_cast<const uint4*>(PP(const bf16*, h) + ((size_t)lp * Bm + row) * H);
-    const uint4* ao = reinterpret_cast<const uint4*>(PP(const bf16*, ao) + ((size_t)lp * Bm + row) * H);
-    const uint4* y = reinterpret_cast<const uint4*>(PP(const bf16*, y) + ((size_t)(m < 0 ? 0 : m) * Bm + row) * topk * H);
-    const uint4* mo = reinterpret_cast<const uint4*>(PP(const bf16*, mout) + ((size_t)lp * Bm + row) * H);
-    const int comb = PI(shared_comb);
-    const int ny = m >= 0 ? topk : 0;
+    const ResidualSrc src = residual_src(P, l, row);
     for (int c = threadIdx.x; c < C; c += NT) {
-        const uint4 hv = __ldcg(hp + c), av = __ldcg(ao + c);
-        const uint4 mv = kind != MK_MLP_NONE ? __ldcg(mo + c) : make_uint4(0, 0, 0, 0);
+        const uint4 hv = __ldcg(src.hp + c), av = __ldcg(src.ao + c);
+        const uint4 mv = src.kind != MK_MLP_NONE ? __ldcg(src.mo + c) : make_uint4(0, 0, 0, 0);
         float acc[8];
 #pragma unroll
         for (int j = 0; j < 8; j++) acc[j] = 0.f;
-        for (int k0 = 0; k0 < ny; k0 += 4) {            // the experts' outputs, 4 loads in flight
+        for (int k0 = 0; k0 < src.ny; k0 += 4) {        // the experts' outputs, 4 loads in flight
             uint4 yv[4];
 #pragma unroll
             for (int k = 0; k < 4; k++)
-                yv[k] = k0 + k < ny ? __ldcg(y + (size_t)(k0 + k) * C + c) : make_uint4(0, 0, 0, 0);
+                yv[k] = k0 + k < src.ny ? __ldcg(src.y + (size_t)(k0 + k) * C + c) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                if (k0 + k < ny) {
-                    float f[8];
-                    unpack8(yv[k], f);
-#pragma unroll
-                    for (int j = 0; j < 8; j++) acc[j] = (k0 + k == 0) ? f[j] : rbf(acc[j] + f[j]);
-                }
-            }
+            for (int k = 0; k < 4; k++)
+                if (k0 + k < src.ny) add_expert8(acc, yv[k], k0 + k == 0);
         }
-        float hf[8], af[8], mf[8];
-        unpack8(hv, hf);
-        unpack8(av, af);
-        unpack8(mv, mf);
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            float a = acc[j];
-            if (kind == MK_MLP_DENSE) a = mf[j];
-            else if (kind == MK_MLP_SHARED) a = comb == MK_COMB_SUM ? rbf(a + mf[j]) : rbf(rbf(a + mf[j]) * 0.5f);
-            sH[8 * c + j] = rbf(rbf(hf[j] + af[j]) + a);
-        }
+        residual8(hv, av, mv, acc, src.kind, src.comb, sH + 8 * c);
     }
 }
 
@@ -94,16 +126,11 @@ __device__ __forceinline__ void norm_row(const Params& P, int l, const float* sH
         r = rsqrtf(block_sum(pv, red) / (float)H + eps);
     }
     for (int c = threadIdx.x; c < C; c += NT) {
-        float wf[8], xf[8], hf[8];
-        unpack8(__ldg(w + c), wf);
+        float v[8];
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const float v = sH[8 * c + j];
-            hf[j] = v;
-            xf[j] = rms ? bf2f(f2bf(wf[j] * rbf(v * r))) : bf2f(f2bf(wf[j] * ((v - mean) * r)));
-        }
-        reinterpret_cast<uint4*>(x)[c] = pack8(xf);
-        if (hout) reinterpret_cast<uint4*>(hout)[c] = pack8(hf);
+        for (int j = 0; j < 8; j++) v[j] = sH[8 * c + j];
+        reinterpret_cast<uint4*>(x)[c] = norm8(__ldg(w + c), v, rms, mean, r);
+        if (hout) reinterpret_cast<uint4*>(hout)[c] = pack8(v);
     }
 }
 
@@ -117,17 +144,11 @@ __device__ __forceinline__ void norm_row(const Params& P, int l, const float* sH
 // and normalises it there. The same sums in the same order as residual_row + norm_row (bit-identical results).
 __device__ __forceinline__ void residual_norm_fused(const Params& P, int l, int row, float* red, bf16* x,
                                                     bf16* hout) {
-    const int H = PI(H), Bm = PI(Bm), topk = PI(topk), C = H >> 3, L = PI(L);
-    const int lp = l - 1;
-    const int* li = layer_info(P, lp);
-    const int m = li[LI_MOE_IDX], kind = li[LI_MLP_KIND];
-    const uint4* hp = reinterpret_cast<const uint4*>(PP(const bf16*, h) + ((size_t)lp * Bm + row) * H);
-    const uint4* ao = reinterpret_cast<const uint4*>(PP(const bf16*, ao) + ((size_t)lp * Bm + row) * H);
-    const uint4* y = reinterpret_cast<const uint4*>(PP(const bf16*, y) + ((size_t)(m < 0 ? 0 : m) * Bm + row) * topk * H);
-    const uint4* mo = reinterpret_cast<const uint4*>(PP(const bf16*, mout) + ((size_t)lp * Bm + row) * H);
+    const int H = PI(H), C = H >> 3, L = PI(L);
+    const ResidualSrc src = residual_src(P, l, row);
     const uint4* w = reinterpret_cast<const uint4*>(
         (l == L) ? PP(const bf16*, final_norm) : reinterpret_cast<const bf16*>(layer_wptr(P, l)[WP_NORM]));
-    const int comb = PI(shared_comb), ny = m >= 0 ? topk : 0;
+    const int ny = src.ny;
     const float eps = PF(norm_eps);
     const bool rms = PI(norm_type) == MK_NORM_RMS;
     const int c = threadIdx.x;
@@ -137,13 +158,13 @@ __device__ __forceinline__ void residual_norm_fused(const Params& P, int l, int 
 #pragma unroll
     for (int k = 0; k < 8; k++) yv[k] = z;
     if (on) {
-        hv = __ldcg(hp + c);
-        av = __ldcg(ao + c);
-        if (kind != MK_MLP_NONE) mv = __ldcg(mo + c);
+        hv = __ldcg(src.hp + c);
+        av = __ldcg(src.ao + c);
+        if (src.kind != MK_MLP_NONE) mv = __ldcg(src.mo + c);
         wv = __ldg(w + c);
 #pragma unroll
         for (int k = 0; k < 8; k++)
-            if (k < ny) yv[k] = __ldcg(y + (size_t)k * C + c);
+            if (k < ny) yv[k] = __ldcg(src.y + (size_t)k * C + c);
     }
     float v[8];
 #pragma unroll
@@ -153,31 +174,11 @@ __device__ __forceinline__ void residual_norm_fused(const Params& P, int l, int 
 #pragma unroll
         for (int j = 0; j < 8; j++) acc[j] = 0.f;
 #pragma unroll
-        for (int k = 0; k < 8; k++) {
-            if (k < ny) {
-                float f[8];
-                unpack8(yv[k], f);
-#pragma unroll
-                for (int j = 0; j < 8; j++) acc[j] = (k == 0) ? f[j] : rbf(acc[j] + f[j]);
-            }
-        }
-        for (int k = 8; k < ny; k++) {            // more than 8 experts per token: the rest one at a time
-            float f[8];
-            unpack8(__ldcg(y + (size_t)k * C + c), f);
-#pragma unroll
-            for (int j = 0; j < 8; j++) acc[j] = rbf(acc[j] + f[j]);
-        }
-        float hf[8], af[8], mf[8];
-        unpack8(hv, hf);
-        unpack8(av, af);
-        unpack8(mv, mf);
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            float a = acc[j];
-            if (kind == MK_MLP_DENSE) a = mf[j];
-            else if (kind == MK_MLP_SHARED) a = comb == MK_COMB_SUM ? rbf(a + mf[j]) : rbf(rbf(a + mf[j]) * 0.5f);
-            v[j] = rbf(rbf(hf[j] + af[j]) + a);
-        }
+        for (int k = 0; k < 8; k++)
+            if (k < ny) add_expert8(acc, yv[k], k == 0);
+        for (int k = 8; k < ny; k++)              // more than 8 experts per token: the rest one at a time
+            add_expert8(acc, __ldcg(src.y + (size_t)k * C + c), false);
+        residual8(hv, av, mv, acc, src.kind, src.comb, v);
     }
     prof_phase(0);
     float part = 0.f;
@@ -194,12 +195,7 @@ __device__ __forceinline__ void residual_norm_fused(const Params& P, int l, int 
         r = rsqrtf(block_sum(pv, red) / (float)H + eps);
     }
     if (on) {
-        float wf[8], xf[8];
-        unpack8(wv, wf);
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-            xf[j] = rms ? bf2f(f2bf(wf[j] * rbf(v[j] * r))) : bf2f(f2bf(wf[j] * ((v[j] - mean) * r)));
-        reinterpret_cast<uint4*>(x)[c] = pack8(xf);
+        reinterpret_cast<uint4*>(x)[c] = norm8(wv, v, rms, mean, r);
         if (hout) reinterpret_cast<uint4*>(hout)[c] = pack8(v);
     }
 }

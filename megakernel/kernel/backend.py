@@ -123,7 +123,7 @@ class MegakernelBackend(DecodeBackend):
         self.arch = arch
         self.lib = build.load(arch)
         # MK_SWZ builds: the expert tiles by swizzled tensor copies (tensor maps encoded below, shared-memory slack)
-        self.swz = any(f.startswith("-DMK_SWZ=") for f in build.switch_flags())   # (listed only when not 0)
+        self.swz = build.switch_value("MK_SWZ") != 0
         self._lib_prof = None                # the profiling build, loaded on first use
         self._profile_next = False
         self.last_profile = None             # timeline.RawProfile of the last profiled launch

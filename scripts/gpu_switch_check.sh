@@ -22,7 +22,7 @@ t0=$(date +%s)
 for b in $BUILDS; do
   defines=${b%%+*}; tunings=""; [ "$b" != "$defines" ] && tunings=${b#*+}
   [ "$defines" = default ] && defines=""
-  last=${tunings##*;}
+  last=${tunings##*;}; [ "$last" = default ] && last=""
   tag=$(echo "${b}" | tr ',=+;' '____')
   echo "=== build '$defines' tunings '$tunings' at $(($(date +%s) - t0)) s"
   case " ${NOTEST:-} " in

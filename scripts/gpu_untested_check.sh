@@ -17,9 +17,9 @@ OUT=$OUT/knobs BUILDS=${BUILDS_KNOBS:-"default+worker_topk=1;o_queue=1,o_after=4
   TRACE=1 TRACE_DEFINES=MK_SMALL_VEC=3 TESTS_TIMEOUT=120 timeout 330 bash scripts/gpu_switch_check.sh
 echo "=== 2. combine_parts at $(($(date +%s) - t0)) s"
 OUT=$OUT/combine POINTS=1x8192,1x131072,1x262144 \
-  BUILDS=${BUILDS_COMBINE:-"default+default;combine_parts=2;combine_parts=4;combine_parts=8"} TESTS_TIMEOUT=120 \
+  BUILDS=${BUILDS_COMBINE:-"default+default;combine_parts=4;combine_parts=8;combine_parts=2"} TESTS_TIMEOUT=120 \
   VARIANTS_TIMEOUT=150 timeout 250 bash scripts/gpu_switch_check.sh
 echo "=== 3. swizzled tiles at $(($(date +%s) - t0)) s"
 OUT=$OUT/swz NCU=0 timeout 150 bash scripts/gpu_swz_check.sh
-bash scripts/pack_out.sh "$OUT/swz"
+bash scripts/pack_out.sh "$OUT"
 echo "=== done at $(($(date +%s) - t0)) s"

@@ -211,6 +211,9 @@ class MegakernelBackend(DecodeBackend):
             if m < 0:
                 continue
             for j, (field, rows, K) in enumerate((("e_gu", p.E * 2 * p.I, p.H), ("e_down", p.E * p.H, p.I))):
+                if K % 64:
+                    continue        # the kernel swizzles no tile of K % 64 != 0 (nor could a 3D map of 64-column
+                                    # blocks describe it): no map
                 rc = self.lib.mk_encode_swizzled(host[2 * m + j].ctypes.data, int(wp[l, F[field]]), rows, K,
                                                  O.SWZ_BOX_ROWS)
                 if rc:

@@ -140,10 +140,11 @@ class ModelPlan:
                                          # QKV / router / MLP gate-up tiles normalise their own inputs
     tile_batch: int = 0                  # rows the GEMV tiles leave room for (0: max_batch); launches of at most
                                          # this many rows may use the larger tiles (the backend's `batch_tiles`)
-    o_queue: int = 0                     # 1: each MoE layer's O-projection tiles are items of its expert queue
-                                         # (after the gate/up items and `o_after` eighths of the down items)
-                                         # instead of static tasks listed after the workers, which only free
-                                         # blocks claim
+    o_queue: int = 1                     # plans of at most this many rows (tile_batch) make each MoE layer's
+                                         # O-projection tiles items of its expert queue (after the gate/up items
+                                         # and `o_after` eighths of the down items) instead of static tasks listed
+                                         # after the workers, which only free blocks claim (0: none). With
+                                         # o_after=4, b1 8K 3.797 vs 3.880 ms, b8 14.82 vs 14.73 (8786382)
     worker_topk: int = 0                 # 1: no TOPK task; every MoE worker waits on the router tiles and routes the
                                          # layer itself (the same code, into its shared memory): the router ->
                                          # top-k -> workers hand-off, ~8 us per layer at batch 1, loses a hop.
@@ -152,9 +153,10 @@ class ModelPlan:
                                          # group / combine_parts of its query heads (a divisor of the group): a
                                          # combine of 256 splits (128K+ contexts) reads ~1 MB, on one SM at 1.
                                          # Not yet measured
-    o_after: int = 0                     # 0..8: eighths of a layer's down items queued ahead of its O items
+    o_after: int = 4                     # 0..8: eighths of a layer's down items queued ahead of its O items
                                          # (o_queue; 0: right after the gate/up items, where a worker that claims
-                                         # one may wait for the combines; 8: after every down item). Not yet measured
+                                         # one may wait for the combines; 8: after every down item). b1 8K:
+                                         # 3.838 / 3.804 / 3.797 / 3.819 ms at 0 / 2 / 4 / 8 (8786382)
     router_first: int = 1                # 1: each MoE layer's router tiles listed ahead of its QKV tiles (0: after)
     moe_ring: int = 0                    # plans of at most this many rows (tile_batch) give the expert items a
                                          # ring of two weight buffers of their own (tiles sized to fill one; the
@@ -232,7 +234,8 @@ class ModelPlan:
         # the expert items' buffers: the prefetching layout's, or (moe_ring) a ring of two inside the same memory
         # with the inputs of the plan's rows after it
         self.moe_wbuf = self.wbuf
-        if self.tb <= self.moe_ring and not self.wbuf and self.Lm and not self.o_queue:   # (o_queue: plain worker)
+        o_in_queue = self.tb <= self.o_queue                    # (whose items run on the plain worker)
+        if self.tb <= self.moe_ring and not self.wbuf and self.Lm and not o_in_queue:
             one_row = max(2 * (self.H + O.ROW_PAD) * 2, (self.I + O.ROW_PAD) * 2)   # a gate/up pair, a down row
             self.moe_wbuf = self._two_buffers(max(self.H, self.I), one_row, fused)
         mrows = lambda K, halves=1: tile_rows(K, halves, max_batch=self.tb, wbuf=self.moe_wbuf)
@@ -260,7 +263,7 @@ class ModelPlan:
         self.lm_runs = lm_runs(cfg.vocab_size, self.lm_rows, self.n_workers if self.lm_wbuf else 0)
         self.n_lm_tiles = len(self.lm_runs)          # LM-head tasks: one maximum per row each
         self.n_o_tiles = math.ceil(self.H / self.o_rows)
-        self.o_items = self.n_o_tiles if self.o_queue and self.Lm else 0     # per MoE layer's queue
+        self.o_items = self.n_o_tiles if o_in_queue and self.Lm else 0     # per MoE layer's queue
         if self.combine_parts < 1 or self.g % self.combine_parts or \
                 (self.combine_parts > 1 and self.g // self.combine_parts * self.d > O.NUM_THREADS):
             raise ValueError(f"combine_parts={self.combine_parts} must divide the {self.g} query heads per kv head, "
@@ -395,7 +398,7 @@ def tiling_plans(cfg: ModelConfig, layout: KVLayout, max_batch: int, per_batch: 
     # the streaming LM head's tiles shrink with every row of input; they do not split plans (the plan of the largest
     # tile_batch with the same other tiles serves the smaller launches, its LM tiles sized for its rows)
     key = lambda p: (tuple(t for t in p.gemv_tiles if t is not p.lm_tile), p.wbuf, p.moe_wbuf > 0,   # noqa: E731
-                     p.lm_wbuf > 0)
+                     p.lm_wbuf > 0, p.o_items > 0)
     by_tiles: dict[tuple, ModelPlan] = {}
     shrinking = knobs.get("prefetch", ModelPlan.prefetch) or knobs.get("moe_ring", ModelPlan.moe_ring)
     cands = [1 << i for i in range(max_batch.bit_length()) if 1 << i < max_batch] if shrinking else range(1, max_batch)

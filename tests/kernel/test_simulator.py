@@ -213,17 +213,25 @@ def test_torch_path_records_router_logits():
 def test_per_batch_tilings_on_north_dims():
     """batch_tiles without prefetching: at North dims, launches of <= 9 rows get 128 KB O-projection tiles (the
     inputs of 16 rows of 4096, padded rows and the tensor-core GEMV's scratch leave room for 64 KB only); every plan
-    fits the shared memory and needs no more scratch than the full one."""
+    fits the shared memory and needs no more scratch than the full one. By default (o_queue=1) batch 1 has a plan
+    of its own, the same tiles with the O-projection tiles in the expert queues."""
     from megakernel.config import north_mini_code_config
     from megakernel.kernel.schedule import plan_for_rows, tiling_plans
     from megakernel.kv.cache import KVLayout
 
     cfg = north_mini_code_config()
-    plans = tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, True, n_workers=132, prefetch=0)
+    layout = KVLayout.for_model(cfg, 64)
+    plans = tiling_plans(cfg, layout, 16, True, n_workers=132, prefetch=0, o_queue=0)
     assert [p.tb for p in plans] == [9, 16]
     assert (plans[0].o_rows, plans[1].o_rows) == (16, 8)
     assert plan_for_rows(plans, 1) is plans[0] and plan_for_rows(plans, 9) is plans[0]
     assert plan_for_rows(plans, 10) is plans[1]
+    assert all(p.o_items == 0 for p in plans)
+    plans = tiling_plans(cfg, layout, 16, True, n_workers=132, prefetch=0)
+    assert [p.tb for p in plans] == [1, 9, 16]
+    assert [p.o_rows for p in plans] == [16, 16, 8]
+    assert [p.o_items for p in plans] == [plans[0].n_o_tiles, 0, 0] and plans[0].n_o_tiles > 0
+    assert plan_for_rows(plans, 1) is plans[0] and plan_for_rows(plans, 2) is plans[1]
     for p in plans:
         assert p.wbuf == 0
         assert p.smem_bytes() <= O.SMEM_LIMIT
@@ -241,7 +249,7 @@ def test_swizzled_expert_tiles_fit_north_plans():
     from megakernel.kv.cache import KVLayout
 
     cfg = north_mini_code_config()
-    for knobs in ({}, {"moe_claim_late": 1}, {"o_queue": 1}):
+    for knobs in ({}, {"moe_claim_late": 1}, {"o_queue": 16}):
         for p in tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, True, n_workers=132, **knobs):
             need = swz_expert_smem_bytes(p)
             assert need <= O.SMEM_LIMIT - O.SMEM_RESERVE, (p.tb, need)
@@ -314,7 +322,7 @@ def test_simulator_with_oproj_in_the_expert_queue(variant, B, o_after):
     waits on the workers' counter only; dense layers keep their OPROJ tasks. Exact in random orders, with fewer
     workers than items."""
     cfg, w, st, nxt = _setup(variant, B, seed=31 + B)
-    plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=2, split_tokens=4, o_queue=1, o_after=o_after)
+    plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=2, split_tokens=4, o_queue=16, o_after=o_after)
     assert plan.o_items == plan.n_o_tiles > 0
     batch = decode_batch(st, nxt)
     si = step_inputs(plan, batch.input_ids.tolist(), batch.positions.tolist(), batch.block_tables)
@@ -325,7 +333,7 @@ def test_simulator_with_oproj_in_the_expert_queue(variant, B, o_after):
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-@pytest.mark.parametrize("B,o_queue", [(1, 0), (3, 1)])
+@pytest.mark.parametrize("B,o_queue", [(1, 0), (3, 16)])
 def test_simulator_with_combines_split_over_query_heads(variant, B, o_queue):
     """combine_parts: each (row, kv head)'s combine as several tasks over parts of its query heads (every head its
     own task here), which the O projection (static tasks, or the queue's O items) waits for all of. Exact in random
@@ -344,7 +352,7 @@ def test_simulator_with_combines_split_over_query_heads(variant, B, o_queue):
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-@pytest.mark.parametrize("B,o_queue", [(1, 0), (5, 0), (3, 1)])
+@pytest.mark.parametrize("B,o_queue", [(1, 0), (5, 0), (3, 16)])
 def test_simulator_with_workers_routing_themselves(variant, B, o_queue):
     """worker_topk: no TOPK tasks; every MoE worker waits on its layer's router tiles and computes the routing
     itself, and the worker that claims item 0 writes the route record (the host reads it). Exact in random orders,
@@ -386,9 +394,9 @@ def test_expert_ring_tilings_on_north_dims():
     from megakernel.kv.cache import KVLayout
 
     cfg = north_mini_code_config()
-    plans = tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, True, n_workers=132, moe_ring=16)
+    plans = tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, True, n_workers=132, moe_ring=16, o_queue=0)
     assert [p.tb for p in plans] == [2, 4, 8, 16]          # 1 and 2 rows tile alike (the larger tile_batch wins)
-    small = tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, True, n_workers=132, moe_ring=2)
+    small = tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, True, n_workers=132, moe_ring=2, o_queue=0)
     assert [p.moe_wbuf > 0 for p in small] == [p.tb <= 2 for p in small] and small[0].tb <= 2 < small[-1].tb
     for p in plans:
         assert p.wbuf == 0 and p.moe_wbuf >= O.PREFETCH_MIN_TILE
@@ -410,9 +418,9 @@ def test_simulator_with_the_expert_ring(B):
 def test_lm_head_runs_cover_the_vocab_largest_first():
     """The streaming LM head's runs (schedule.lm_runs): they tile the vocabulary exactly and in order, shrink toward
     the end of the list (guided: 2/3 of an even share of what is left over the blocks, at least 4 tiles but the
-    last), and a plan without the stream gets one task per tile. At North dims the batch-1 plan has a few hundred
-    runs of 21-row tiles in two ~84 KB buffers, the shared memory stays inside the limit, and the scratch holds one
-    maximum per run."""
+    last), and a plan without the stream gets one task per tile. At North dims the plan of <= 9 rows (o_queue=0:
+    batch 1's plan before) has a few hundred runs of 21-row tiles in two ~84 KB buffers, the shared memory stays
+    inside the limit, and the scratch holds one maximum per run."""
     from megakernel.config import north_mini_code_config
     from megakernel.kernel.schedule import lm_runs, tiling_plans
     from megakernel.kv.cache import KVLayout
@@ -427,12 +435,12 @@ def test_lm_head_runs_cover_the_vocab_largest_first():
         assert all(t >= 4 for t in tiles[:-1])
     assert lm_runs(1000, 7, 0) == [(r, min(7, 1000 - r)) for r in range(0, 1000, 7)]
     cfg = north_mini_code_config()
-    plans = tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, True, n_workers=132)
+    plans = tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, True, n_workers=132, o_queue=0)
     b1 = plans[0]
     assert b1.lm_wbuf > 0 and b1.lm_rows == 21 and 400 < b1.n_lm_tiles < 1000
     assert 2 * b1.lm_rows * b1.H * 2 <= 2 * b1.lm_wbuf and b1.smem_bytes() <= O.SMEM_LIMIT - O.SMEM_RESERVE
     assert b1.scratch_spec(torch.bfloat16)["lm_best"][0][0] == b1.n_lm_tiles == len(b1.lm_runs)
-    off = tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, True, n_workers=132, lm_stream=0)[0]
+    off = tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, True, n_workers=132, lm_stream=0, o_queue=0)[0]
     assert off.lm_wbuf == 0 and off.n_lm_tiles == math.ceil(cfg.vocab_size / off.lm_rows)
 
 

@@ -221,9 +221,9 @@ def _points(args: argparse.Namespace) -> list[tuple[int, int]]:
 
 
 def _git_commit() -> str:
-    """The checkout's commit ($MEGAKERNEL_COMMIT where the tree runs without its .git, as on the device). Only this
-    checkout's own repository counts: a copy of the tree inside another repository says "unknown", not that
-    repository's commit."""
+    """The checkout's commit ($MEGAKERNEL_COMMIT where the tree runs without its .git, as on the device), "-dirty"
+    when tracked files differ from it. Only this checkout's own repository counts: a copy of the tree inside another
+    repository says "unknown", not that repository's commit."""
     if os.environ.get("MEGAKERNEL_COMMIT"):
         return os.environ["MEGAKERNEL_COMMIT"]
     root = Path(__file__).resolve().parent.parent
@@ -232,7 +232,9 @@ def _git_commit() -> str:
                                         timeout=10).stdout.strip()
         if Path(git("rev-parse", "--show-toplevel") or "/nonexistent").resolve() != root:
             return "unknown"
-        return git("rev-parse", "--short", "HEAD") or "unknown"
+        sha = git("rev-parse", "--short", "HEAD") or "unknown"
+        # tracked files changed since that commit (e.g. a device copy whose .git lags the tree): say so
+        return sha + "-dirty" if sha != "unknown" and git("status", "--porcelain", "--untracked-files=no") else sha
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 

@@ -5,7 +5,7 @@
 #
 # The device machine lacks the server's packages: carry them as wheels (`bash scripts/gpu_server_wheels.sh` fills
 # the git-ignored .whl/, 6.6 MB). From the repo root here:
-#   run(command="MEGAKERNEL_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu_bench_serve.sh",
+#   run(command="MEGAKERNEL_COMMIT=<SHA> bash scripts/gpu_bench_serve.sh",
 #       carry=[".whl"], timeout_s=600)
 # (write the hash out: the device tree has no .git).
 #

@@ -4,7 +4,7 @@
 # on request the SM timeline of batch 1 at 8K (trace), compute-sanitizer memcheck + racecheck on a tiny config
 # (sanitizer) and the GEMV streaming microbenchmark (stream: benchmarks/gemv_stream.py). Logs and JSON under $OUT.
 # STAGES picks: variants tests prefill tune trace sanitizer stream (default: the first four).
-#   run(command="MEGAKERNEL_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu_dev_loop.sh", timeout_s=600)
+#   run(command="MEGAKERNEL_COMMIT=<SHA> bash scripts/gpu_dev_loop.sh", timeout_s=600)
 set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 MEGAKERNEL_CACHE_DIR=/tmp/mkcache

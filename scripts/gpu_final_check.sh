@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The end-of-session device call: the decode sweep (megakernel and graph backends in one run), then every gpu-marked
 # test, then compute-sanitizer's memcheck and racecheck on the megakernel; logs and JSON under $OUT.
-#   run(command="MEGAKERNEL_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu_final_check.sh", timeout_s=600)
+#   run(command="MEGAKERNEL_COMMIT=<SHA> bash scripts/gpu_final_check.sh", timeout_s=600)
+#   (<SHA>: this checkout's `git rev-parse --short HEAD`, typed literally: the device copy's .git may lag the tree.)
 set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 MEGAKERNEL_CACHE_DIR=/tmp/mkcache

@@ -7,7 +7,7 @@
 # and, if STREAM=1, the GEMV streaming microbenchmark. Logs and JSON per build under $OUT. Builds named in $NOTEST
 # (controls) skip their tests; $TRACE_DEFINES is the traced build's switches; $STREAM_DEFINES (space-separated,
 # "default" for none) the microbenchmark's builds, $STREAM_ARGS its arguments.
-#   run(command="MEGAKERNEL_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu_switch_check.sh", timeout_s=600)
+#   run(command="MEGAKERNEL_COMMIT=<SHA> bash scripts/gpu_switch_check.sh", timeout_s=600)
 set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 MEGAKERNEL_CACHE_DIR=/tmp/mkcache

@@ -8,7 +8,7 @@
 #   3. swz/     the GEMV microbenchmark's swizzled tiles by 2D boxes and by 3D copies (whole tile, 16-row sub-tiles).
 # Each stage writes under $OUT/<stage>/ (packed into a bundle.tgz there when it has more than 8 files). Typical run
 # ~450 s; the stages' timeouts are looser, and a call cut at 600 s still brings back the stages that finished.
-#   run(command="MEGAKERNEL_COMMIT=$(git rev-parse --short HEAD) bash scripts/gpu_untested_check.sh", timeout_s=600)
+#   run(command="MEGAKERNEL_COMMIT=<SHA> bash scripts/gpu_untested_check.sh", timeout_s=600)
 set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 t0=$(date +%s)

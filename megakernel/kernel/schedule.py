@@ -140,11 +140,13 @@ class ModelPlan:
                                          # QKV / router / MLP gate-up tiles normalise their own inputs
     tile_batch: int = 0                  # rows the GEMV tiles leave room for (0: max_batch); launches of at most
                                          # this many rows may use the larger tiles (the backend's `batch_tiles`)
-    o_queue: int = 1                     # plans of at most this many rows (tile_batch) make each MoE layer's
+    o_queue: int = 4                     # plans of at most this many rows (tile_batch) make each MoE layer's
                                          # O-projection tiles items of its expert queue (after the gate/up items
                                          # and `o_after` eighths of the down items) instead of static tasks listed
-                                         # after the workers, which only free blocks claim (0: none). With
-                                         # o_after=4, b1 8K 3.797 vs 3.880 ms, b8 14.82 vs 14.73 (8786382)
+                                         # after the workers, which only free blocks claim (0: none). 8K, ms at
+                                         # o_queue 0 / 1 / 4 / 16 (01168ec): b1 3.862 / 3.763 / 3.780 / 3.794,
+                                         # b2 5.701 / 5.705 / 5.600 / 5.638, b4 8.980 / 8.975 / 8.945 / 8.971;
+                                         # b8 14.73 (0) vs 14.82 (16) at 8786382
     worker_topk: int = 0                 # 1: no TOPK task; every MoE worker waits on the router tiles and routes the
                                          # layer itself (the same code, into its shared memory): the router ->
                                          # top-k -> workers hand-off, ~8 us per layer at batch 1, loses a hop.

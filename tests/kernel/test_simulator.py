@@ -213,8 +213,8 @@ def test_torch_path_records_router_logits():
 def test_per_batch_tilings_on_north_dims():
     """batch_tiles without prefetching: at North dims, launches of <= 9 rows get 128 KB O-projection tiles (the
     inputs of 16 rows of 4096, padded rows and the tensor-core GEMV's scratch leave room for 64 KB only); every plan
-    fits the shared memory and needs no more scratch than the full one. By default (o_queue=1) batch 1 has a plan
-    of its own, the same tiles with the O-projection tiles in the expert queues."""
+    fits the shared memory and needs no more scratch than the full one. With o_queue=N, launches of <= N rows have
+    a plan of their own, the same tiles with the O-projection tiles in the expert queues."""
     from megakernel.config import north_mini_code_config
     from megakernel.kernel.schedule import plan_for_rows, tiling_plans
     from megakernel.kv.cache import KVLayout
@@ -227,11 +227,13 @@ def test_per_batch_tilings_on_north_dims():
     assert plan_for_rows(plans, 1) is plans[0] and plan_for_rows(plans, 9) is plans[0]
     assert plan_for_rows(plans, 10) is plans[1]
     assert all(p.o_items == 0 for p in plans)
-    plans = tiling_plans(cfg, layout, 16, True, n_workers=132, prefetch=0)
-    assert [p.tb for p in plans] == [1, 9, 16]
-    assert [p.o_rows for p in plans] == [16, 16, 8]
-    assert [p.o_items for p in plans] == [plans[0].n_o_tiles, 0, 0] and plans[0].n_o_tiles > 0
-    assert plan_for_rows(plans, 1) is plans[0] and plan_for_rows(plans, 2) is plans[1]
+    for o_queue in (1, 4):
+        plans = tiling_plans(cfg, layout, 16, True, n_workers=132, prefetch=0, o_queue=o_queue)
+        assert [p.tb for p in plans] == [o_queue, 9, 16]
+        assert [p.o_rows for p in plans] == [16, 16, 8]
+        assert [p.o_items for p in plans] == [plans[0].n_o_tiles, 0, 0] and plans[0].n_o_tiles > 0
+        assert plan_for_rows(plans, 1) is plans[0] and plan_for_rows(plans, o_queue) is plans[0]
+        assert plan_for_rows(plans, o_queue + 1) is plans[1]
     for p in plans:
         assert p.wbuf == 0
         assert p.smem_bytes() <= O.SMEM_LIMIT

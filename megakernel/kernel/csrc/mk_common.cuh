@@ -77,6 +77,14 @@ typedef __nv_bfloat16 bf16;
 #ifndef MK_SWZ_3D
 #define MK_SWZ_3D 0
 #endif
+// MK_MOE_EARLY_ISSUE: the plain MoE worker with one weight buffer issues its next item's tile as soon as the GEMV is
+// done with the buffer, from the last warp, while warps 0..NW-2 write the item's epilogue and signal (1); or at the
+// top of the next item (0). An item's ~0.8 us of per-row bulk copies leave its path and the next tile is in flight
+// an epilogue earlier (b8 8K timeline at 01168ec: issue 0.77, epilogue 0.51 us of a 5.8 us item). Not with MK_SWZ.
+// Off until it has run on the GPU.
+#ifndef MK_MOE_EARLY_ISSUE
+#define MK_MOE_EARLY_ISSUE 0
+#endif
 
 // MK_REPEAT_SMALL: an experiment, not a speed-up. The NORM, TOPK and attention-combine tasks run their (idempotent)
 // work this many times before they signal: the second run finds the task's code in the SM's instruction cache, so a trace of the build

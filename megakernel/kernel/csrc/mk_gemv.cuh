@@ -75,12 +75,13 @@ __device__ __forceinline__ void prefetch_next(const Params& P, int buf) {
 
 // The O projection's rows r0..r0+nr of every row of the step (in sOut) plus the bias, into ao (a static OPROJ task
 // and an O item of the expert queue share it).
+template <int NTHREADS = NT>   // threads 0..NTHREADS-1
 __device__ __forceinline__ void oproj_epilogue(const Params& P, int l, int r0, int nr) {
     const int H = PI(H), B = PI(B);
     const float* sOut = reinterpret_cast<const float*>(smem + SM_OUT);
     const bf16* bias = reinterpret_cast<const bf16*>(layer_wptr(P, l)[WP_O_BIAS]);
     bf16* out = PP(bf16*, ao) + (size_t)l * PI(Bm) * H;
-    for (int i = threadIdx.x; i < nr * B; i += NT) {
+    for (int i = threadIdx.x; i < nr * B; i += NTHREADS) {
         const int r = i / B, b = i - r * B;
         float v = sOut[r * MB + b];
         if (bias) v += bf2f(bias[r0 + r]);

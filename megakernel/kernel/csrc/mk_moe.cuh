@@ -330,6 +330,34 @@ __device__ __noinline__ bool moe_worker_ws(const Params& P, int ticket, int l, i
 }
 #endif
 
+// The epilogue of a plain worker's item (its rows out of sOut), on warps 0..NWC-1: an O item's outputs, a gate/up
+// item's activations and its expert's gate/up counter, a down item's weighted rows; each ends on a barrier of
+// those warps (the signal's, or under MK_PROFILE the end stamp's; a down or O item without profiling on none: the
+// next item's first barrier orders its writes before anything reuses sOut).
+template <int NWC>
+__device__ __forceinline__ void item_epilogue(const Params& P, int l, int m, const int* route, const MoeItem& it,
+                                              int item, int gu_ctr) {
+    if (it.slot < 0) {
+        oproj_epilogue<NWC * 32>(P, l, it.r0, it.nr);
+#if MK_PROFILE
+        group_sync<NWC>();
+        prof_mark(PS_END);
+        prof_item(P, m, item, MK_PROF_ITEM_O, l, item);
+#endif
+    } else if (!it.down) {
+        gu_epilogue<NWC * 32>(P, m, it.st, it.cnt, it.r0, it.nr);
+        group_signal<NWC>(P, gu_ctr);
+        prof_item(P, m, item, MK_PROF_ITEM_GU, l, ((long long)it.e << 16) | item);
+    } else {
+        down_epilogue<NWC * 32, MK_MOE_LOCAL != 0>(P, m, route, it.st, it.cnt, it.r0, it.nr);
+#if MK_PROFILE
+        group_sync<NWC>();
+        prof_mark(PS_END);
+        prof_item(P, m, item, MK_PROF_ITEM_DN, l, ((long long)it.e << 16) | item);
+#endif
+    }
+}
+
 // An expert item's tile into buffer `buf`: of the expert ring (moe_w) or of the prefetching layout (sm_w). All
 // threads call it; warp 0 issues.
 __device__ __forceinline__ void issue_item(const Params& P, const Tile& T, int buf, bool ring) {
@@ -533,24 +561,27 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
         // late: every thread read the previous answer at the end of the last item, and the GEMV's barriers since
         // then separate that read from this write; the item's last barrier below publishes it
         if (late && threadIdx.x == 0) s_w[2] = claim;
-        if (oitem) {
-            oproj_epilogue(P, l, it.r0, it.nr);
-#if MK_PROFILE
-            __syncthreads();
-            prof_mark(PS_END);
-            prof_item(P, m, item, MK_PROF_ITEM_O, l, item);
+#if MK_MOE_EARLY_ISSUE && !MK_SWZ
+        // one buffer, the next item known: the GEMV's closing barrier freed the buffer, so the last warp issues the
+        // next tile now (where its layout fits: else the next item's own check reports it) and warps 0..NW-2 write
+        // this item's epilogue meanwhile; the next item's first barrier joins them
+        bool early = false;
+        if (!two && !late && nxt < n_items) {
+            const MoeItem nx = moe_item(P, l, route, egu, edn, nxt, n_gu);
+            early = sm_x_end(P, nx.T.n0 + nx.T.n1, nx.T.K, nx.cnt) <= dynamic_smem_bytes();
+            if (early && (threadIdx.x >> 5) == NW - 1)
+                issue_weights_w0(reinterpret_cast<bf16*>(smem + sm_w(P, buf)), nx.T.w0, nx.T.n0, nx.T.w1, nx.T.n1,
+                                 nx.T.K, buf);
+        }
+        if (early) {
+            if ((threadIdx.x >> 5) < NW - 1)
+                item_epilogue<NW - 1>(P, l, m, route, it, item, gu_ctr);
+        } else
+#else
+        constexpr bool early = false;
 #endif
-        } else if (!it.down) {
-            gu_epilogue<NT>(P, m, it.st, it.cnt, it.r0, it.nr);
-            block_signal(P, gu_ctr);
-            prof_item(P, m, item, MK_PROF_ITEM_GU, l, ((long long)it.e << 16) | item);
-        } else {
-            down_epilogue<NT, MK_MOE_LOCAL != 0>(P, m, route, it.st, it.cnt, it.r0, it.nr);
-#if MK_PROFILE
-            __syncthreads();
-            prof_mark(PS_END);
-            prof_item(P, m, item, MK_PROF_ITEM_DN, l, ((long long)it.e << 16) | item);
-#endif
+        {
+            item_epilogue<NW>(P, l, m, route, it, item, gu_ctr);
         }
         if (late) {
             if (oitem || it.down) __syncthreads();   // (a gate/up item's signal ended on one)
@@ -558,8 +589,8 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
         } else {
             item = nxt;
         }
-        issued = prefetched;
-        if (issued) buf ^= 1;
+        issued = prefetched || early;        // (early: the same buffer)
+        if (prefetched) buf ^= 1;
     }
 #if MK_PROFILE
     prof_worker_stamps(task_claim, task_waited);

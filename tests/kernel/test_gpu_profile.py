@@ -19,6 +19,7 @@ def test_profiled_step_records_every_task_in_order(variant, B):
     from megakernel.kernel import opcodes as O
     from megakernel.kernel import timeline as T
     from megakernel.kernel.backend import MegakernelBackend
+    from megakernel.kernel.schedule import plan_for_rows
 
     cfg = make_cfg(variant)
     w = tiny_weights(cfg, device="cuda", dtype=torch.bfloat16, seed=B)
@@ -34,7 +35,8 @@ def test_profiled_step_records_every_task_in_order(variant, B):
     print(f"{variant} B={B}: {len(raw.tasks)} tasks, {len(raw.items)} MoE items, step {tl.step_ns / 1e3:.1f} us, "
           f"timer step {tl.timer_step_ns:.0f} ns")
     assert violations == [], violations
-    item_kinds = {O.PROF_ITEM_GU, O.PROF_ITEM_DN} | ({O.PROF_ITEM_O} if be.plan.o_items else set())
+    ran = plan_for_rows(be.plans, B)                         # the plan this launch ran (o_queue: by rows)
+    item_kinds = {O.PROF_ITEM_GU, O.PROF_ITEM_DN} | ({O.PROF_ITEM_O} if ran.o_items else set())
     assert len(raw.items) > 0 and set(raw.items[:, O.PROF_FIELDS.index("op")].tolist()) <= item_kinds
     assert torch.nn.functional.cosine_similarity(profiled, normal, dim=-1).min() > 0.9999
     again = be.decode(batch, clone_cache(st.cache))          # the next launch is the normal build again

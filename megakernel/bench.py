@@ -153,15 +153,19 @@ def _trace_step(engine, path: str, normal_step_s: float, meta: dict, n_profiled:
     s.update(normal_ms_per_step=normal_step_s * 1e3, profiled_step_span_ms=tl.step_ns / 1e6,
              profiled_engine_ms_per_step=prof_s * 1e3, invariant_violations=bad)
     stem = path[:-8] if path.endswith(".json.gz") else path.rsplit(".", 1)[0]
-    T.save_raw(raw, stem + ".npz")
-    T.write_trace(tl, path)
-    T.plot_timeline(tl, stem + ".png", title=f"megakernel decode step, batch {meta['batch']}, context "
-                    f"{meta['context']}: {tl.step_ns / 1e3:.0f} us (profiling build)")
+    # the summary and the raw records first: the trace and the plot of a large step take minutes to write
     Path(stem + ".summary.json").write_text(json.dumps({**run_record(), **s}, indent=1) + "\n")
-    print(T.format_summary(s))
+    print(T.format_summary(s), flush=True)
     print(f"normal build {normal_step_s * 1e3:.2f} ms/step through the engine; the profiled step itself spans "
           f"{tl.step_ns / 1e6:.2f} ms (its own stamps); a profiled engine step takes {prof_s * 1e3:.0f} ms with the "
           f"records' read-back (same run); invariants: {'ok' if not bad else bad}")
+    T.save_raw(raw, stem + ".npz")
+    if path.endswith(".npz"):                # the records and the summary only (the trace: timeline.py redraws)
+        print(f"wrote {stem}.summary.json, {stem}.npz")
+        return
+    T.write_trace(tl, path)
+    T.plot_timeline(tl, stem + ".png", title=f"megakernel decode step, batch {meta['batch']}, context "
+                    f"{meta['context']}: {tl.step_ns / 1e3:.0f} us (profiling build)")
     print(f"wrote {path}, {stem}.png, {stem}.summary.json, {stem}.npz")
 
 
@@ -486,6 +490,7 @@ def add_bench_args(b: argparse.ArgumentParser) -> None:
                    help="print each point's GPU time per step by kernel (torch profiler; GPU only)")
     b.add_argument("--trace", default=None,
                    help="megakernel: write one profiled step's Chrome/Perfetto trace here (.json or .json.gz), with "
-                        "a PNG and a summary beside it, and time the profiling build against the normal one")
+                        "a PNG, a summary and the raw records (.npz) beside it, and time the profiling build against "
+                        "the normal one; a path ending in .npz writes only the records and the summary (fast)")
     b.add_argument("--json", default=None, help="write every figure to this JSON file")
     b.add_argument("--plot", default=None, help="with --json: also draw tok/s and %% of roofline to this PNG")

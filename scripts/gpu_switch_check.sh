@@ -3,10 +3,11 @@
 # (space-separated; each is a MEGAKERNEL_KERNEL_DEFINES value, "default" for none, optionally followed by "+" and
 # ";"-separated MEGAKERNEL_MK_TUNING values), the megakernel's GPU tests (tests/kernel, under the last tuning) and
 # then the variants sweep at $POINTS (those tunings, or $DEFAULT_VARIANTS for a build without any); the SM clock
-# and power sampled all along (clocks.csv); then, if TRACE=1, the SM timeline of batch 1 at 8K of the default build,
-# and, if STREAM=1, the GEMV streaming microbenchmark. Logs and JSON per build under $OUT. Builds named in $NOTEST
-# (controls) skip their tests; $TRACE_DEFINES is the traced build's switches; $STREAM_DEFINES (space-separated,
-# "default" for none) the microbenchmark's builds, $STREAM_ARGS its arguments.
+# and power sampled all along (clocks.csv); then, if TRACE=1, the SM timelines at 8K of the build $TRACE_DEFINES
+# (batch sizes $TRACE_BATCHES, default 1; their summaries kept, the traces only with TRACE_KEEP=1); and, if STREAM=1,
+# the GEMV streaming microbenchmark. Logs and JSON per build under $OUT. Builds named in $NOTEST (controls) skip
+# their tests; $STREAM_DEFINES (space-separated, "default" for none) are the microbenchmark's builds, $STREAM_ARGS
+# its arguments.
 #   run(command="MEGAKERNEL_COMMIT=<SHA> bash scripts/gpu_switch_check.sh", timeout_s=600)
 set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
@@ -35,10 +36,14 @@ for b in $BUILDS; do
     --json "$OUT/variants_$tag.json" 2>&1 | grep -E "^b|rror"
 done
 if [ "${TRACE:-0}" = 1 ]; then
-  echo "=== trace at $(($(date +%s) - t0)) s"
-  MEGAKERNEL_KERNEL_DEFINES=${TRACE_DEFINES:-} timeout ${TRACE_TIMEOUT:-150} python3 -m megakernel bench --random-north --backend megakernel --batch-size 1 \
-    --context 8192 --steps 20 --trace "$OUT/tl_b1.json.gz" 2>&1 | grep -E "critical|SM time|phases|a layer|normal build|^megakernel|rror"
-  [ "${TRACE_KEEP:-0}" = 1 ] || rm -f "$OUT/tl_b1.json.gz" "$OUT/tl_b1.png"
+  for tb in ${TRACE_BATCHES:-1}; do
+    echo "=== trace b$tb at $(($(date +%s) - t0)) s"
+    tag=tl_b$tb${TRACE_TAG:-}; ext=npz; [ "${TRACE_KEEP:-0}" = 1 ] && ext=json.gz   # .npz: summary and records only
+    MEGAKERNEL_KERNEL_DEFINES=${TRACE_DEFINES:-} timeout ${TRACE_TIMEOUT:-150} python3 -m megakernel bench --random-north \
+      --backend megakernel --batch-size $tb --context 8192 --steps 20 --trace "$OUT/$tag.$ext" 2>&1 \
+      | grep -E "critical|SM time|phases|a layer|normal build|^megakernel|rror"
+    [ "${TRACE_KEEP:-0}" = 1 ] || rm -f "$OUT/$tag.npz"
+  done
 fi
 if [ "${STREAM:-0}" = 1 ]; then
   for sd in ${STREAM_DEFINES:-default}; do

@@ -566,7 +566,8 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
         // next tile now (where its layout fits: else the next item's own check reports it) and warps 0..NW-2 write
         // this item's epilogue meanwhile; the next item's first barrier joins them
         bool early = false;
-        if (!two && !late && nxt < n_items) {
+        // (2: only after a down or O item, which signal nothing: a gate/up item's signal runs with no copy in flight)
+        if (!two && !late && nxt < n_items && (MK_MOE_EARLY_ISSUE == 1 || it.down || it.slot < 0)) {
             const MoeItem nx = moe_item(P, l, route, egu, edn, nxt, n_gu);
             early = sm_x_end(P, nx.T.n0 + nx.T.n1, nx.T.K, nx.cnt) <= dynamic_smem_bytes();
             if (early && (threadIdx.x >> 5) == NW - 1)

@@ -15,6 +15,13 @@
 //                  core (mk_gemv_swz.cuh), inputs at a padded pitch
 //   9 swz_double   as double, swizzled
 //  10 swz_compute  as compute, swizzled
+//  11 epi          as serial, each tile then with a MoE gate/up item's tail: every output stored to global memory,
+//                  a block barrier, then thread 0's __threadfence and red.release on a counter (MK_SIGNAL_FENCE=1)
+//  12 epi_early    as epi, but the next tile issued by the last warp right after the math while warps 0..NW-2
+//                  store, meet on named barrier 1 and signal (the megakernel's MK_MOE_EARLY_ISSUE=1)
+//  13 epi_early_nf as epi_early, the release without the __threadfence
+//  14 epi_nf       as epi, the release without the __threadfence
+//  (12 vs 11: does the signal's fence or release wait for the tile copy now in flight?)
 // Each block writes sOut's first value per tile into out (and the last row's last input's into out_last), so the
 // math cannot be optimised away and both ends of the tile are checked.
 #include "mk_tmap.h"
@@ -57,7 +64,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) gemv_stream(const __grid_con
     __syncthreads();
     const size_t tile_elems = (size_t)R * K;
     const bf16* base = W + (size_t)blockIdx.x * tiles * tile_elems;
-    if (mode >= 8) {                         // swizzled: TMA tensor copies, the swizzled core
+    if (mode >= 8 && mode <= 10) {           // swizzled: TMA tensor copies, the swizzled core
         const size_t w0 = swz_w_off(), tile_bytes = tile_elems * 2;
         const int xpitch = K + MK_SWZ_X_PAD, nbuf = mode == 9 ? 2 : 1;
         bf16* sX = reinterpret_cast<bf16*>(smem + w0 + nbuf * tile_bytes);
@@ -103,6 +110,38 @@ extern "C" __global__ void __launch_bounds__(NT, 1) gemv_stream(const __grid_con
     };
     auto tile = [&](int t) { return tile_at(base, t); };
     const float* sOut = reinterpret_cast<const float*>(smem + SM_OUT);
+    if (mode >= 11) {                        // a gate/up item's tail after each tile: stores, barrier, signal
+        const bool early = mode == 12 || mode == 13, fence = mode == 11 || mode == 12;
+        int* counter = queue + 1 + blockIdx.x;
+        float* eout = reinterpret_cast<float*>(queue + 1 + gridDim.x) + (size_t)blockIdx.x * R * nb;
+        const int warp = threadIdx.x >> 5;
+        bool issued = false;
+        for (int t = 0; t < tiles; t++) {
+            if (!issued) issue_weights(P, tile_at(base, t), 0);
+            wait_weights(0);
+            gemv(P, 0, R, K, nb);            // (ends on a barrier: the buffer is free)
+            if (threadIdx.x == 0) {
+                out[(size_t)blockIdx.x * tiles + t] = sOut[0];
+                out_last[(size_t)blockIdx.x * tiles + t] = sOut[(R - 1) * MB + nb - 1];
+            }
+            issued = early && t + 1 < tiles;
+            if (issued && warp == NW - 1) {
+                issue_weights_w0(reinterpret_cast<bf16*>(smem + sm_w(P, 0)), base + (size_t)(t + 1) * tile_elems, R,
+                                 nullptr, 0, K, 0);
+            } else if (!issued || warp < NW - 1) {
+                const int nthreads = issued ? (NW - 1) * 32 : NT;
+                for (int i = threadIdx.x; i < R * nb; i += nthreads) eout[i] = sOut[(i / nb) * MB + i % nb];
+                if (issued) group_sync<NW - 1>();
+                else __syncthreads();
+                if (threadIdx.x == 0) {
+                    if (fence) __threadfence();
+                    red_release(counter, 1);
+                }
+            }
+            __syncthreads();                 // (sOut is the next tile's)
+        }
+        return;
+    }
     if (mode >= 6) {                         // warp-specialised: loader warp NW-1, compute warps 0..NW-2
         __shared__ __align__(8) unsigned long long s_empty[2];
         __shared__ int s_meta[2];

@@ -2,8 +2,9 @@
 (csrc/mk_loader.cuh, mk_gemv_core.cuh, mk_gemv_swz.cuh, included unchanged) streaming weight tiles through every
 SM, without the task list (see gemv_stream.cu for the modes: serial, double-buffered, loads only, math only, and
 serial / double-buffered with tiles claimed from one global queue as MoE workers claim items, warp-specialised:
-one loader warp, 15 compute warps, with and without the queue, and the swizzled tiles' serial, double and math-only
-modes).
+one loader warp, 15 compute warps, with and without the queue, the swizzled tiles' serial, double and math-only
+modes, and serial tiles with a MoE gate/up item's tail: stores and a fenced release, the next tile issued before or
+after it).
 
     python benchmarks/gemv_stream.py --json OUT.json        # on an sm_90 GPU, ~20 s
 
@@ -30,7 +31,8 @@ from megakernel.kernel import build, opcodes as O
 
 HERE = Path(__file__).parent
 MODES = {"serial": 0, "double": 1, "load": 2, "compute": 3, "queue": 4, "queue2": 5, "ws": 6, "ws_queue": 7,
-         "swz_serial": 8, "swz_double": 9, "swz_compute": 10}
+         "swz_serial": 8, "swz_double": 9, "swz_compute": 10, "epi": 11, "epi_early": 12, "epi_early_nf": 13,
+         "epi_nf": 14}
 
 
 def compile_bench(arch: str = "sm_90a") -> ctypes.CDLL:
@@ -121,11 +123,14 @@ def main() -> int:
                 params[O.P["wbuf"]] = wbuf
                 out = torch.zeros(grid * args.tiles, device=dev)
                 out_last = torch.zeros(grid * args.tiles, device=dev)
-                queue = torch.zeros(1, dtype=torch.int32, device=dev)
+                # queue modes: [0] the claim counter; epi modes: then a counter per block and every block's stored
+                # outputs (R * nb floats)
+                queue = torch.zeros(1 + grid + (grid * R * nb if mode.startswith("epi") else 0), dtype=torch.int32,
+                                    device=dev)
                 pp = params.ctypes.data_as(ctypes.POINTER(ctypes.c_longlong))
 
                 def launch() -> None:
-                    queue.zero_()
+                    queue[:1].zero_()
                     rc = so.gemv_stream_launch(pp, W.data_ptr(), X.data_ptr(), args.tiles, R, K, nb, code,
                                                out.data_ptr(), out_last.data_ptr(), queue.data_ptr(),
                                                table.data_ptr(), grid, smem, stream.cuda_stream,

@@ -21,7 +21,9 @@
 //                  store, meet on named barrier 1 and signal (the megakernel's MK_MOE_EARLY_ISSUE=1)
 //  13 epi_early_nf as epi_early, the release without the __threadfence
 //  14 epi_nf       as epi, the release without the __threadfence
-//  (12 vs 11: does the signal's fence or release wait for the tile copy now in flight?)
+//  Each block also sums thread 0's cycles in the signal. What they answer: does the signal's fence or release wait
+//  for a tile copy in flight (its cycles in epi_early against epi), and what the early issue gains with and without
+//  the fence (epi - epi_early against epi_nf - epi_early_nf).
 // Each block writes sOut's first value per tile into out (and the last row's last input's into out_last), so the
 // math cannot be optimised away and both ends of the tile are checked.
 #include "mk_tmap.h"
@@ -114,6 +116,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) gemv_stream(const __grid_con
         const bool early = mode == 12 || mode == 13, fence = mode == 11 || mode == 12;
         int* counter = queue + 1 + blockIdx.x;
         float* eout = reinterpret_cast<float*>(queue + 1 + gridDim.x) + (size_t)blockIdx.x * R * nb;
+        // thread 0's cycles in the signal (fence + release) per block, after every block's outputs (8-byte aligned)
+        const size_t fc_off = (1 + gridDim.x + (size_t)gridDim.x * R * nb + 1) / 2 * 2;
+        long long* signal_cycles = reinterpret_cast<long long*>(queue + fc_off) + blockIdx.x;
+        long long cycles = 0;
         const int warp = threadIdx.x >> 5;
         bool issued = false;
         for (int t = 0; t < tiles; t++) {
@@ -134,12 +140,15 @@ extern "C" __global__ void __launch_bounds__(NT, 1) gemv_stream(const __grid_con
                 if (issued) group_sync<NW - 1>();
                 else __syncthreads();
                 if (threadIdx.x == 0) {
+                    const long long c0 = clock64();
                     if (fence) __threadfence();
                     red_release(counter, 1);
+                    cycles += clock64() - c0;
                 }
             }
             __syncthreads();                 // (sOut is the next tile's)
         }
+        if (threadIdx.x == 0) *signal_cycles = cycles;
         return;
     }
     if (mode >= 6) {                         // warp-specialised: loader warp NW-1, compute warps 0..NW-2
@@ -248,7 +257,7 @@ extern "C" int gemv_stream_launch(const long long* params, const void* W, const 
     static const void* map_w = nullptr;
     static unsigned long long map_rows = 0;
     static int map_k = 0, map_box = 0, map_r = 0;   // (map_box: box_rows as given, -1 / -16 for the 3D maps)
-    if (mode >= 8) {
+    if (mode >= 8 && mode <= 10) {
         // box_rows: 0 = the tile's height; -1 = one 3D copy per tile, -16 = one per 16 rows (mk_tmap_encode_swizzled_3d)
         if (box_rows == 0) box_rows = R;
         const int bh = box_rows == -1 ? R : box_rows == -16 ? 16 : box_rows;

@@ -81,6 +81,9 @@ def main() -> int:
                     help="swz modes: rows per tensor-copy box (0: the whole tile in one box per 64 columns; 8 or 16: "
                          "the fixed box a megakernel map would use for every tile height; -1: the whole tile in ONE "
                          "3D tensor copy, same layout; -16: one 3D copy per 16 rows, into 16-row sub-tiles)")
+    ap.add_argument("--grid", type=int, default=0,
+                    help="blocks, one per SM (0: every SM); fewer leave each more bandwidth, so what an SM does "
+                         "between its loads shows instead of the HBM ceiling")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     modes = {m: MODES[m] for m in args.modes.split(",")}
@@ -88,9 +91,10 @@ def main() -> int:
 
     dev = torch.device("cuda")
     so = compile_bench()
-    grid = torch.cuda.get_device_properties(dev).multi_processor_count
+    n_sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    grid = min(args.grid or n_sms, n_sms)
     peak = measure_read_bandwidth(dev) / 1e9
-    print(f"peak read bandwidth {peak:.0f} GB/s, {grid} SMs, {args.tiles} tiles per SM", flush=True)
+    print(f"peak read bandwidth {peak:.0f} GB/s, {grid} of {n_sms} SMs, {args.tiles} tiles per SM", flush=True)
     stream = torch.cuda.current_stream(dev)
     rows = []
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -125,8 +129,9 @@ def main() -> int:
                 out_last = torch.zeros(grid * args.tiles, device=dev)
                 # queue modes: [0] the claim counter; epi modes: then a counter per block and every block's stored
                 # outputs (R * nb floats)
-                queue = torch.zeros(1 + grid + (grid * R * nb if mode.startswith("epi") else 0), dtype=torch.int32,
-                                    device=dev)
+                # (and after them, 8-byte aligned, each block's cycles in the signal)
+                n_epi = (1 + grid + grid * R * nb + 1) // 2 * 2 + 2 * grid if mode.startswith("epi") else 0
+                queue = torch.zeros(max(1 + grid, n_epi), dtype=torch.int32, device=dev)
                 pp = params.ctypes.data_as(ctypes.POINTER(ctypes.c_longlong))
 
                 def launch() -> None:
@@ -157,10 +162,17 @@ def main() -> int:
                 us = min(times)
                 per_tile = us / args.tiles
                 gbs = grid * args.tiles * R * K * 2 / (us * 1e3) if "compute" not in mode else 0.0
-                rows.append(dict(R=R, K=K, nb=nb, mode=mode, swz_box_rows=args.swz_box_rows, us_per_tile=per_tile,
-                                 gb_per_s=gbs, pct_of_peak=100 * gbs / peak))
+                row = dict(R=R, K=K, nb=nb, mode=mode, swz_box_rows=args.swz_box_rows, grid=grid,
+                           us_per_tile=per_tile, gb_per_s=gbs, pct_of_peak=100 * gbs / peak)
+                extra = ""
+                if mode.startswith("epi"):       # thread 0's cycles in the signal, per tile (the last launch)
+                    off = (1 + grid + grid * R * nb + 1) // 2 * 2
+                    cyc = queue[off:off + 2 * grid].view(torch.int64).double().mean().item() / args.tiles
+                    row["signal_cycles_per_tile"] = cyc
+                    extra = f", signal {cyc:5.0f} cycles"
+                rows.append(row)
                 print(f"R={R:3d} K={K:5d} nb={nb:2d} {mode:8s}: {per_tile:6.2f} us/tile/SM"
-                      + (f", {gbs:6.0f} GB/s ({100 * gbs / peak:4.1f}% of peak)" if gbs else ""), flush=True)
+                      + (f", {gbs:6.0f} GB/s ({100 * gbs / peak:4.1f}% of peak)" if gbs else "") + extra, flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(dict(**run_record(), peak_read_gb_per_s=peak,
                                                    kernel_defines=build.switch_flags(), points=rows), indent=1) + "\n")

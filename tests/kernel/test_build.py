@@ -33,7 +33,7 @@ def _check_static_smem(log: str) -> None:
 
 @pytest.mark.parametrize("defines", ["MK_MOE_LOCAL=0", "MK_TOPK_PACKED=0", "MK_SMALL_VEC=1", "MK_SMALL_VEC=3",
                                      "MK_SWZ=2", "MK_SWZ=2,MK_SWZ_3D=1", "MK_MOE_EARLY_ISSUE=1",
-                                     "MK_MOE_EARLY_ISSUE=2", "MK_MOE_EARLY_ISSUE=3"])
+                                     "MK_MOE_EARLY_ISSUE=2"])
 def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     """The builds the switches select besides the default (MK_MOE_LOCAL=0: the MoE worker's routing read from L2 per
     item; MK_TOPK_PACKED=0: TOPK's ballot-per-word selection; MK_SMALL_VEC=1: NORM in three or four waves of loads;

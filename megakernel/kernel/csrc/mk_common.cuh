@@ -82,8 +82,8 @@ typedef __nv_bfloat16 bf16;
 // top of the next item (0). An item's ~0.8 us of per-row bulk copies leave its path and the next tile is in flight
 // an epilogue earlier (b8 8K timeline at 01168ec: issue 0.77, epilogue 0.51 us of a 5.8 us item). Not with MK_SWZ.
 // Measured slower (90b2c12: b1 8K 3.920 vs 3.762 ms, b8 15.78 vs 14.69); 2: only after down and O items, which
-// signal nothing, to test whether a gate/up item's signal (fence + release) waits for the copy in flight; 3: after
-// a gate/up item only once its signal's fence is done (the fix if it does). Off.
+// signal nothing, to test whether a gate/up item's signal (fence + release) waits for the copy in flight. Off. In the
+// profiling build an early-issued item's "issued" stamp is its claim (its head start shows as a shorter landing).
 #ifndef MK_MOE_EARLY_ISSUE
 #define MK_MOE_EARLY_ISSUE 0
 #endif

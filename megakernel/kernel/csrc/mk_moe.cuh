@@ -562,28 +562,21 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
         // then separate that read from this write; the item's last barrier below publishes it
         if (late && threadIdx.x == 0) s_w[2] = claim;
 #if MK_MOE_EARLY_ISSUE && !MK_SWZ
-        // one buffer, the next item known: the GEMV's closing barrier freed the buffer, so the last warp issues the
-        // next tile now (where its layout fits: else the next item's own check reports it) and warps 0..NW-2 write
-        // this item's epilogue meanwhile; the next item's first barrier joins them
-        bool early = false;
-        // 2: only after a down or O item, which signal nothing (a gate/up item's signal runs with no copy in
-        // flight); 3: after a gate/up item too, once thread 0 is past the signal's fence (named barrier 2: warp 0
-        // arrives, the issuing warp waits)
-        const bool after_signal = MK_MOE_EARLY_ISSUE == 3 && !it.down && it.slot >= 0;
-        if (!two && !late && nxt < n_items && (MK_MOE_EARLY_ISSUE != 2 || it.down || it.slot < 0)) {
+        // one buffer, the next item known: the GEMV's closing barrier freed the buffer, so the last warp decodes the
+        // next item (for an O item a global load) and issues its tile now, while warps 0..NW-2 write this item's
+        // epilogue; the next item's first barrier joins them. A tile whose layout does not fit is not issued: the
+        // next item's own smem_fits (the same formula) reports it. 2: only after a down or O item, which signal
+        // nothing (a gate/up item's signal then runs with no copy in flight)
+        const bool early = !two && !late && nxt < n_items && (MK_MOE_EARLY_ISSUE == 1 || it.down || it.slot < 0);
+        if (early && (threadIdx.x >> 5) == NW - 1) {
             const MoeItem nx = moe_item(P, l, route, egu, edn, nxt, n_gu);
-            early = sm_x_end(P, nx.T.n0 + nx.T.n1, nx.T.K, nx.cnt) <= dynamic_smem_bytes();
-            if (early && (threadIdx.x >> 5) == NW - 1) {
-                if (after_signal) asm volatile("bar.sync 2, 64;\n" ::: "memory");
+            if (sm_x_end(P, nx.T.n0 + nx.T.n1, nx.T.K, nx.cnt) <= dynamic_smem_bytes())
                 issue_weights_w0(reinterpret_cast<bf16*>(smem + sm_w(P, buf)), nx.T.w0, nx.T.n0, nx.T.w1, nx.T.n1,
                                  nx.T.K, buf);
-            }
         }
         if (early) {
-            if ((threadIdx.x >> 5) < NW - 1) {
+            if ((threadIdx.x >> 5) < NW - 1)
                 item_epilogue<NW - 1>(P, l, m, route, it, item, gu_ctr);
-                if (after_signal && threadIdx.x < 32) asm volatile("bar.arrive 2, 64;\n" ::: "memory");
-            }
         } else
 #else
         constexpr bool early = false;

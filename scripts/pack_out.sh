@@ -5,6 +5,8 @@ set -u
 OUT=${1:-${OUT:-gpu-out}}
 n=$(find "$OUT" -type f | wc -l)
 if [ "$n" -gt 8 ]; then
-  (cd "$OUT" && tar czf /tmp/bundle.tgz --exclude=bundle.tgz . && find . -type f -delete && mv /tmp/bundle.tgz bundle.tgz)
+  # (an earlier bundle goes inside the new one, as bundle_prev.tgz, instead of being deleted with the rest)
+  (cd "$OUT" && { [ -f bundle.tgz ] && mv bundle.tgz bundle_prev.tgz; true; } && tar czf /tmp/bundle.tgz . &&
+   find . -type f -delete && mv /tmp/bundle.tgz bundle.tgz)
   echo "packed $n files into $OUT/bundle.tgz"
 fi

@@ -8,6 +8,7 @@ import torch
 from backend_checks import assert_decode_launches_never_sync, check_step
 from kernel_helpers import (VARIANTS, clone_cache, decode_batch, hang_launches, make_cfg, poison_scratch,
                             prefill_state, tiny_decode_setup, tiny_weights)
+from megakernel.kernel import opcodes as O
 from megakernel.model.cohere2_moe import Cohere2MoeModel, ForwardTrace
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -60,6 +61,39 @@ def test_tiny_matches_torch(variant, B):
             st.tokens[i].append(nxt[i])
     assert exempt <= max(1, B * 6 // 8), exempt
     assert mismatched <= max(1, B * 6 // 8), mismatched
+
+
+@needs_sm90
+@pytest.mark.parametrize("stages", range(2, O.ATTN_MAX_STAGES + 1))
+def test_long_splits_through_the_attention_ring(stages):
+    """Splits of several 128-key chunks (prompts of 700 and 300 tokens, 1024 keys per split, 4-token KV blocks, so
+    every chunk crosses 32 blocks): the K/V ring's `attn_stages` buffers (2 .. opcodes.ATTN_MAX_STAGES) are reused
+    in order, and each step matches the oracle as in test_tiny_matches_torch."""
+    from megakernel.kernel.backend import MegakernelBackend
+
+    cfg = make_cfg("north_like")
+    w = tiny_weights(cfg, device="cuda", dtype=torch.bfloat16, seed=7, scale=1.0)
+    st = prefill_state(cfg, w, [700, 300], device="cuda", seed=7, chunk=64)
+    model = Cohere2MoeModel(cfg, w, fast_prefill=False)
+    be = MegakernelBackend(cfg, w, st.layout, max_batch=4, split_tokens=1024, watchdog_s=5)
+    be.set_tuning(attn_stages=stages)
+    assert be.plan.attn_stages == stages
+    poison_scratch(be)
+    nxt = [5, 6]
+    exempt = mismatched = 0
+    for _ in range(2):
+        batch = decode_batch(st, nxt, device="cuda")
+        c_mk = clone_cache(st.cache)
+        tr_ref, tr_mk = ForwardTrace(router_logits=[]), ForwardTrace()
+        ref = model.forward(batch, st.cache, tr_ref)
+        out = be.decode(batch, c_mk, trace=tr_mk)
+        tr_mk.router_logits = _router_logits(be, 2)
+        e, m = check_step(out, ref, cfg.num_experts_per_tok, tr_ref, tr_mk, c_mk, st.cache)
+        exempt, mismatched = exempt + e, mismatched + m
+        nxt = ref.argmax(-1).tolist()
+        for i in range(2):
+            st.tokens[i].append(nxt[i])
+    assert exempt <= 1 and mismatched <= 1, (exempt, mismatched)
 
 
 @needs_sm90

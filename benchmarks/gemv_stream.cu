@@ -134,7 +134,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) gemv_stream(const __grid_con
             if (issued && warp == NW - 1) {
                 issue_weights_w0(reinterpret_cast<bf16*>(smem + sm_w(P, 0)), base + (size_t)(t + 1) * tile_elems, R,
                                  nullptr, 0, K, 0);
-            } else if (!issued || warp < NW - 1) {
+            } else {                         // (the epilogue warps; all warps when nothing was issued)
                 const int nthreads = issued ? (NW - 1) * 32 : NT;
                 for (int i = threadIdx.x; i < R * nb; i += nthreads) eout[i] = sOut[(i / nb) * MB + i % nb];
                 if (issued) group_sync<NW - 1>();

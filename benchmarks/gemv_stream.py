@@ -127,11 +127,11 @@ def main() -> int:
                 params[O.P["wbuf"]] = wbuf
                 out = torch.zeros(grid * args.tiles, device=dev)
                 out_last = torch.zeros(grid * args.tiles, device=dev)
-                # queue modes: [0] the claim counter; epi modes: then a counter per block and every block's stored
-                # outputs (R * nb floats)
-                # (and after them, 8-byte aligned, each block's cycles in the signal)
-                n_epi = (1 + grid + grid * R * nb + 1) // 2 * 2 + 2 * grid if mode.startswith("epi") else 0
-                queue = torch.zeros(max(1 + grid, n_epi), dtype=torch.int32, device=dev)
+                # queue modes: [0] the claim counter; epi modes: then a counter per block, every block's stored
+                # outputs (R * nb floats) and, from sig_off (8-byte aligned), each block's cycles in the signal
+                sig_off = (1 + grid + grid * R * nb + 1) // 2 * 2       # (gemv_stream.cu's fc_off)
+                n_queue = sig_off + 2 * grid if mode.startswith("epi") else 1 + grid
+                queue = torch.zeros(n_queue, dtype=torch.int32, device=dev)
                 pp = params.ctypes.data_as(ctypes.POINTER(ctypes.c_longlong))
 
                 def launch() -> None:
@@ -166,8 +166,7 @@ def main() -> int:
                            us_per_tile=per_tile, gb_per_s=gbs, pct_of_peak=100 * gbs / peak)
                 extra = ""
                 if mode.startswith("epi"):       # thread 0's cycles in the signal, per tile (the last launch)
-                    off = (1 + grid + grid * R * nb + 1) // 2 * 2
-                    cyc = queue[off:off + 2 * grid].view(torch.int64).double().mean().item() / args.tiles
+                    cyc = queue[sig_off:sig_off + 2 * grid].view(torch.int64).double().mean().item() / args.tiles
                     row["signal_cycles_per_tile"] = cyc
                     extra = f", signal {cyc:5.0f} cycles"
                 rows.append(row)

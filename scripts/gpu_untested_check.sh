@@ -4,10 +4,12 @@
 #   1. knobs/   the default build's GPU tests under the default knobs (the default code changed: TOPK through
 #               topk_route, the knobs' branches), MK_SMALL_VEC=3's under worker_topk=1,o_queue=1,o_after=4; both builds
 #               timed over the knobs at batch 1 and 8; the SM timeline of MK_SMALL_VEC=3 at batch 1, 8K;
-#   2. combine/ combine_parts 1 / 2 / 4 / 8 at batch 1, 8K / 128K / 256K (its GPU tests under combine_parts=8);
+#   2. combine/ combine_parts 1 / 2 / 4 / 8 at batch 1, 8K / 128K / 256K (its GPU tests under combine_parts=2, which
+#               the tiny test model's two query heads per kv head allow);
 #   3. swz/     the GEMV microbenchmark's swizzled tiles by 2D boxes and by 3D copies (whole tile, 16-row sub-tiles).
-# Each stage writes under $OUT/<stage>/ (packed into a bundle.tgz there when it has more than 8 files). Typical run
-# ~450 s; the stages' timeouts are looser, and a call cut at 600 s still brings back the stages that finished.
+# Each stage writes under $OUT/<stage>/, all packed into $OUT/bundle.tgz at the end. Typical run ~450 s; the stages'
+# timeouts are looser. It ran on 2026-12-02 (results/2026-12-02-speed-h200-session7.md); since then `o_queue` counts
+# rows (o_queue=1 here now queues the O tiles of one-row launches only; o_queue=16 is the old meaning).
 #   run(command="MEGAKERNEL_COMMIT=<SHA> bash scripts/gpu_untested_check.sh", timeout_s=600)
 set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"

@@ -22,7 +22,7 @@ import torch
 
 from megakernel.config import ModelConfig
 from megakernel.errors import MegakernelError
-from megakernel.kernel import opcodes as O
+from megakernel.kernel import build, opcodes as O
 from megakernel.kernel.schedule import (ModelPlan, StepInputs, TaskList, build_tasks, plan_for_rows, step_inputs,
                                         tiling_plans)
 from megakernel.kv.cache import KVCache, KVLayout
@@ -115,7 +115,6 @@ class MegakernelBackend(DecodeBackend):
             raise RuntimeError(f"decode megakernel unavailable: {why}")
         if weights.dtype != torch.bfloat16:
             raise ValueError(f"the megakernel runs bf16 weights, got {weights.dtype}")
-        from megakernel.kernel import build
         max_batch = min(max_batch, O.MAX_BATCH)     # larger decode batches run as several launches
         self.cfg, self.w, self.layout = cfg, weights, layout
         self.device = weights.device
@@ -217,7 +216,6 @@ class MegakernelBackend(DecodeBackend):
                 rc = self.lib.mk_encode_swizzled(host[2 * m + j].ctypes.data, int(wp[l, F[field]]), rows, K,
                                                  O.SWZ_BOX_ROWS)
                 if rc:
-                    from megakernel.kernel import build
                     three_d = build.switch_value("MK_SWZ_3D")
                     raise MegakernelFailure(f"tensor map of layer {l}'s {field} ({rows} x {K}) failed: {rc}"
                                             + (" (a 3D map: try MK_SWZ_3D=0)" if three_d else ""))
@@ -239,7 +237,6 @@ class MegakernelBackend(DecodeBackend):
         plans = tiling_plans(self.cfg, self.layout, self.max_batch, bool(batch_tiles), **knobs)
         plan = plans[-1]
         plan.check_supported()
-        from megakernel.kernel import build
         if plan.worker_topk and build.switch_value("MK_MOE_LOCAL") == 0:
             raise ValueError("worker_topk needs the kernel's MK_MOE_LOCAL=1 (the workers keep their routing in shared "
                              "memory); this build has MK_MOE_LOCAL=0")
@@ -272,8 +269,6 @@ class MegakernelBackend(DecodeBackend):
         """Run the next launch on the profiling build (every task stamped); its records land in `last_profile`
         once that launch's completion check has run. The launches after it use the normal build again."""
         if self._lib_prof is None:
-            from megakernel.kernel import build
-
             self._lib_prof = build.load(self.arch, profile=True)
         self._profile_next = True
 

@@ -31,6 +31,28 @@ def _router_logits(be, B: int) -> list[torch.Tensor]:
     return [rlog[m, :B].float().clone() for m in range(rlog.shape[0])]
 
 
+def _decode_against_oracle(be, model, cfg, st, nxt: list[int], steps: int) -> tuple[int, int]:
+    """`steps` greedy decode steps of every sequence of `st` (first tokens `nxt`), the kernel and the oracle on the
+    same inputs each step, checked by backend_checks.check_step; the kernel's own argmax agrees with its logits.
+    Returns the exempt rows and expert-set mismatches summed over the steps."""
+    B = len(nxt)
+    exempt = mismatched = 0
+    for _ in range(steps):
+        batch = decode_batch(st, nxt, device="cuda")
+        c_mk = clone_cache(st.cache)
+        tr_ref, tr_mk = ForwardTrace(router_logits=[]), ForwardTrace()
+        ref = model.forward(batch, st.cache, tr_ref)
+        out = be.decode(batch, c_mk, trace=tr_mk)
+        assert torch.equal(be.last_tokens.long(), out.argmax(-1))
+        tr_mk.router_logits = _router_logits(be, B)
+        e, m = check_step(out, ref, cfg.num_experts_per_tok, tr_ref, tr_mk, c_mk, st.cache)
+        exempt, mismatched = exempt + e, mismatched + m
+        nxt = ref.argmax(-1).tolist()
+        for i in range(B):
+            st.tokens[i].append(nxt[i])
+    return exempt, mismatched
+
+
 @needs_sm90
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 @pytest.mark.parametrize("B", [1, 3, 8, 16])
@@ -45,20 +67,7 @@ def test_tiny_matches_torch(variant, B):
     be = MegakernelBackend(cfg, w, st.layout, max_batch=16, split_tokens=5, watchdog_s=5)
     poison_scratch(be)                        # a read of anything the step did not write shows up as NaN
     nxt = torch.randint(3, cfg.vocab_size, (B,), generator=g).tolist()
-    exempt = mismatched = 0
-    for step in range(6):                     # crosses the window (8) for every sequence
-        batch = decode_batch(st, nxt, device="cuda")
-        c_mk = clone_cache(st.cache)
-        tr_ref, tr_mk = ForwardTrace(router_logits=[]), ForwardTrace()
-        ref = model.forward(batch, st.cache, tr_ref)
-        out = be.decode(batch, c_mk, trace=tr_mk)
-        assert torch.equal(be.last_tokens.long(), out.argmax(-1))
-        tr_mk.router_logits = _router_logits(be, B)
-        e, m = check_step(out, ref, cfg.num_experts_per_tok, tr_ref, tr_mk, c_mk, st.cache)
-        exempt, mismatched = exempt + e, mismatched + m
-        nxt = ref.argmax(-1).tolist()
-        for i in range(B):
-            st.tokens[i].append(nxt[i])
+    exempt, mismatched = _decode_against_oracle(be, model, cfg, st, nxt, 6)   # crosses the window (8) of every row
     assert exempt <= max(1, B * 6 // 8), exempt
     assert mismatched <= max(1, B * 6 // 8), mismatched
 
@@ -79,20 +88,7 @@ def test_long_splits_through_the_attention_ring(stages):
     be.set_tuning(attn_stages=stages)
     assert be.plan.attn_stages == stages
     poison_scratch(be)
-    nxt = [5, 6]
-    exempt = mismatched = 0
-    for _ in range(2):
-        batch = decode_batch(st, nxt, device="cuda")
-        c_mk = clone_cache(st.cache)
-        tr_ref, tr_mk = ForwardTrace(router_logits=[]), ForwardTrace()
-        ref = model.forward(batch, st.cache, tr_ref)
-        out = be.decode(batch, c_mk, trace=tr_mk)
-        tr_mk.router_logits = _router_logits(be, 2)
-        e, m = check_step(out, ref, cfg.num_experts_per_tok, tr_ref, tr_mk, c_mk, st.cache)
-        exempt, mismatched = exempt + e, mismatched + m
-        nxt = ref.argmax(-1).tolist()
-        for i in range(2):
-            st.tokens[i].append(nxt[i])
+    exempt, mismatched = _decode_against_oracle(be, model, cfg, st, [5, 6], 2)
     assert exempt <= 1 and mismatched <= 1, (exempt, mismatched)
 
 

@@ -154,6 +154,117 @@ __device__ __forceinline__ void gemv_core_cf(const bf16* sW, const bf16* sX, int
     sum_k_slices<NWC>(sRed, sOut, R, nb, KS, RB);
 }
 
+// The transposed tensor-core core (MK_GEMV_TC=3, MK_GEMV_B1=3), for K a multiple of 64: the weights are the MMA's B
+// (n8: weight row n = 8 rows of a group), the inputs its A (m16). ncu on gemv_core_cf showed the cores bound by
+// their own instructions (~530 per warp per 128 KB tile, IPC ~0.45 per scheduler: operand shuffles, predicates,
+// selects), not by shared memory. Here a 16-byte load of a weight row is two MMAs' B registers as it lands (pairs
+// .xy and .zw), so no weight word is moved, and a warp takes RG row groups of 8 over its K slice, so the inputs' A
+// fragments, loaded and assembled once per 64-element step, serve 4 * RG MMAs.
+// Bank conflicts: the 8 rows of a group start in the same banks (a pitch of K * 2 bytes). Lane (g, t) loads chunks
+// c1 = t, c2 = 4 + t of the step (g even) or c1 = 4 + t, c2 = t (g odd): a quarter warp (g even and g + 1) reads 8
+// different bank groups in each load. The k slots of an MMA then hold chunk t for even columns n and chunk 4 + t for
+// odd ones; A row m is loaded the same way (row m = input m >> 1 at lane m's chunks, rows m + 8 = inputs 4 + (m >> 1)),
+// so D[m][n] sums real products exactly when m and n have the same parity: input b's output of row n is
+// D[2b + (n & 1)][n] (inputs 8.. in a second m16 block, NIN = 16). NIN = 4 leaves rows m + 8 at zero (no loads).
+// Warp w takes row set w / KS (RG groups of 8 rows, clamped to R - 1: extra outputs dropped) and K slice w % KS;
+// the slices' sums meet in sRed ([slice][row][input], KS * R * nb <= GEMV_RED_FLOATS) and are added in slice order
+// (deterministic).
+template <int RG, int NIN, int NWC = NW>
+__device__ __forceinline__ void gemv_core_tn(const bf16* sW, const bf16* sX, int R, int K, int nb) {
+    constexpr int NMB = NIN > 8 ? 2 : 1;                       // m16 blocks of inputs
+    float* sRed = reinterpret_cast<float*>(smem + SM_RED);
+    float* sOut = reinterpret_cast<float*>(smem + SM_OUT);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int pitch = row_pitch(K) >> 3;                       // in 16-byte chunks
+    const int DS = K >> 6;                                     // 64-element steps
+    const int RS = (R + 8 * RG - 1) / (8 * RG);               // row sets
+    const int KS = max(1, min(min(NWC / RS, DS), MK_GEMV_RED_FLOATS / (R * nb)));
+    const int odd = g & 1;
+    const int c1 = odd ? 4 + t : t, c2 = c1 ^ 4;
+    if (warp < RS * KS) {
+        const int rs = warp / KS, ks = warp - rs * KS;
+        const int s0 = (ks * DS) / KS, s1 = ((ks + 1) * DS) / KS;
+        const uint4* w[RG];
+#pragma unroll
+        for (int j = 0; j < RG; j++)
+            w[j] = reinterpret_cast<const uint4*>(sW) + (size_t)min(rs * 8 * RG + 8 * j + g, R - 1) * pitch;
+        const uint4* xa[NMB];
+        const uint4* xb[NMB];
+#pragma unroll
+        for (int mb = 0; mb < NMB; mb++) {
+            xa[mb] = reinterpret_cast<const uint4*>(sX) + (size_t)min(mb * 8 + (g >> 1), nb - 1) * pitch;
+            xb[mb] = reinterpret_cast<const uint4*>(sX) + (size_t)min(mb * 8 + 4 + (g >> 1), nb - 1) * pitch;
+        }
+        float acc[NMB][RG][4];
+#pragma unroll
+        for (int mb = 0; mb < NMB; mb++)
+#pragma unroll
+            for (int j = 0; j < RG; j++) acc[mb][j][0] = acc[mb][j][1] = acc[mb][j][2] = acc[mb][j][3] = 0.f;
+#pragma unroll 2
+        for (int s = s0; s < s1; s++) {
+            const int k1 = s * 8 + c1, k2 = s * 8 + c2;
+            uint4 W1[RG], W2[RG];
+#pragma unroll
+            for (int j = 0; j < RG; j++) { W1[j] = w[j][k1]; W2[j] = w[j][k2]; }
+#pragma unroll
+            for (int mb = 0; mb < NMB; mb++) {
+                const uint4 Xa1 = xa[mb][k1], Xa2 = xa[mb][k2];
+                const uint4 zero = make_uint4(0, 0, 0, 0);
+                const uint4 Xb1 = NIN > 4 ? xb[mb][k1] : zero, Xb2 = NIN > 4 ? xb[mb][k2] : zero;
+                // one A fragment at a time for every row group (it is assembled once, then serves RG MMAs)
+#pragma unroll
+                for (int j = 0; j < RG; j++) mma_bf16(acc[mb][j], Xa1.x, Xb1.x, Xa1.y, Xb1.y, W1[j].x, W1[j].y);
+#pragma unroll
+                for (int j = 0; j < RG; j++) mma_bf16(acc[mb][j], Xa1.z, Xb1.z, Xa1.w, Xb1.w, W1[j].z, W1[j].w);
+#pragma unroll
+                for (int j = 0; j < RG; j++) mma_bf16(acc[mb][j], Xa2.x, Xb2.x, Xa2.y, Xb2.y, W2[j].x, W2[j].y);
+#pragma unroll
+                for (int j = 0; j < RG; j++) mma_bf16(acc[mb][j], Xa2.z, Xb2.z, Xa2.w, Xb2.w, W2[j].z, W2[j].w);
+            }
+        }
+        // lane (g, t): row 2t + odd of each group, input (g >> 1) + 8 mb from D[g], input 4 + (g >> 1) + 8 mb from
+        // D[g + 8]
+        float* red = sRed + (size_t)ks * R * nb;
+#pragma unroll
+        for (int j = 0; j < RG; j++) {
+            const int r = rs * 8 * RG + 8 * j + 2 * t + odd;
+#pragma unroll
+            for (int mb = 0; mb < NMB; mb++) {
+                const int b0 = mb * 8 + (g >> 1), b1 = b0 + 4;
+                if (r < R && b0 < nb) red[r * nb + b0] = odd ? acc[mb][j][1] : acc[mb][j][0];
+                if (NIN > 4 && r < R && b1 < nb) red[r * nb + b1] = odd ? acc[mb][j][3] : acc[mb][j][2];
+            }
+        }
+    }
+    group_sync<NWC>();
+    for (int i = threadIdx.x; i < R * nb; i += NWC * 32) {
+        const int r = i / nb, b = i - r * nb;
+        float sum = 0.f;
+        for (int k = 0; k < KS; k++) sum += sRed[(size_t)k * R * nb + i];
+        sOut[r * MB + b] = sum;
+    }
+    group_sync<NWC>();
+}
+
+// The transposed core's instantiation for the tile's rows and inputs (K % 64 == 0; false: the caller's fallback).
+template <int NWC>
+__device__ __forceinline__ bool gemv_tn(const bf16* sW, const bf16* sX, int R, int K, int nb) {
+    if ((K & 63) != 0) return false;
+    if (nb <= 4) {
+        if (R >= 32) gemv_core_tn<4, 4, NWC>(sW, sX, R, K, nb);
+        else if (R >= 16) gemv_core_tn<2, 4, NWC>(sW, sX, R, K, nb);
+        else gemv_core_tn<1, 4, NWC>(sW, sX, R, K, nb);
+    } else if (nb <= 8) {
+        if (R >= 32) gemv_core_tn<4, 8, NWC>(sW, sX, R, K, nb);
+        else if (R >= 16) gemv_core_tn<2, 8, NWC>(sW, sX, R, K, nb);
+        else gemv_core_tn<1, 8, NWC>(sW, sX, R, K, nb);
+    } else {
+        if (R >= 16) gemv_core_tn<2, 16, NWC>(sW, sX, R, K, nb);
+        else gemv_core_tn<1, 16, NWC>(sW, sX, R, K, nb);
+    }
+    return true;
+}
+
 // The CUDA-core variant (MK_GEMV_TC=0): each warp takes (row, K-slice) items, x re-read from shared memory per row.
 template <int BM, int NWC = NW>
 __device__ __forceinline__ void gemv_core_cc(const bf16* sW, const bf16* sX, int R, int K, int nb) {
@@ -276,6 +387,9 @@ __device__ __forceinline__ void gemv_one_row(const bf16* sW, const bf16* sX, int
 #if MK_GEMV_B1 == 2
     gemv_core_cf<1, NWC>(sW, sX, R, K, 1);
 #else
+#if MK_GEMV_B1 == 3
+    if (gemv_tn<NWC>(sW, sX, R, K, 1)) return;
+#endif
 #if MK_GEMV_B1
     if constexpr (NWC == NW) {
         const int KC = K >> 3;
@@ -300,7 +414,12 @@ __device__ __forceinline__ void gemv_one_row(const bf16* sW, const bf16* sX, int
 // The tile at sW times the nb rows at sX on warps 0..NWC-1.
 template <int NWC>
 __device__ __forceinline__ void gemv_on(const bf16* sW, const bf16* sX, int R, int K, int nb) {
-#if MK_GEMV_TC == 2
+#if MK_GEMV_TC == 3
+    if (nb <= 1) gemv_one_row<NWC>(sW, sX, R, K);
+    else if (gemv_tn<NWC>(sW, sX, R, K, nb)) return;
+    else if (nb <= 8) gemv_core<1, NWC>(sW, sX, R, K, nb);
+    else gemv_core<2, NWC>(sW, sX, R, K, nb);
+#elif MK_GEMV_TC == 2
     if (nb <= 1) gemv_one_row<NWC>(sW, sX, R, K);
     else if (nb <= 8) gemv_core_cf<1, NWC>(sW, sX, R, K, nb);
     else gemv_core_cf<2, NWC>(sW, sX, R, K, nb);

@@ -47,17 +47,23 @@ def _pow2_floor(n: int) -> int:
     return 1 << (max(1, n).bit_length() - 1)
 
 
-def tile_rows(K: int, halves: int = 1, elt: int = 2, max_batch: int = O.MAX_BATCH, wbuf: int = 0) -> int:
+def tile_rows(K: int, halves: int = 1, elt: int = 2, max_batch: int = O.MAX_BATCH, wbuf: int = 0,
+              tile_kb: int = 0) -> int:
     """Rows (per half) of one GEMV weight tile of inner size K: at most MAX_TILE_ROWS rows in all halves together.
     One weight buffer (wbuf == 0): a power of two, at most WTILE_BYTES of weights, less where the task's max_batch
-    input rows of K elements would not fit beside them (the kernel stages the inputs right after the tile). Two
-    buffers of wbuf bytes (the prefetching layout, inputs after both): as many rows as fill one buffer."""
+    input rows of K elements would not fit beside them (the kernel stages the inputs right after the tile); with
+    tile_kb > 0, at most tile_kb KiB instead and a multiple of 8 rows (the plan knob `tile_kb`: a 192 KB gate/up
+    tile is 24 rows per half, which no power of two gives). Two buffers of wbuf bytes (the prefetching layout,
+    inputs after both): as many rows as fill one buffer."""
     row = elt * (K + O.ROW_PAD)              # rows are padded in shared memory (opcodes.ROW_PAD)
     if wbuf:
         return max(1, min(O.MAX_TILE_ROWS // halves, wbuf // (row * halves)))
-    budget = min(O.WTILE_BYTES + O.MAX_TILE_ROWS * elt * O.ROW_PAD,
+    cap = tile_kb * 1024 if tile_kb else O.WTILE_BYTES
+    budget = min(cap + O.MAX_TILE_ROWS * elt * O.ROW_PAD,
                  O.SMEM_LIMIT - O.SMEM_RESERVE - O.GEMV_SCRATCH_BYTES - max_batch * row)
-    return max(1, min(O.MAX_TILE_ROWS // halves, _pow2_floor(budget // (row * halves))))
+    fit = budget // (row * halves)
+    rounded = fit // 8 * 8 if tile_kb and fit >= 8 else _pow2_floor(fit)
+    return max(1, min(O.MAX_TILE_ROWS // halves, rounded))
 
 
 def prefetch_wbuf(k_max: int, max_batch: int, extra: int = 0, elt: int = 2) -> int:
@@ -178,6 +184,9 @@ class ModelPlan:
                                          # where it does today but reads the answer only after this item's GEMV
                                          # (the atomic's round trip off the item's path; the items still run in
                                          # claim order); 0: it waits for the answer first. Not yet measured
+    tile_kb: int = 0                     # > 0: one-buffer GEMV tiles (static tasks and expert items) of up to this
+                                         # many KiB in multiples of 8 rows, not WTILE_BYTES in powers of two (fewer
+                                         # items, each paying a claim, its inputs and a signal once). Not yet measured
     prefetch: int = 0                    # 1: two GEMV weight buffers where they fit (prefetch_wbuf): each block
                                          # issues its next task's tile before it waits for and computes this one
                                          # (measured slower so far: SPEED_NOTES.md)
@@ -224,7 +233,7 @@ class ModelPlan:
         self.wbuf = self._two_buffers(self.k_max, 2 * (self.k_max + O.ROW_PAD) * 2, fused) if self.prefetch else 0
         if self.wbuf:
             self.claim_ahead = 1             # the prefetch issues the next ticket's tile: it must know that ticket
-        rows = lambda K, halves=1: tile_rows(K, halves, max_batch=self.tb, wbuf=self.wbuf)
+        rows = lambda K, halves=1: tile_rows(K, halves, max_batch=self.tb, wbuf=self.wbuf, tile_kb=self.tile_kb)
         r = rows(self.H)
         while r > 1 and (d % r or r % 2):    # a QKV tile stays inside one head (its counter, RoPE pairs)
             r -= 1
@@ -240,7 +249,7 @@ class ModelPlan:
         if self.tb <= self.moe_ring and not self.wbuf and self.Lm and not o_in_queue:
             one_row = max(2 * (self.H + O.ROW_PAD) * 2, (self.I + O.ROW_PAD) * 2)   # a gate/up pair, a down row
             self.moe_wbuf = self._two_buffers(max(self.H, self.I), one_row, fused)
-        mrows = lambda K, halves=1: tile_rows(K, halves, max_batch=self.tb, wbuf=self.moe_wbuf)
+        mrows = lambda K, halves=1: tile_rows(K, halves, max_batch=self.tb, wbuf=self.moe_wbuf, tile_kb=self.tile_kb)
         self.gu_rows = mrows(self.H, 2)
         self.gu_tiles = math.ceil(self.I / self.gu_rows)
         self.dn_rows = mrows(self.I)

@@ -299,6 +299,39 @@ def test_simulator_with_a_smaller_tile_batch(B):
     _check_step(cfg, w, st, nxt, plan, seeds=[B])
 
 
+def test_tile_kb_tilings_on_north_dims():
+    """tile_kb=192 at North dims: the launches of one row get 192 KB gate/up tiles (24 rows per half, no power of
+    two) and O-projection tiles (24 rows of 4096), 32-row QKV tiles (a tile stays inside one head) and 64-row down
+    tiles (MAX_TILE_ROWS); launches of 16 rows keep the default tiles (their inputs leave no room)."""
+    from megakernel.config import north_mini_code_config
+    from megakernel.kernel.schedule import plan_for_rows, tiling_plans
+    from megakernel.kv.cache import KVLayout
+
+    cfg = north_mini_code_config()
+    layout = KVLayout.for_model(cfg, 64)
+    plans = tiling_plans(cfg, layout, 16, True, n_workers=132, tile_kb=192)
+    default = tiling_plans(cfg, layout, 16, True, n_workers=132)
+    one = plan_for_rows(plans, 1)
+    assert (one.gu_rows, one.o_rows, one.qkv_rows, one.dn_rows) == (24, 24, 32, 64)
+    assert one.gu_tiles == 32 and one.n_o_tiles == math.ceil(2048 / 24)
+    full, full0 = plans[-1], default[-1]
+    assert (full.gu_rows, full.o_rows, full.qkv_rows, full.dn_rows) == \
+        (full0.gu_rows, full0.o_rows, full0.qkv_rows, full0.dn_rows)
+    for p in plans:
+        assert p.smem_bytes() <= O.SMEM_LIMIT - O.SMEM_RESERVE
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("B", [1, 3])
+def test_simulator_with_tiles_of_any_multiple_of_8_rows(variant, B):
+    """tile_kb=3 on the tiny configs: tiles of multiples of 8 rows that are no power of two and leave tails (down:
+    48 + 16 rows of 64; O on most variants 24 + 24 + 16), computed exactly in random orders."""
+    cfg, w, st, nxt = _setup(variant, B, seed=41 + B)
+    plan = ModelPlan(cfg, st.layout, max_batch=4, n_workers=3, split_tokens=4, tile_kb=3)
+    assert plan.dn_rows == 48 and plan.H % plan.dn_rows and plan.o_rows % 8 == 0
+    _check_step(cfg, w, st, nxt, plan, seeds=[B, B + 1])
+
+
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 @pytest.mark.parametrize("B", [1, 2, 3])
 def test_simulator_with_fused_norm(variant, B):

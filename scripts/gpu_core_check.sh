@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One device call (~7 min; each stage's timeout keeps the whole under 600 s) for a GEMV core build $NEW (default
-# MK_GEMV_TC=3,MK_GEMV_B1=3: gemv_core_tn, csrc/mk_gemv_core.cuh) and $ALSO (more builds, timed only):
+# One device call (~7 min; each stage's timeout keeps the whole under 600 s) for a GEMV core build $NEW (a
+# MEGAKERNEL_KERNEL_DEFINES value; e.g. the tensor-core cores of cbb5d74, MK_GEMV_TC=3,MK_GEMV_B1=3, measured and
+# removed: benchmarks/SPEED_NOTES.md, eighth session) and $ALSO (more builds, timed only):
 #   1. the GEMV microbenchmark, today's cores against $NEW and $ALSO: math alone (compute), load then math (serial)
 #      and double-buffered, at 1, 8 and 16 input rows, for the plan's tile shapes, $STREAM_TILES tiles per SM per
 #      launch (240: the launch's own ~30-50 us spread thin);
@@ -12,7 +13,7 @@
 set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 MEGAKERNEL_CACHE_DIR=/tmp/mkcache
-NEW=${NEW:-MK_GEMV_TC=3,MK_GEMV_B1=3}
+NEW=${NEW:?set NEW to the build to test, e.g. NEW=MK_GEMV_B1=0}
 ALSO=${ALSO:-}
 NEW_VARIANTS=${NEW_VARIANTS:-"moe_ring=16;prefetch=1;default"}
 POINTS=${POINTS:-1x8192,8x8192,16x8192}

@@ -214,21 +214,22 @@ def test_per_batch_tilings_on_north_dims():
     """batch_tiles without prefetching: at North dims, launches of <= 9 rows get 128 KB O-projection tiles (the
     inputs of 16 rows of 4096, padded rows and the tensor-core GEMV's scratch leave room for 64 KB only); every plan
     fits the shared memory and needs no more scratch than the full one. With o_queue=N, launches of <= N rows have
-    a plan of their own, the same tiles with the O-projection tiles in the expert queues."""
+    a plan of their own, the same tiles with the O-projection tiles in the expert queues. (Power-of-two tiles,
+    tile_kb=0; the default tile_kb's: test_tile_kb_tilings_on_north_dims.)"""
     from megakernel.config import north_mini_code_config
     from megakernel.kernel.schedule import plan_for_rows, tiling_plans
     from megakernel.kv.cache import KVLayout
 
     cfg = north_mini_code_config()
     layout = KVLayout.for_model(cfg, 64)
-    plans = tiling_plans(cfg, layout, 16, True, n_workers=132, prefetch=0, o_queue=0)
+    plans = tiling_plans(cfg, layout, 16, True, n_workers=132, prefetch=0, o_queue=0, tile_kb=0)
     assert [p.tb for p in plans] == [9, 16]
     assert (plans[0].o_rows, plans[1].o_rows) == (16, 8)
     assert plan_for_rows(plans, 1) is plans[0] and plan_for_rows(plans, 9) is plans[0]
     assert plan_for_rows(plans, 10) is plans[1]
     assert all(p.o_items == 0 for p in plans)
     for o_queue in (1, 4):
-        plans = tiling_plans(cfg, layout, 16, True, n_workers=132, prefetch=0, o_queue=o_queue)
+        plans = tiling_plans(cfg, layout, 16, True, n_workers=132, prefetch=0, o_queue=o_queue, tile_kb=0)
         assert [p.tb for p in plans] == [o_queue, 9, 16]
         assert [p.o_rows for p in plans] == [16, 16, 8]
         assert [p.o_items for p in plans] == [plans[0].n_o_tiles, 0, 0] and plans[0].n_o_tiles > 0
@@ -238,13 +239,15 @@ def test_per_batch_tilings_on_north_dims():
         assert p.wbuf == 0
         assert p.smem_bytes() <= O.SMEM_LIMIT
         assert p.n_lm_tiles <= plans[-1].n_lm_tiles and p.gu_tiles <= plans[-1].gu_tiles
-    assert tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, False, prefetch=0)[0].tb == 16
+    assert tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, False, prefetch=0, tile_kb=0)[0].tb == 16
 
 
 def test_swizzled_expert_tiles_fit_north_plans():
     """MK_SWZ: at North dims every plan's swizzled expert tiles (aligned buffer, tile, the batch's inputs at the
     padded pitch) fit the launch uncapped, so every expert item can take the swizzled path; the launch stays inside
-    the limit with the static part reserved; without the switch a launch is the plan's own size."""
+    the limit with the static part reserved; without the switch a launch is the plan's own size. (With tile_kb=0:
+    the default tile_kb's 24-row gate/up tiles are no multiple of the 16-row boxes, and MK_SWZ builds take the plain
+    path for such items.)"""
     from megakernel.config import north_mini_code_config
     from megakernel.kernel.backend import launch_smem_bytes, swz_expert_smem_bytes
     from megakernel.kernel.schedule import tiling_plans
@@ -252,7 +255,7 @@ def test_swizzled_expert_tiles_fit_north_plans():
 
     cfg = north_mini_code_config()
     for knobs in ({}, {"moe_claim_late": 1}, {"o_queue": 16}):
-        for p in tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, True, n_workers=132, **knobs):
+        for p in tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, True, n_workers=132, tile_kb=0, **knobs):
             need = swz_expert_smem_bytes(p)
             assert need <= O.SMEM_LIMIT - O.SMEM_RESERVE, (p.tb, need)
             assert launch_smem_bytes(p, True) >= need
@@ -429,7 +432,8 @@ def test_expert_ring_tilings_on_north_dims():
     from megakernel.kv.cache import KVLayout
 
     cfg = north_mini_code_config()
-    plans = tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, True, n_workers=132, moe_ring=16, o_queue=0)
+    plans = tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, True, n_workers=132, moe_ring=16, o_queue=0,
+                         tile_kb=0)
     assert [p.tb for p in plans] == [2, 4, 8, 16]          # 1 and 2 rows tile alike (the larger tile_batch wins)
     small = tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, True, n_workers=132, moe_ring=2, o_queue=0)
     assert [p.moe_wbuf > 0 for p in small] == [p.tb <= 2 for p in small] and small[0].tb <= 2 < small[-1].tb
@@ -453,9 +457,9 @@ def test_simulator_with_the_expert_ring(B):
 def test_lm_head_runs_cover_the_vocab_largest_first():
     """The streaming LM head's runs (schedule.lm_runs): they tile the vocabulary exactly and in order, shrink toward
     the end of the list (guided: 2/3 of an even share of what is left over the blocks, at least 4 tiles but the
-    last), and a plan without the stream gets one task per tile. At North dims the plan of <= 9 rows (o_queue=0:
-    batch 1's plan before) has a few hundred runs of 21-row tiles in two ~84 KB buffers, the shared memory stays
-    inside the limit, and the scratch holds one maximum per run."""
+    last), and a plan without the stream gets one task per tile. At North dims the plan of <= 9 rows (o_queue=0,
+    tile_kb=0: batch 1's plan before) has a few hundred runs of 21-row tiles in two ~84 KB buffers, the shared
+    memory stays inside the limit, and the scratch holds one maximum per run."""
     from megakernel.config import north_mini_code_config
     from megakernel.kernel.schedule import lm_runs, tiling_plans
     from megakernel.kv.cache import KVLayout
@@ -470,12 +474,13 @@ def test_lm_head_runs_cover_the_vocab_largest_first():
         assert all(t >= 4 for t in tiles[:-1])
     assert lm_runs(1000, 7, 0) == [(r, min(7, 1000 - r)) for r in range(0, 1000, 7)]
     cfg = north_mini_code_config()
-    plans = tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, True, n_workers=132, o_queue=0)
+    plans = tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, True, n_workers=132, o_queue=0, tile_kb=0)
     b1 = plans[0]
     assert b1.lm_wbuf > 0 and b1.lm_rows == 21 and 400 < b1.n_lm_tiles < 1000
     assert 2 * b1.lm_rows * b1.H * 2 <= 2 * b1.lm_wbuf and b1.smem_bytes() <= O.SMEM_LIMIT - O.SMEM_RESERVE
     assert b1.scratch_spec(torch.bfloat16)["lm_best"][0][0] == b1.n_lm_tiles == len(b1.lm_runs)
-    off = tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, True, n_workers=132, lm_stream=0, o_queue=0)[0]
+    off = tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, True, n_workers=132, lm_stream=0, o_queue=0,
+                       tile_kb=0)[0]
     assert off.lm_wbuf == 0 and off.n_lm_tiles == math.ceil(cfg.vocab_size / off.lm_rows)
 
 

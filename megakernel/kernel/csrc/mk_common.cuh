@@ -17,16 +17,13 @@ typedef __nv_bfloat16 bf16;
 #define MK_SIGNAL_FENCE 1
 #endif
 // MK_GEMV_TC: the GEMV core on tensor cores for launches of more than one row (1), or on CUDA cores always (0);
-// 2: on the tensor-core core whose fragment loads are free of bank conflicts (gemv_core_cf, mk_gemv_core.cuh).
-// Off until it has run on the GPU.
+// mk_gemv_core.cuh.
 #ifndef MK_GEMV_TC
 #define MK_GEMV_TC 1
 #endif
 // MK_GEMV_B1: the GEMV core at one input row with x's slice in registers and every weight load of a row in flight
 // (1, mk_gemv_core.cuh gemv_core_b1), or the CUDA-core loop of every batch size (0). On: measured b1 8K 3.94 vs 4.12 ms,
-// b8 14.78 vs 15.47 (separate processes, e74180e; SPEED_NOTES.md, 2026-12-01 fifth session). 2: one input row on
-// gemv_core_cf's tensor cores (~8x fewer instructions per tile than the CUDA-core loop, which runs at ~2.5 us per
-// 128 KB tile where shared memory could deliver it in ~0.55). Off until it has run on the GPU.
+// b8 14.78 vs 15.47 (separate processes, e74180e; SPEED_NOTES.md, 2026-12-01 fifth session).
 #ifndef MK_GEMV_B1
 #define MK_GEMV_B1 1
 #endif

@@ -80,191 +80,6 @@ __device__ __forceinline__ void gemv_core(const bf16* sW, const bf16* sX, int R,
     sum_k_slices<NWC>(sRed, sOut, R, nb, KS, RB);
 }
 
-// The tensor-core core without bank conflicts (MK_GEMV_TC=2 for more than one input row, MK_GEMV_B1=2 for one).
-// gemv_core's lanes (g, t) read chunk t of a 32-element step from 8 weight rows whose starts share their banks (a
-// pitch of K * 2 bytes, a multiple of 128): each 16-byte load takes two shared-memory wavefronts per quarter warp
-// instead of one. Here a warp walks K in steps of 64 elements (8 chunks of 8) and loads every row's two chunks t and
-// 4 + t with two loads, lanes of odd g taking them in the other order: a quarter warp (g even and g + 1) then reads
-// chunks t and 4 + t, eight different bank groups, in both loads; a select puts them back in k order. Every row uses
-// the same chunk for the same MMA k slots, so the inputs (the MMA's B, row g of x at the same chunk, loaded the same
-// way) line up. Four accumulators per input block (one per MMA of a 64-element step; two for 16 inputs, whose
-// registers made the persistent loop spill) keep the MMA chain short; one
-// warp per (16-row block, K slice), at most NWC of them; the slices' sums are added in slice order (sum_k_slices,
-// deterministic). Rows past R and inputs past nb read clamped (valid) rows whose outputs are dropped; chunks past K
-// read as zeros. K is a multiple of 8 (the plan checks every inner size).
-template <int NB, int NWC = NW>
-__device__ __forceinline__ void gemv_core_cf(const bf16* sW, const bf16* sX, int R, int K, int nb) {
-    float* sRed = reinterpret_cast<float*>(smem + SM_RED);
-    float* sOut = reinterpret_cast<float*>(smem + SM_OUT);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int pitch = row_pitch(K) >> 3;                       // in 16-byte chunks
-    const int KC = K >> 3;
-    const int RB = (R + 15) >> 4;
-    const int DS = (KC + 7) >> 3;                              // 64-element steps
-    const int KS = max(1, min(NWC / RB, DS));
-    const bool odd = (g & 1) != 0;
-    const int c_first = odd ? 4 + t : t, c_second = odd ? t : 4 + t;   // chunk of the first / second load in a step
-    if (warp < RB * KS) {
-        const int rb = warp / KS, ks = warp - rb * KS;
-        const int s0 = (ks * DS) / KS, s1 = ((ks + 1) * DS) / KS;
-        const uint4* wa = reinterpret_cast<const uint4*>(sW) + (size_t)min(rb * 16 + g, R - 1) * pitch;
-        const uint4* wc = reinterpret_cast<const uint4*>(sW) + (size_t)min(rb * 16 + g + 8, R - 1) * pitch;
-        const uint4* xr[NB];
-#pragma unroll
-        for (int j = 0; j < NB; j++) xr[j] = reinterpret_cast<const uint4*>(sX) + (size_t)min(j * 8 + g, nb - 1) * pitch;
-        constexpr int NA = NB == 1 ? 4 : 2;                  // accumulators per input block (registers at NB = 2)
-        float c[NB][NA][4];
-#pragma unroll
-        for (int j = 0; j < NB; j++)
-#pragma unroll
-            for (int m = 0; m < NA; m++) c[j][m][0] = c[j][m][1] = c[j][m][2] = c[j][m][3] = 0.f;
-        const uint4 zero = make_uint4(0, 0, 0, 0);
-#pragma unroll (NB == 1 ? 2 : 1)
-        for (int s = s0; s < s1; s++) {
-            const int k1 = s * 8 + c_first, k2 = s * 8 + c_second;
-            const bool in1 = k1 < KC, in2 = k2 < KC;
-            const uint4 A1 = in1 ? wa[k1] : zero, A2 = in2 ? wa[k2] : zero;
-            const uint4 C1 = in1 ? wc[k1] : zero, C2 = in2 ? wc[k2] : zero;
-            const uint4 Alo = odd ? A2 : A1, Ahi = odd ? A1 : A2;     // chunks s * 8 + t and s * 8 + 4 + t
-            const uint4 Clo = odd ? C2 : C1, Chi = odd ? C1 : C2;
-#pragma unroll
-            for (int j = 0; j < NB; j++) {
-                const uint4 X1 = in1 ? xr[j][k1] : zero, X2 = in2 ? xr[j][k2] : zero;
-                const uint4 Xlo = odd ? X2 : X1, Xhi = odd ? X1 : X2;
-                mma_bf16(c[j][0], Alo.x, Clo.x, Alo.y, Clo.y, Xlo.x, Xlo.y);
-                mma_bf16(c[j][1 % NA], Alo.z, Clo.z, Alo.w, Clo.w, Xlo.z, Xlo.w);
-                mma_bf16(c[j][2 % NA], Ahi.x, Chi.x, Ahi.y, Chi.y, Xhi.x, Xhi.y);
-                mma_bf16(c[j][3 % NA], Ahi.z, Chi.z, Ahi.w, Chi.w, Xhi.z, Xhi.w);
-            }
-        }
-        // c[j][m][0..1]: row rb*16 + g, inputs j*8 + 2t, +1; c[j][m][2..3]: row + 8
-        float* red = sRed + (size_t)(ks * RB + rb) * 16 * MB;
-#pragma unroll
-        for (int j = 0; j < NB; j++) {
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                const int r = g + (q >> 1) * 8, b = j * 8 + 2 * t + (q & 1);
-                float v = c[j][0][q];
-#pragma unroll
-                for (int m = 1; m < NA; m++) v += c[j][m][q];
-                if (b < nb) red[r * MB + b] = v;
-            }
-        }
-    }
-    sum_k_slices<NWC>(sRed, sOut, R, nb, KS, RB);
-}
-
-// The transposed tensor-core core (MK_GEMV_TC=3, MK_GEMV_B1=3), for K a multiple of 64: the weights are the MMA's B
-// (n8: weight row n = 8 rows of a group), the inputs its A (m16). ncu on gemv_core_cf showed the cores bound by
-// their own instructions (~530 per warp per 128 KB tile, IPC ~0.45 per scheduler: operand shuffles, predicates,
-// selects), not by shared memory. Here a 16-byte load of a weight row is two MMAs' B registers as it lands (pairs
-// .xy and .zw), so no weight word is moved, and a warp takes RG row groups of 8 over its K slice, so the inputs' A
-// fragments, loaded and assembled once per 64-element step, serve 4 * RG MMAs.
-// Bank conflicts: the 8 rows of a group start in the same banks (a pitch of K * 2 bytes). Lane (g, t) loads chunks
-// c1 = t, c2 = 4 + t of the step (g even) or c1 = 4 + t, c2 = t (g odd): a quarter warp (g even and g + 1) reads 8
-// different bank groups in each load. The k slots of an MMA then hold chunk t for even columns n and chunk 4 + t for
-// odd ones; A row m is loaded the same way (row m = input m >> 1 at lane m's chunks, rows m + 8 = inputs 4 + (m >> 1)),
-// so D[m][n] sums real products exactly when m and n have the same parity: input b's output of row n is
-// D[2b + (n & 1)][n] (inputs 8.. in a second m16 block, NIN = 16). NIN = 4 leaves rows m + 8 at zero (no loads).
-// Warp w takes row set w / KS (RG groups of 8 rows, clamped to R - 1: extra outputs dropped) and K slice w % KS;
-// the slices' sums meet in sRed ([slice][row][input], KS * R * nb <= GEMV_RED_FLOATS) and are added in slice order
-// (deterministic).
-template <int RG, int NIN, int NWC = NW>
-__device__ __forceinline__ void gemv_core_tn(const bf16* sW, const bf16* sX, int R, int K, int nb) {
-    constexpr int NMB = NIN > 8 ? 2 : 1;                       // m16 blocks of inputs
-    float* sRed = reinterpret_cast<float*>(smem + SM_RED);
-    float* sOut = reinterpret_cast<float*>(smem + SM_OUT);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int pitch = row_pitch(K) >> 3;                       // in 16-byte chunks
-    const int DS = K >> 6;                                     // 64-element steps
-    const int RS = (R + 8 * RG - 1) / (8 * RG);               // row sets
-    const int KS = max(1, min(min(NWC / RS, DS), MK_GEMV_RED_FLOATS / (R * nb)));
-    const int odd = g & 1;
-    const int c1 = odd ? 4 + t : t, c2 = c1 ^ 4;
-    if (warp < RS * KS) {
-        const int rs = warp / KS, ks = warp - rs * KS;
-        const int s0 = (ks * DS) / KS, s1 = ((ks + 1) * DS) / KS;
-        const uint4* w[RG];
-#pragma unroll
-        for (int j = 0; j < RG; j++)
-            w[j] = reinterpret_cast<const uint4*>(sW) + (size_t)min(rs * 8 * RG + 8 * j + g, R - 1) * pitch;
-        const uint4* xa[NMB];
-        const uint4* xb[NMB];
-#pragma unroll
-        for (int mb = 0; mb < NMB; mb++) {
-            xa[mb] = reinterpret_cast<const uint4*>(sX) + (size_t)min(mb * 8 + (g >> 1), nb - 1) * pitch;
-            xb[mb] = reinterpret_cast<const uint4*>(sX) + (size_t)min(mb * 8 + 4 + (g >> 1), nb - 1) * pitch;
-        }
-        float acc[NMB][RG][4];
-#pragma unroll
-        for (int mb = 0; mb < NMB; mb++)
-#pragma unroll
-            for (int j = 0; j < RG; j++) acc[mb][j][0] = acc[mb][j][1] = acc[mb][j][2] = acc[mb][j][3] = 0.f;
-#pragma unroll 2
-        for (int s = s0; s < s1; s++) {
-            const int k1 = s * 8 + c1, k2 = s * 8 + c2;
-            uint4 W1[RG], W2[RG];
-#pragma unroll
-            for (int j = 0; j < RG; j++) { W1[j] = w[j][k1]; W2[j] = w[j][k2]; }
-#pragma unroll
-            for (int mb = 0; mb < NMB; mb++) {
-                const uint4 Xa1 = xa[mb][k1], Xa2 = xa[mb][k2];
-                const uint4 zero = make_uint4(0, 0, 0, 0);
-                const uint4 Xb1 = NIN > 4 ? xb[mb][k1] : zero, Xb2 = NIN > 4 ? xb[mb][k2] : zero;
-                // one A fragment at a time for every row group (it is assembled once, then serves RG MMAs)
-#pragma unroll
-                for (int j = 0; j < RG; j++) mma_bf16(acc[mb][j], Xa1.x, Xb1.x, Xa1.y, Xb1.y, W1[j].x, W1[j].y);
-#pragma unroll
-                for (int j = 0; j < RG; j++) mma_bf16(acc[mb][j], Xa1.z, Xb1.z, Xa1.w, Xb1.w, W1[j].z, W1[j].w);
-#pragma unroll
-                for (int j = 0; j < RG; j++) mma_bf16(acc[mb][j], Xa2.x, Xb2.x, Xa2.y, Xb2.y, W2[j].x, W2[j].y);
-#pragma unroll
-                for (int j = 0; j < RG; j++) mma_bf16(acc[mb][j], Xa2.z, Xb2.z, Xa2.w, Xb2.w, W2[j].z, W2[j].w);
-            }
-        }
-        // lane (g, t): row 2t + odd of each group, input (g >> 1) + 8 mb from D[g], input 4 + (g >> 1) + 8 mb from
-        // D[g + 8]
-        float* red = sRed + (size_t)ks * R * nb;
-#pragma unroll
-        for (int j = 0; j < RG; j++) {
-            const int r = rs * 8 * RG + 8 * j + 2 * t + odd;
-#pragma unroll
-            for (int mb = 0; mb < NMB; mb++) {
-                const int b0 = mb * 8 + (g >> 1), b1 = b0 + 4;
-                if (r < R && b0 < nb) red[r * nb + b0] = odd ? acc[mb][j][1] : acc[mb][j][0];
-                if (NIN > 4 && r < R && b1 < nb) red[r * nb + b1] = odd ? acc[mb][j][3] : acc[mb][j][2];
-            }
-        }
-    }
-    group_sync<NWC>();
-    for (int i = threadIdx.x; i < R * nb; i += NWC * 32) {
-        const int r = i / nb, b = i - r * nb;
-        float sum = 0.f;
-        for (int k = 0; k < KS; k++) sum += sRed[(size_t)k * R * nb + i];
-        sOut[r * MB + b] = sum;
-    }
-    group_sync<NWC>();
-}
-
-// The transposed core's instantiation for the tile's rows and inputs (K % 64 == 0; false: the caller's fallback).
-template <int NWC>
-__device__ __forceinline__ bool gemv_tn(const bf16* sW, const bf16* sX, int R, int K, int nb) {
-    if ((K & 63) != 0) return false;
-    if (nb <= 4) {
-        if (R >= 32) gemv_core_tn<4, 4, NWC>(sW, sX, R, K, nb);
-        else if (R >= 16) gemv_core_tn<2, 4, NWC>(sW, sX, R, K, nb);
-        else gemv_core_tn<1, 4, NWC>(sW, sX, R, K, nb);
-    } else if (nb <= 8) {
-        if (R >= 32) gemv_core_tn<4, 8, NWC>(sW, sX, R, K, nb);
-        else if (R >= 16) gemv_core_tn<2, 8, NWC>(sW, sX, R, K, nb);
-        else gemv_core_tn<1, 8, NWC>(sW, sX, R, K, nb);
-    } else {
-        if (R >= 16) gemv_core_tn<2, 16, NWC>(sW, sX, R, K, nb);
-        else gemv_core_tn<1, 16, NWC>(sW, sX, R, K, nb);
-    }
-    return true;
-}
-
 // The CUDA-core variant (MK_GEMV_TC=0): each warp takes (row, K-slice) items, x re-read from shared memory per row.
 template <int BM, int NWC = NW>
 __device__ __forceinline__ void gemv_core_cc(const bf16* sW, const bf16* sX, int R, int K, int nb) {
@@ -379,17 +194,10 @@ __device__ __forceinline__ void gemv_core_b1(const bf16* sW, const bf16* sX, int
     group_sync<NWC>();
 }
 
-// One input row: the conflict-free tensor-core core (MK_GEMV_B1=2), or on all NW warps the K slicing and the
-// instantiation for the slice's chunks per lane of gemv_core_b1; a K too long for 16 slices of 4 chunks per lane, or
-// a warp count that is not NW, takes the CUDA-core loop.
+// One input row on all NW warps: the K slicing and the instantiation for the slice's chunks per lane; a K too long
+// for 16 slices of 4 chunks per lane, or a warp count that is not NW, takes the loop above.
 template <int NWC>
 __device__ __forceinline__ void gemv_one_row(const bf16* sW, const bf16* sX, int R, int K) {
-#if MK_GEMV_B1 == 2
-    gemv_core_cf<1, NWC>(sW, sX, R, K, 1);
-#else
-#if MK_GEMV_B1 == 3
-    if (gemv_tn<NWC>(sW, sX, R, K, 1)) return;
-#endif
 #if MK_GEMV_B1
     if constexpr (NWC == NW) {
         const int KC = K >> 3;
@@ -408,22 +216,12 @@ __device__ __forceinline__ void gemv_one_row(const bf16* sW, const bf16* sX, int
     }
 #endif
     gemv_core_cc<1, NWC>(sW, sX, R, K, 1);
-#endif
 }
 
 // The tile at sW times the nb rows at sX on warps 0..NWC-1.
 template <int NWC>
 __device__ __forceinline__ void gemv_on(const bf16* sW, const bf16* sX, int R, int K, int nb) {
-#if MK_GEMV_TC == 3
-    if (nb <= 1) gemv_one_row<NWC>(sW, sX, R, K);
-    else if (gemv_tn<NWC>(sW, sX, R, K, nb)) return;
-    else if (nb <= 8) gemv_core<1, NWC>(sW, sX, R, K, nb);
-    else gemv_core<2, NWC>(sW, sX, R, K, nb);
-#elif MK_GEMV_TC == 2
-    if (nb <= 1) gemv_one_row<NWC>(sW, sX, R, K);
-    else if (nb <= 8) gemv_core_cf<1, NWC>(sW, sX, R, K, nb);
-    else gemv_core_cf<2, NWC>(sW, sX, R, K, nb);
-#elif MK_GEMV_TC
+#if MK_GEMV_TC
     if (nb <= 1) gemv_one_row<NWC>(sW, sX, R, K);
     else if (nb <= 8) gemv_core<1, NWC>(sW, sX, R, K, nb);
     else gemv_core<2, NWC>(sW, sX, R, K, nb);

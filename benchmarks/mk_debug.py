@@ -15,7 +15,7 @@ import torch
 
 from kernel_helpers import clone_cache, decode_batch, make_cfg, poison_scratch, prefill_state, tiny_weights
 from megakernel.kernel.backend import MegakernelBackend
-from megakernel.kernel.schedule import step_inputs
+from megakernel.kernel.schedule import plan_for_rows, step_inputs
 from megakernel.kernel.simulator import Simulator
 from megakernel.model.cohere2_moe import Cohere2MoeModel
 
@@ -50,7 +50,7 @@ def main() -> None:
     poison_scratch(be)
     out = be.decode(batch, c_mk)
     torch.cuda.synchronize()
-    plan = be.plan
+    plan = plan_for_rows(be.plans, B)          # the launch's plan (its tiles, its O items in the expert queue)
     si = step_inputs(plan, batch.input_ids.tolist(), batch.positions.tolist(), batch.block_tables)
     tl = be.last_task_list
     sim = Simulator(plan, w)

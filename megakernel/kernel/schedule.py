@@ -190,9 +190,6 @@ class ModelPlan:
                                          # fewer items, each paying a claim, its inputs and a signal once); 0: the
                                          # old tiles. 8K, ms at 0 / 192 (646056b): b1 3.791 / 3.683, b2 5.633 /
                                          # 5.419; b1 32K 4.261 / 4.151, 128K 6.091 / 6.002
-    o_tile_kb: int = 0                   # > 0: the O projection's tiles capped at this many KiB instead of tile_kb
-                                         # (192 KB O items lengthened the b1 critical path's O share, 319 -> 433 us,
-                                         # while the gate/up items' fell). Not yet measured
     prefetch: int = 0                    # 1: two GEMV weight buffers where they fit (prefetch_wbuf): each block
                                          # issues its next task's tile before it waits for and computes this one
                                          # (measured slower so far: SPEED_NOTES.md)
@@ -244,7 +241,7 @@ class ModelPlan:
         while r > 1 and (d % r or r % 2):    # a QKV tile stays inside one head (its counter, RoPE pairs)
             r -= 1
         self.qkv_rows = r
-        self.o_rows = tile_rows(self.Q, 1, max_batch=self.tb, wbuf=self.wbuf, tile_kb=self.o_tile_kb or self.tile_kb)
+        self.o_rows = rows(self.Q)
         self.router_rows = min(rows(self.H), self.router_tile_rows or O.MAX_TILE_ROWS)
         self.mgu_rows = rows(self.H, 2)
         self.mdn_rows = {w: rows(w) for w in set(self.mlp_width) if w}

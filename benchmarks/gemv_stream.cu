@@ -56,7 +56,7 @@ __device__ __forceinline__ int claim_tile(int* queue, const int* table, int n) {
     return s_claim;
 }
 
-extern "C" __global__ void __launch_bounds__(NT, 1) gemv_stream(const __grid_constant__ Params P,
+extern "C" __global__ void __launch_bounds__(NT, MK_BLOCKS_PER_SM) gemv_stream(const __grid_constant__ Params P,
                                                                  const __grid_constant__ CUtensorMap tmap,
                                                                  const bf16* W, const bf16* X, int tiles, int R,
                                                                  int K, int nb, int mode, float* out,

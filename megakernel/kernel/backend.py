@@ -131,7 +131,7 @@ class MegakernelBackend(DecodeBackend):
         if rc:
             raise MegakernelFailure(f"cudaGetDeviceProperties failed: {self.lib.mk_error_string(rc).decode()}")
         self.num_sms, self.smem_optin = info[0], info[3]
-        self.grid = self.num_sms
+        self.grid = self.num_sms * O.BLOCKS_PER_SM      # (opcodes.BLOCKS_PER_SM: 1, or the two-block experiment)
         tuning = tuning_from_env()
         if split_tokens is not None:
             tuning["split_tokens"] = split_tokens
@@ -241,14 +241,28 @@ class MegakernelBackend(DecodeBackend):
             raise ValueError("worker_topk needs the kernel's MK_MOE_LOCAL=1 (the workers keep their routing in shared "
                              "memory); this build has MK_MOE_LOCAL=0")
         for p in plans:
-            if self._smem_of(p) > self.smem_optin - O.SMEM_RESERVE:     # (the rest: the kernel's static smem)
-                raise ValueError(f"kernel needs {self._smem_of(p)} B of shared memory, the GPU allows {self.smem_optin}")
+            if self._smem_of(p) > min(self.smem_optin, O.SMEM_LIMIT) - O.SMEM_RESERVE:   # (the rest: static smem)
+                raise ValueError(f"kernel needs {self._smem_of(p)} B of shared memory, the GPU allows "
+                                 f"{min(self.smem_optin, O.SMEM_LIMIT)} per block at {O.BLOCKS_PER_SM} block(s) per SM")
+            self._check_resident(self._smem_of(p))
         self.plan, self.plans, self.batch_tiles = plan, plans, batch_tiles
         self.smem = self._smem_of(plan)
         lm_tiles = max(q.n_lm_tiles for q in plans)
         if hasattr(self, "buf") and self.buf["lm_best"].shape[0] < lm_tiles:     # re-tuned to smaller LM tiles
             self.buf["lm_best"] = torch.empty(lm_tiles, plan.max_batch, 2, dtype=torch.float32, device=self.device)
         self._tasks: dict[tuple, tuple[TaskList, torch.Tensor]] = {}    # by (tile_batch, step signature)
+
+    def _check_resident(self, smem: int) -> None:
+        """Every block of a launch must be resident at once (schedule.py's no-deadlock argument): refuse a shared-memory
+        size at which fewer than BLOCKS_PER_SM blocks fit an SM."""
+        n = ctypes.c_int(0)
+        rc = self.lib.mk_occupancy(self.dev_index, smem, ctypes.byref(n))
+        if rc:
+            raise MegakernelFailure(f"cudaOccupancyMaxActiveBlocksPerMultiprocessor failed: "
+                                    f"{self.lib.mk_error_string(rc).decode()}")
+        if n.value < O.BLOCKS_PER_SM:
+            raise ValueError(f"only {n.value} block(s) of the kernel fit an SM with {smem} B of shared memory; the "
+                             f"launch needs {O.BLOCKS_PER_SM} resident per SM")
 
     def _plan_for(self, B: int) -> ModelPlan:
         return plan_for_rows(self.plans, B)

@@ -158,6 +158,8 @@ def load(arch: str = "sm_90a", profile: bool = False) -> ctypes.CDLL:
         lib.mk_encode_swizzled.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_int,
                                            ctypes.c_int]
         lib.mk_encode_swizzled.restype = ctypes.c_int
+        lib.mk_occupancy.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+        lib.mk_occupancy.restype = ctypes.c_int
         if lib.mk_num_params() != opcodes.NUM_PARAMS:
             raise BuildError("the loaded library disagrees with opcodes.py on the parameter count")
         _loaded[key] = lib

@@ -52,8 +52,8 @@ def tile_rows(K: int, halves: int = 1, elt: int = 2, max_batch: int = O.MAX_BATC
     """Rows (per half) of one GEMV weight tile of inner size K: at most MAX_TILE_ROWS rows in all halves together.
     One weight buffer (wbuf == 0): a power of two, at most WTILE_BYTES of weights, less where the task's max_batch
     input rows of K elements would not fit beside them (the kernel stages the inputs right after the tile); with
-    tile_kb > 0, at most tile_kb KiB instead and a multiple of 8 rows (the plan knob `tile_kb`: a 192 KB gate/up
-    tile is 24 rows per half, which no power of two gives). Two buffers of wbuf bytes (the prefetching layout,
+    tile_kb > 0, at most tile_kb KiB instead and a multiple of TILE_ROW_QUANTUM rows (the plan knob `tile_kb`: a
+    192 KB gate/up tile is 24 rows per half, which no power of two gives). Two buffers of wbuf bytes (the prefetching layout,
     inputs after both): as many rows as fill one buffer."""
     row = elt * (K + O.ROW_PAD)              # rows are padded in shared memory (opcodes.ROW_PAD)
     if wbuf:
@@ -62,7 +62,8 @@ def tile_rows(K: int, halves: int = 1, elt: int = 2, max_batch: int = O.MAX_BATC
     budget = min(cap + O.MAX_TILE_ROWS * elt * O.ROW_PAD,
                  O.SMEM_LIMIT - O.SMEM_RESERVE - O.GEMV_SCRATCH_BYTES - max_batch * row)
     fit = budget // (row * halves)
-    rounded = fit // 8 * 8 if tile_kb and fit >= 8 else _pow2_floor(fit)
+    q = O.TILE_ROW_QUANTUM
+    rounded = fit // q * q if tile_kb and fit >= q else _pow2_floor(fit)
     return max(1, min(O.MAX_TILE_ROWS // halves, rounded))
 
 

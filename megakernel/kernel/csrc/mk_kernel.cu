@@ -12,7 +12,8 @@
 #include "mk_moe.cuh"
 
 // ---- the persistent kernel ---------------------------------------------------------------------------------------
-extern "C" __global__ void __launch_bounds__(NT, 1) mk_decode(const __grid_constant__ Params P) {
+// (MK_BLOCKS_PER_SM resident blocks per SM: the register cap that lets them all fit, 128 registers either way)
+extern "C" __global__ void __launch_bounds__(NT, MK_BLOCKS_PER_SM) mk_decode(const __grid_constant__ Params P) {
     __shared__ int s_rec[MK_REC_INTS];
     __shared__ int s_abort;
     int* ctrl = PP(int*, ctrl);
@@ -107,6 +108,17 @@ extern "C" int mk_device_info(int device, int* out) {
     out[2] = prop.minor;
     out[3] = (int)prop.sharedMemPerBlockOptin;
     return 0;
+}
+
+// Blocks of mk_decode that can be resident on one SM with `smem_bytes` of dynamic shared memory (into *blocks): the
+// backend launches MK_BLOCKS_PER_SM x SMs blocks and refuses a launch they would not all fit (schedule.py's
+// no-deadlock argument needs every block resident). 0 on success, else a cudaError_t.
+extern "C" int mk_occupancy(int device, int smem_bytes, int* blocks) {
+    cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess) return (int)e;
+    e = cudaFuncSetAttribute(mk_decode, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+    if (e != cudaSuccess) return (int)e;
+    return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, mk_decode, NT, (size_t)smem_bytes);
 }
 
 // The swizzled tiles' tensor map (128 bytes, into out; csrc/mk_tmap.h) of a row-major bf16 matrix of `rows` x K at

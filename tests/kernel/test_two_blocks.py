@@ -1,0 +1,101 @@
+"""The two-blocks-per-SM experiment (MEGAKERNEL_BLOCKS_PER_SM=2, read by opcodes.py at import, so each check runs in
+a fresh interpreter): its constants, the North plans inside half an SM's shared memory, the simulator's exactness on
+its plans, and (where nvcc is installed) a build whose entry function does not spill."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(code: str, tmp_path: Path | None = None) -> str:
+    env = {**os.environ, "MEGAKERNEL_BLOCKS_PER_SM": "2",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    if tmp_path is not None:
+        env["MEGAKERNEL_CACHE_DIR"] = str(tmp_path)
+    res = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
+                         timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return res.stdout
+
+
+def test_constants_and_north_plans_fit_half_an_sm():
+    """256 threads, 8 rows, 64-key attention chunks, 113 KB per block; every North plan (1..8 rows) fits it with the
+    static part reserved, batch 1 gets 96 KB gate/up tiles (12 rows per half, TILE_ROW_QUANTUM 4) and the header
+    carries the shape."""
+    out = _run("""
+        from megakernel.kernel import opcodes as O
+        from megakernel.config import north_mini_code_config
+        from megakernel.kernel.schedule import tiling_plans, plan_for_rows
+        from megakernel.kv.cache import KVLayout
+        assert (O.BLOCKS_PER_SM, O.NUM_THREADS, O.NUM_WARPS, O.MAX_BATCH) == (2, 256, 8, 8)
+        assert O.ATTN_CHUNK == 64 and O.ATTN_WARPS == 4 and O.SMEM_LIMIT == 113 * 1024
+        h = O.generate_header()
+        assert "#define MK_BLOCKS_PER_SM 2" in h and "#define MK_NUM_THREADS 256" in h
+        cfg = north_mini_code_config()
+        plans = tiling_plans(cfg, KVLayout.for_model(cfg, 64), O.MAX_BATCH, True, n_workers=264)
+        for p in plans:
+            assert p.smem_bytes() <= O.SMEM_LIMIT - O.SMEM_RESERVE, (p.tb, p.smem_bytes())
+        one = plan_for_rows(plans, 1)
+        assert one.gu_rows == 12 and 2 * one.gu_rows * one.H * 2 == 96 * 1024
+        print("ok", [p.tb for p in plans])
+    """)
+    assert out.startswith("ok")
+
+
+def test_simulator_matches_torch_on_two_block_plans():
+    """The task lists of the two-block plans (64-key attention chunks, 12-row tiles) run exactly in random orders on
+    the tiny configs (the same check as test_simulator's, in the experiment's interpreter)."""
+    out = _run("""
+        import torch
+        from kernel_helpers import VARIANTS, clone_cache, decode_batch, make_cfg, prefill_state, tiny_weights
+        from megakernel.kernel.schedule import ModelPlan, build_tasks, step_inputs, validate
+        from megakernel.kernel.simulator import Simulator
+        from megakernel.model.cohere2_moe import Cohere2MoeModel
+        torch.set_num_threads(1)
+        for name in sorted(VARIANTS):
+            for B in (1, 5):
+                cfg = make_cfg(name)
+                w = tiny_weights(cfg, seed=3)
+                st = prefill_state(cfg, w, [5 + 9 * i for i in range(B)], seed=3, chunk=16)
+                batch = decode_batch(st, list(range(3, 3 + B)))
+                ref = Cohere2MoeModel(cfg, w).forward(batch, clone_cache(st.cache))
+                plan = ModelPlan(cfg, st.layout, max_batch=8, n_workers=4, split_tokens=4, tile_kb=3)
+                si = step_inputs(plan, batch.input_ids.tolist(), batch.positions.tolist(), batch.block_tables)
+                tl = build_tasks(plan, si.B, si.nsplit)
+                validate(tl)
+                for seed in (0, 1):
+                    res = Simulator(plan, w).step(si, tl, clone_cache(st.cache), seed=seed)
+                    err = float((res.logits - ref).abs().max() / ref.abs().max())
+                    assert err < 1e-5, (name, B, seed, err)
+        print("ok")
+    """)
+    assert out.strip() == "ok"
+
+
+def test_two_block_build_compiles_without_spills(tmp_path):
+    """The build of 256-thread blocks, two per SM (__launch_bounds__(256, 2): at most 128 registers, as today)
+    compiles, its entry function does not spill, and its static shared memory fits the reserve."""
+    from megakernel.kernel import build
+
+    if build.find_nvcc() is None:
+        pytest.skip("nvcc not installed")
+    out = _run("""
+        import re
+        from megakernel.kernel import build, opcodes as O
+        lib = build.build("sm_90a")
+        log = (lib.parent / "build.log").read_text()
+        m = re.search(r"Function properties for mk_decode\\s+(\\d+) bytes stack frame, (\\d+) bytes spill stores", log)
+        assert m and int(m.group(2)) == 0, log[-2000:]
+        s = re.search(r"Compiling entry function 'mk_decode'.*?Used \\d+ registers.*?(\\d+) bytes smem", log, re.S)
+        assert s and int(s.group(1)) <= O.SMEM_RESERVE, log[-2000:]
+        print("ok")
+    """, tmp_path)
+    assert out.strip() == "ok"

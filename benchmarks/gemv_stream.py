@@ -76,7 +76,7 @@ def main() -> int:
                     help="RxK tile shapes: the plan's 128 KB tiles, and ~96 KB ones that fit twice (double mode)")
     ap.add_argument("--rows", default="1,8,16", help="input rows (batch)")
     ap.add_argument("--tiles", type=int, default=240,
-                    help="tiles per SM per launch (at 48 the launch's own ~30-50 us added ~0.5 us per tile: 2026-12-02)")
+                    help="tiles per SM per launch (at 48, the launch's own ~30-50 us added ~0.5 us per tile)")
     ap.add_argument("--modes", default=",".join(MODES), help=f"modes to run, of {','.join(MODES)}")
     ap.add_argument("--swz-box-rows", type=int, default=0,
                     help="swz modes: rows per tensor-copy box (0: the whole tile in one box per 64 columns; 8 or 16: "

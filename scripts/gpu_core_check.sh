@@ -23,7 +23,8 @@ if [ "${SKIP_STREAM:-0}" != 1 ]; then
     echo "=== gemv_stream '$sd' at $(($(date +%s) - t0)) s"
     d=$sd; [ "$d" = default ] && d=""
     MEGAKERNEL_KERNEL_DEFINES=$d timeout 100 python3 benchmarks/gemv_stream.py --rows ${STREAM_ROWS:-1,8,16} \
-      --shapes ${STREAM_SHAPES:-32x2048,24x2048,16x4096,64x768,48x768} --modes ${STREAM_MODES:-compute,serial,double} --tiles ${STREAM_TILES:-240} \
+      --shapes ${STREAM_SHAPES:-32x2048,24x2048,16x4096,64x768,48x768} \
+      --modes ${STREAM_MODES:-compute,serial,double} --tiles ${STREAM_TILES:-240} \
       --json "$OUT/gemv_stream_$(echo "$sd" | tr ',=' '__').json" 2>&1 | grep -E "us/tile|rror|off by|peak"
   done
 fi

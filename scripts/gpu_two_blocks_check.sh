@@ -17,17 +17,18 @@ t0=$(date +%s)
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader;
   echo "commit ${MEGAKERNEL_COMMIT:-unknown}"; } | tee "$OUT/env.txt"
 echo "=== tests, two blocks per SM"
-MEGAKERNEL_BLOCKS_PER_SM=2 timeout ${TESTS_TIMEOUT:-200} python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/kernel \
-  2>&1 | tee "$OUT/tests_two_blocks.log" | tail -3
+MEGAKERNEL_BLOCKS_PER_SM=2 timeout ${TESTS_TIMEOUT:-200} python3 -m pytest -q -x -m gpu -p no:cacheprovider \
+  tests/kernel 2>&1 | tee "$OUT/tests_two_blocks.log" | tail -3
 echo "=== variants, default build, at $(($(date +%s) - t0)) s"
-timeout ${VARIANTS_TIMEOUT:-120} python3 benchmarks/megakernel_variants.py --points "$POINTS" --variants default \
-  --steps 30 --json "$OUT/variants_one_block.json" 2>&1 | grep -E "^b|rror"
+timeout ${VARIANTS_TIMEOUT:-120} python3 benchmarks/megakernel_variants.py --points "$POINTS" \
+  --variants default --steps 30 --json "$OUT/variants_one_block.json" 2>&1 | grep -E "^b|rror"
 echo "=== variants, two blocks per SM, at $(($(date +%s) - t0)) s"
-MEGAKERNEL_BLOCKS_PER_SM=2 timeout ${VARIANTS_TIMEOUT:-120} python3 benchmarks/megakernel_variants.py --points "$POINTS" \
-  --variants "default ${TWO_VARIANTS:-tile_kb=0}" --steps 30 --json "$OUT/variants_two_blocks.json" 2>&1 | grep -E "^b|rror"
+MEGAKERNEL_BLOCKS_PER_SM=2 timeout ${VARIANTS_TIMEOUT:-120} python3 benchmarks/megakernel_variants.py \
+  --points "$POINTS" --variants "default ${TWO_VARIANTS:-tile_kb=0}" --steps 30 \
+  --json "$OUT/variants_two_blocks.json" 2>&1 | grep -E "^b|rror"
 echo "=== trace b1, two blocks per SM, at $(($(date +%s) - t0)) s"
-MEGAKERNEL_BLOCKS_PER_SM=2 timeout ${TRACE_TIMEOUT:-120} python3 -m megakernel bench --random-north --backend megakernel \
-  --batch-size 1 --context 8192 --steps 20 --trace "$OUT/tl_b1_two_blocks.npz" 2>&1 \
+MEGAKERNEL_BLOCKS_PER_SM=2 timeout ${TRACE_TIMEOUT:-120} python3 -m megakernel bench --random-north \
+  --backend megakernel --batch-size 1 --context 8192 --steps 20 --trace "$OUT/tl_b1_two_blocks.npz" 2>&1 \
   | grep -E "critical|SM time|a layer|normal build|^megakernel|rror"
 rm -f "$OUT/tl_b1_two_blocks.npz"
 echo "=== done at $(($(date +%s) - t0)) s"

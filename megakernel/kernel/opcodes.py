@@ -17,7 +17,8 @@ from enum import IntEnum
 # so the hardware interleaves one block's claims, inputs, GEMV and signals with the other's weight loads (a 16-warp
 # block's GEMV core is latency-bound: SPEED_NOTES.md, eighth session). Every constant below that depends on it says
 # so; the backend launches BLOCKS_PER_SM x SMs blocks and checks that all of them are resident (schedule.py's
-# no-deadlock argument). Not yet run on the GPU.
+# no-deadlock argument). On the H200 its tiny parity tests pass and b1 8K ran ~15% slower than one block (c5079d3;
+# SPEED_NOTES.md).
 BLOCKS_PER_SM = int(os.environ.get("MEGAKERNEL_BLOCKS_PER_SM", "1"))
 if BLOCKS_PER_SM not in (1, 2):
     raise ValueError(f"MEGAKERNEL_BLOCKS_PER_SM must be 1 or 2, got {BLOCKS_PER_SM}")

@@ -53,8 +53,8 @@ def tile_rows(K: int, halves: int = 1, elt: int = 2, max_batch: int = O.MAX_BATC
     One weight buffer (wbuf == 0): a power of two, at most WTILE_BYTES of weights, less where the task's max_batch
     input rows of K elements would not fit beside them (the kernel stages the inputs right after the tile); with
     tile_kb > 0, at most tile_kb KiB instead and a multiple of TILE_ROW_QUANTUM rows (the plan knob `tile_kb`: a
-    192 KB gate/up tile is 24 rows per half, which no power of two gives). Two buffers of wbuf bytes (the prefetching layout,
-    inputs after both): as many rows as fill one buffer."""
+    192 KB gate/up tile is 24 rows per half, which no power of two gives). Two buffers of wbuf bytes (the
+    prefetching layout, inputs after both): as many rows as fill one buffer."""
     row = elt * (K + O.ROW_PAD)              # rows are padded in shared memory (opcodes.ROW_PAD)
     if wbuf:
         return max(1, min(O.MAX_TILE_ROWS // halves, wbuf // (row * halves)))

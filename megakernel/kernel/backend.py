@@ -240,11 +240,13 @@ class MegakernelBackend(DecodeBackend):
         if plan.worker_topk and build.switch_value("MK_MOE_LOCAL") == 0:
             raise ValueError("worker_topk needs the kernel's MK_MOE_LOCAL=1 (the workers keep their routing in shared "
                              "memory); this build has MK_MOE_LOCAL=0")
+        per_block = min(self.smem_optin, O.SMEM_LIMIT)
         for p in plans:
-            if self._smem_of(p) > min(self.smem_optin, O.SMEM_LIMIT) - O.SMEM_RESERVE:   # (the rest: static smem)
-                raise ValueError(f"kernel needs {self._smem_of(p)} B of shared memory, the GPU allows "
-                                 f"{min(self.smem_optin, O.SMEM_LIMIT)} per block at {O.BLOCKS_PER_SM} block(s) per SM")
-            self._check_resident(self._smem_of(p))
+            need = self._smem_of(p)
+            if need > per_block - O.SMEM_RESERVE:       # (the rest: the kernel's static smem)
+                raise ValueError(f"kernel needs {need} B of shared memory, the GPU allows {per_block} per block at "
+                                 f"{O.BLOCKS_PER_SM} block(s) per SM")
+            self._check_resident(need)
         self.plan, self.plans, self.batch_tiles = plan, plans, batch_tiles
         self.smem = self._smem_of(plan)
         lm_tiles = max(q.n_lm_tiles for q in plans)

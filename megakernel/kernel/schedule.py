@@ -186,10 +186,10 @@ class ModelPlan:
                                          # (the atomic's round trip off the item's path; the items still run in
                                          # claim order); 0: it waits for the answer first. Not yet measured
     tile_kb: int = 192                   # > 0: one-buffer GEMV tiles (static tasks and expert items) of up to this
-                                         # many KiB in multiples of 8 rows, not WTILE_BYTES in powers of two: at
-                                         # North dims 24-row gate/up tiles at <= 3 rows, 24-row O tiles at 1 (a third
-                                         # fewer items, each paying a claim, its inputs and a signal once); 0: the
-                                         # old tiles. 8K, ms at 0 / 192 (646056b): b1 3.791 / 3.683, b2 5.633 /
+                                         # many KiB in multiples of TILE_ROW_QUANTUM rows, not WTILE_BYTES in powers
+                                         # of two: at North dims 24-row gate/up tiles at <= 3 rows, 24-row O tiles at
+                                         # 1 (a third fewer items, each paying a claim, its inputs and a signal
+                                         # once); 0: the old tiles. 8K, ms at 0 / 192 (646056b): b1 3.791 / 3.683, b2 5.633 /
                                          # 5.419; b1 32K 4.261 / 4.151, 128K 6.091 / 6.002
     prefetch: int = 0                    # 1: two GEMV weight buffers where they fit (prefetch_wbuf): each block
                                          # issues its next task's tile before it waits for and computes this one

@@ -15,17 +15,17 @@ def test_compiles_for_sm90a(tmp_path, monkeypatch):
     monkeypatch.setenv("MEGAKERNEL_CACHE_DIR", str(tmp_path))
     lib = build.build("sm_90a")
     assert lib.exists()
-    log = (lib.parent / "build.log").read_text()
-    m = re.search(r"Function properties for mk_decode\s+(\d+) bytes stack frame, (\d+) bytes spill stores", log)
-    assert m, log[-2000:]
-    assert int(m.group(2)) == 0, "mk_decode spills registers"
-    _check_static_smem(log)
+    check_build_log((lib.parent / "build.log").read_text())
     # cached: a second call does not rebuild
     assert build.build("sm_90a") == lib
 
 
-def _check_static_smem(log: str) -> None:
-    """The kernel's static shared memory stays inside what the plans leave it (opcodes.SMEM_RESERVE)."""
+def check_build_log(log: str) -> None:
+    """mk_decode does not spill registers, and its static shared memory stays inside what the plans leave it
+    (opcodes.SMEM_RESERVE). (Also run by test_two_blocks in the two-block build's interpreter.)"""
+    m = re.search(r"Function properties for mk_decode\s+(\d+) bytes stack frame, (\d+) bytes spill stores", log)
+    assert m, log[-2000:]
+    assert int(m.group(2)) == 0, "mk_decode spills registers"
     m = re.search(r"Compiling entry function 'mk_decode'.*?Used \d+ registers.*?(\d+) bytes smem", log, re.S)
     assert m, log[-2000:]
     assert int(m.group(1)) <= build.opcodes.SMEM_RESERVE, f"{m.group(1)} bytes of static shared memory"
@@ -45,10 +45,7 @@ def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     monkeypatch.setenv("MEGAKERNEL_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", defines)
     lib = build.build("sm_90a", build.switch_flags())
-    log = (lib.parent / "build.log").read_text()
-    m = re.search(r"Function properties for mk_decode\s+(\d+) bytes stack frame, (\d+) bytes spill stores", log)
-    assert m and int(m.group(2)) == 0, log[-2000:]
-    _check_static_smem(log)
+    check_build_log((lib.parent / "build.log").read_text())
 
 
 def test_key_changes_with_header(monkeypatch):

@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _run(code: str, tmp_path: Path | None = None) -> str:
     env = {**os.environ, "MEGAKERNEL_BLOCKS_PER_SM": "2",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "kernel"),
+                                          os.environ.get("PYTHONPATH", "")])}
     if tmp_path is not None:
         env["MEGAKERNEL_CACHE_DIR"] = str(tmp_path)
     res = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
@@ -51,30 +52,17 @@ def test_constants_and_north_plans_fit_half_an_sm():
 
 
 def test_simulator_matches_torch_on_two_block_plans():
-    """The task lists of the two-block plans (64-key attention chunks, 12-row tiles) run exactly in random orders on
-    the tiny configs (the same check as test_simulator's, in the experiment's interpreter)."""
+    """The task lists of the two-block plans (12-row tiles with tails) run exactly in random orders on the tiny
+    configs: test_simulator's own check (logits, experts, KV cache), in the experiment's interpreter."""
     out = _run("""
-        import torch
-        from kernel_helpers import VARIANTS, clone_cache, decode_batch, make_cfg, prefill_state, tiny_weights
-        from megakernel.kernel.schedule import ModelPlan, build_tasks, step_inputs, validate
-        from megakernel.kernel.simulator import Simulator
-        from megakernel.model.cohere2_moe import Cohere2MoeModel
-        torch.set_num_threads(1)
+        from kernel_helpers import VARIANTS
+        from megakernel.kernel.schedule import ModelPlan
+        from test_simulator import _check_step, _setup
         for name in sorted(VARIANTS):
             for B in (1, 5):
-                cfg = make_cfg(name)
-                w = tiny_weights(cfg, seed=3)
-                st = prefill_state(cfg, w, [5 + 9 * i for i in range(B)], seed=3, chunk=16)
-                batch = decode_batch(st, list(range(3, 3 + B)))
-                ref = Cohere2MoeModel(cfg, w).forward(batch, clone_cache(st.cache))
+                cfg, w, st, nxt = _setup(name, B, seed=3)
                 plan = ModelPlan(cfg, st.layout, max_batch=8, n_workers=4, split_tokens=4, tile_kb=3)
-                si = step_inputs(plan, batch.input_ids.tolist(), batch.positions.tolist(), batch.block_tables)
-                tl = build_tasks(plan, si.B, si.nsplit)
-                validate(tl)
-                for seed in (0, 1):
-                    res = Simulator(plan, w).step(si, tl, clone_cache(st.cache), seed=seed)
-                    err = float((res.logits - ref).abs().max() / ref.abs().max())
-                    assert err < 1e-5, (name, B, seed, err)
+                _check_step(cfg, w, st, nxt, plan, seeds=[0, 1])
         print("ok")
     """)
     assert out.strip() == "ok"
@@ -88,14 +76,10 @@ def test_two_block_build_compiles_without_spills(tmp_path):
     if build.find_nvcc() is None:
         pytest.skip("nvcc not installed")
     out = _run("""
-        import re
-        from megakernel.kernel import build, opcodes as O
+        from megakernel.kernel import build
+        from test_build import check_build_log
         lib = build.build("sm_90a")
-        log = (lib.parent / "build.log").read_text()
-        m = re.search(r"Function properties for mk_decode\\s+(\\d+) bytes stack frame, (\\d+) bytes spill stores", log)
-        assert m and int(m.group(2)) == 0, log[-2000:]
-        s = re.search(r"Compiling entry function 'mk_decode'.*?Used \\d+ registers.*?(\\d+) bytes smem", log, re.S)
-        assert s and int(s.group(1)) <= O.SMEM_RESERVE, log[-2000:]
+        check_build_log((lib.parent / "build.log").read_text())
         print("ok")
     """, tmp_path)
     assert out.strip() == "ok"

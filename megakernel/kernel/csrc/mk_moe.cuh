@@ -258,6 +258,7 @@ __device__ __noinline__ bool moe_worker_ws(const Params& P, int ticket, int l, i
                                             + (size_t)it.cnt * row_pitch(it.T.K) * 2);   // what it would need
                     s_wpend[slot] = 1;         // an unconsumed stop is drained like a load
                     mbar_arrive(&s_wbar[slot]);
+                    arm_empty_chunks(slot);
                 }
                 break;
             }
@@ -272,7 +273,7 @@ __device__ __noinline__ bool moe_worker_ws(const Params& P, int ticket, int l, i
             }
             __syncwarp();                      // lane 0's expect_tx in the issue releases the meta with it
             issue_weights_w0(reinterpret_cast<bf16*>(smem + moe_w(P, slot)), it.T.w0, it.T.n0, it.T.w1, it.T.n1,
-                             it.T.K, slot);
+                             it.T.K, slot, true);   // (whole: the compute warps wait on s_wbar[slot])
         }
     } else {                                  // the compute warps
         for (int t = 0;; t++) {
@@ -538,7 +539,17 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
         __syncthreads();                     // (profiling only: the inputs' loads are done, for the mark)
         prof_phase(2);
 #endif
-        wait_weights(buf);                   // (its barrier: every thread compared s_xprev, sX is published)
+        // the barrier: every thread compared s_xprev, sX is published; gemv()'s cores wait for the rows chunk by chunk
+        // (MK_WCHUNKS) where the tile is the plain one-buffer or prefetching layout's (the ring's and swizzled cores,
+        // and the early issue, which refills the buffer right after the GEMV, take it landed)
+#if MK_SWZ
+        const bool by_rows = !ring && !sz && !MK_MOE_EARLY_ISSUE;
+#else
+        const bool by_rows = !ring && !MK_MOE_EARLY_ISSUE;
+#endif
+        WaitRows wr{nullptr, 0u, 1};
+        if (by_rows) wr = weights_by_rows(buf, R);
+        else wait_weights(buf);
 #if MK_SWZ
         if (keep_x) inputs_hold(it.cnt, it.T.K, x_key);
 #else
@@ -556,7 +567,7 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
                     R, it.T.K, it.cnt);
             prof_mark(PS_COMPUTED);
         } else {
-            gemv(P, buf, R, it.T.K, it.cnt);
+            gemv(P, buf, R, it.T.K, it.cnt, wr);
         }
         // late: every thread read the previous answer at the end of the last item, and the GEMV's barriers since
         // then separate that read from this write; the item's last barrier below publishes it

@@ -1,7 +1,7 @@
 // Microbenchmark of the megakernel's GEMV inner loop (benchmarks/gemv_stream.py builds and runs it): every block
 // streams its own run of weight tiles from HBM through the kernel's own bulk-copy loader (issue_weights /
 // wait_weights) and GEMV core (gemv), with nothing else in the way: no task list, no counters. Modes:
-//   0 serial    issue a tile, compute its rows as their chunks land (MK_WCHUNKS; 1: wait for all of it first), as a
+//   0 serial    issue a tile, compute its rows as their chunks land (param wchunks; 1: all of it first), as a
 //               megakernel task does
 //   1 double    two buffers: tile t + 1 is issued before tile t is computed (the `prefetch` plan knob)
 //   2 load      serial loads, no math (the loader's ceiling)
@@ -137,7 +137,7 @@ extern "C" __global__ void __launch_bounds__(NT, MK_BLOCKS_PER_SM) gemv_stream(c
             issued = early && t + 1 < tiles;
             if (issued && warp == NW - 1) {
                 issue_weights_w0(reinterpret_cast<bf16*>(smem + sm_w(P, 0)), base + (size_t)(t + 1) * tile_elems, R,
-                                 nullptr, 0, K, 0);
+                                 nullptr, 0, K, 0, PI(wchunks));
             } else {                         // (the epilogue warps; all warps when nothing was issued)
                 const int nthreads = issued ? (NW - 1) * 32 : NT;
                 for (int i = threadIdx.x; i < R * nb; i += nthreads) eout[i] = sOut[(i / nb) * MB + i % nb];
@@ -182,7 +182,7 @@ extern "C" __global__ void __launch_bounds__(NT, MK_BLOCKS_PER_SM) gemv_stream(c
                     break;
                 }
                 const bf16* src = (mode == 7 ? W : base) + (size_t)id * tile_elems;
-                issue_weights_w0(reinterpret_cast<bf16*>(smem + sm_w(P, slot)), src, R, nullptr, 0, K, slot, true);
+                issue_weights_w0(reinterpret_cast<bf16*>(smem + sm_w(P, slot)), src, R, nullptr, 0, K, slot, 1);
             }
         } else {
             for (int t = 0;; t++) {
@@ -233,9 +233,9 @@ extern "C" __global__ void __launch_bounds__(NT, MK_BLOCKS_PER_SM) gemv_stream(c
     for (int t = 0; t < tiles; t++) {
         int buf = 0;
         WaitRows wr = kLanded;
-        if (mode == 0) {                     // serial: the rows land under the math (MK_WCHUNKS chunks), as in the step
+        if (mode == 0) {                     // serial: the rows land under the math (wchunks chunks), as in the step
             issue_weights(P, tile(t), 0);
-            wr = weights_by_rows(0, R);
+            wr = weights_by_rows(P, 0, R);
         } else if (mode == 2) {
             issue_weights(P, tile(t), 0);
             wait_weights(0);

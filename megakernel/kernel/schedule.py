@@ -185,6 +185,9 @@ class ModelPlan:
                                          # where it does today but reads the answer only after this item's GEMV
                                          # (the atomic's round trip off the item's path; the items still run in
                                          # claim order); 0: it waits for the answer first. Not yet measured
+    wchunks: int = 4                     # a GEMV weight tile lands in this many row chunks (1..MAX_WCHUNKS), each on
+                                         # its own mbarrier, and the cores compute a chunk's rows as soon as it
+                                         # lands instead of after the whole tile (1)
     tile_kb: int = 192                   # > 0: one-buffer GEMV tiles (static tasks and expert items) of up to this
                                          # many KiB in multiples of TILE_ROW_QUANTUM rows, not WTILE_BYTES in powers
                                          # of two: at North dims 24-row gate/up tiles at <= 3 rows, 24-row O tiles at
@@ -199,6 +202,8 @@ class ModelPlan:
         cfg = self.cfg
         if not 1 <= self.max_batch <= O.MAX_BATCH:
             raise ValueError(f"max_batch must be in 1..{O.MAX_BATCH}, got {self.max_batch}")
+        if not 1 <= self.wchunks <= O.MAX_WCHUNKS:
+            raise ValueError(f"wchunks must be in 1..{O.MAX_WCHUNKS}, got {self.wchunks}")
         self.L = cfg.num_layers
         self.H, self.Q, self.KV = cfg.hidden_size, cfg.q_size, cfg.kv_size
         self.d, self.nh, self.nkv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads

@@ -88,15 +88,6 @@ typedef __nv_bfloat16 bf16;
 #define MK_MOE_EARLY_ISSUE 0
 #endif
 
-// MK_WCHUNKS: a GEMV weight tile lands in this many row chunks, each on its own mbarrier, and the cores of
-// gemv() wait for the chunk holding the rows they are about to read (mk_loader.cuh WaitRows): the math of the first
-// rows overlaps the landing of the last ones, where a one-buffer tile (tile_kb's 192 KB) used to land whole, then
-// be computed (~2.75 us per 192 KB gate/up item at b1, ~1/3 of its time; SPEED_NOTES.md, ninth session). 1: the
-// whole tile on one mbarrier, waited before the math.
-#ifndef MK_WCHUNKS
-#define MK_WCHUNKS 4
-#endif
-
 // MK_REPEAT_SMALL: an experiment, not a speed-up. The NORM, TOPK and attention-combine tasks run their (idempotent)
 // work this many times before they signal: the second run finds the task's code in the SM's instruction cache, so a trace of the build
 // with 2 against the default's 1 measures how much of a single-block task's ~5-10 us is its first, cold pass.

@@ -182,7 +182,7 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
     } else {
         load_x(reinterpret_cast<bf16*>(smem + sm_x(P, R, T.K)), B, T.K);
     }
-    gemv(P, buf, R, T.K, B, weights_by_rows(buf, R));   // (its barrier publishes sX; the rows land under the math)
+    gemv(P, buf, R, T.K, B, weights_by_rows(P, buf, R));   // (its barrier publishes sX; the rows land under the math)
     const float* sOut = reinterpret_cast<const float*>(smem + SM_OUT);
     switch (op) {
         case OP_QKV: {

@@ -151,6 +151,8 @@ PARAM_FIELDS = (
     # landing chunks of a GEMV weight tile (1..MAX_WCHUNKS; ModelPlan.wchunks): gemv()'s cores compute a chunk's rows
     # as soon as it lands
     "wchunks",
+    # polls of a dependency counter in flight at once (ModelPlan.poll_ahead: 1 or 4; mk_common.cuh wait_counter)
+    "poll_ahead",
     # O-projection tiles in each MoE layer's work queue (the `o_queue` knob; 0: static OPROJ tasks), the eighths of
     # the down items queued ahead of them (ModelPlan.o_after), their rows, and the per-layer offset of the
     # attention-combine counter they wait on

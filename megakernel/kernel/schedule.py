@@ -188,6 +188,9 @@ class ModelPlan:
     wchunks: int = 4                     # a GEMV weight tile lands in this many row chunks (1..MAX_WCHUNKS), each on
                                          # its own mbarrier, and the cores compute a chunk's rows as soon as it
                                          # lands instead of after the whole tile (1)
+    poll_ahead: int = 4                  # 4: a waiting block keeps four relaxed loads of the counter in flight (a
+                                         # release seen ~one L2 round trip after it lands) and reads a record's
+                                         # counters together; 1: one acquire load, then the abort flag, then a sleep
     tile_kb: int = 192                   # > 0: one-buffer GEMV tiles (static tasks and expert items) of up to this
                                          # many KiB in multiples of TILE_ROW_QUANTUM rows, not WTILE_BYTES in powers
                                          # of two: at North dims 24-row gate/up tiles at <= 3 rows, 24-row O tiles at
@@ -202,6 +205,8 @@ class ModelPlan:
         cfg = self.cfg
         if not 1 <= self.max_batch <= O.MAX_BATCH:
             raise ValueError(f"max_batch must be in 1..{O.MAX_BATCH}, got {self.max_batch}")
+        if self.poll_ahead not in (1, 4):
+            raise ValueError(f"poll_ahead must be 1 or 4, got {self.poll_ahead}")
         if not 1 <= self.wchunks <= O.MAX_WCHUNKS:
             raise ValueError(f"wchunks must be in 1..{O.MAX_WCHUNKS}, got {self.wchunks}")
         self.L = cfg.num_layers

@@ -153,6 +153,8 @@ PARAM_FIELDS = (
     "wchunks",
     # polls of a dependency counter in flight at once (ModelPlan.poll_ahead: 1 or 4; mk_common.cuh wait_counter)
     "poll_ahead",
+    # 1: TOPK lays out a queue of at most 32 pairs in one warp, without block barriers (ModelPlan.topk_warp)
+    "topk_warp",
     # O-projection tiles in each MoE layer's work queue (the `o_queue` knob; 0: static OPROJ tasks), the eighths of
     # the down items queued ahead of them (ModelPlan.o_after), their rows, and the per-layer offset of the
     # attention-combine counter they wait on

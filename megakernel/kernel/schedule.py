@@ -191,6 +191,8 @@ class ModelPlan:
     poll_ahead: int = 4                  # 4: a waiting block keeps four relaxed loads of the counter in flight (a
                                          # release seen ~one L2 round trip after it lands) and reads a record's
                                          # counters together; 1: one acquire load, then the abort flag, then a sleep
+    topk_warp: int = 1                   # 1: TOPK lays out an expert queue of <= 32 pairs (batch x top-k) in one
+                                         # warp (a bitonic sort of the pairs) instead of three block-wide phases
     tile_kb: int = 192                   # > 0: one-buffer GEMV tiles (static tasks and expert items) of up to this
                                          # many KiB in multiples of TILE_ROW_QUANTUM rows, not WTILE_BYTES in powers
                                          # of two: at North dims 24-row gate/up tiles at <= 3 rows, 24-row O tiles at

@@ -401,30 +401,35 @@ __device__ __forceinline__ const long long* layer_wptr(const Params& P, int l) {
 }
 __device__ __forceinline__ const int* step_in(const Params& P) { return PP(const int*, step); }
 
-// Waits of the record (thread 0 spins; everyone gets the verdict). poll_ahead > 1: the record's counters are read
-// together first (one round trip for every wait already met, not one each), and only an unmet one is polled.
+// Thread 0: the record's waits, true when all are met. poll_ahead > 1: its counters are read together first (one
+// round trip for every wait already met, not one each), and only an unmet one is polled. Not inlined: inlined into
+// the persistent loop, its registers spill there in some builds.
+__device__ __noinline__ bool wait_rec_t0(const Params& P, const int* rec, int ticket) {
+    int met = 0;                              // bit k: wait k is met (or empty)
+    if (PI(poll_ahead) > 1) {
+        const int* counters = PP(const int*, counters);
+        int v[MK_MAX_WAITS];
+#pragma unroll
+        for (int k = 0; k < MK_MAX_WAITS; k++) {
+            const int c = rec[RF_W0C + 2 * k];
+            v[k] = c >= 0 ? ld_relaxed(counters + c) : 0;
+        }
+#pragma unroll
+        for (int k = 0; k < MK_MAX_WAITS; k++)
+            if (rec[RF_W0C + 2 * k] < 0 || v[k] >= rec[RF_W0T + 2 * k]) met |= 1 << k;
+        if (met) fence_acquire();
+    }
+    for (int k = 0; k < MK_MAX_WAITS; k++) {
+        const int c = rec[RF_W0C + 2 * k];
+        if (c >= 0 && !(met & (1 << k)) && !wait_counter(P, c, rec[RF_W0T + 2 * k], ticket)) return false;
+    }
+    return true;
+}
+
+// Waits of the record (thread 0 spins; everyone gets the verdict).
 __device__ __forceinline__ bool wait_rec(const Params& P, const int* rec, int ticket) {
     int ok = 1;
-    if (threadIdx.x == 0) {
-        int met = 0;                          // bit k: wait k is met (or empty)
-        if (PI(poll_ahead) > 1) {
-            const int* counters = PP(const int*, counters);
-            int v[MK_MAX_WAITS];
-#pragma unroll
-            for (int k = 0; k < MK_MAX_WAITS; k++) {
-                const int c = rec[RF_W0C + 2 * k];
-                v[k] = c >= 0 ? ld_relaxed(counters + c) : 0;
-            }
-#pragma unroll
-            for (int k = 0; k < MK_MAX_WAITS; k++)
-                if (rec[RF_W0C + 2 * k] < 0 || v[k] >= rec[RF_W0T + 2 * k]) met |= 1 << k;
-            if (met) fence_acquire();
-        }
-        for (int k = 0; k < MK_MAX_WAITS && ok; k++) {
-            const int c = rec[RF_W0C + 2 * k];
-            if (c >= 0 && !(met & (1 << k))) ok = wait_counter(P, c, rec[RF_W0T + 2 * k], ticket) ? 1 : 0;
-        }
-    }
+    if (threadIdx.x == 0) ok = wait_rec_t0(P, rec, ticket) ? 1 : 0;
     prof_mark(PS_WAITED);
     return __syncthreads_and(ok) != 0;
 }

@@ -39,6 +39,57 @@ __device__ __forceinline__ void topk_load_row(const float* logits, int E, int nq
     }
 }
 
+// Warp 0, at most 32 pairs (B * k <= 32; the plan's topk_warp): the layer's expert queue from the rows' picks (sId,
+// their routing weights in sSc, both [B][ld]) with no block barrier, where the general layout below takes three. Lane
+// i holds pair (row i / k, its kk-th pick); one bitonic sort of (expert, row, kk) keys puts the pairs in queue order
+// (experts ascending, rows ascending within one), so lane j holds queue pair j: an expert's first lane (a ballot)
+// writes its slot (first lanes below it), first pair (its own lane) and count (up to the next first lane), and a
+// pair's rank (its expert's place among its row's experts, ascending) is the number of its row's lanes below it.
+// The same queue as the general layout, element for element.
+__device__ __forceinline__ void topk_queue_warp(const Params& P, int B, int k, int ld, const int* sId, const float* sSc,
+                                                int* route) {
+    const int lane = threadIdx.x & 31, n = B * k;
+    unsigned key = 0xffffffffu;                                   // (past the pairs: sorts last)
+    if (lane < n) {
+        const int b = lane / k, kk = lane - b * k;
+        key = ((unsigned)sId[b * ld + kk] << 16) | ((unsigned)b << 8) | (unsigned)kk;
+    }
+#pragma unroll
+    for (int size = 2; size <= 32; size <<= 1) {
+#pragma unroll
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            const unsigned other = __shfl_xor_sync(0xffffffffu, key, stride);
+            const bool up = (lane & size) == 0 || size == 32, low = (lane & stride) == 0;
+            key = (low == up) ? min(key, other) : max(key, other);
+        }
+    }
+    const int e = (int)(key >> 16), b = (int)((key >> 8) & 0xff), kk = (int)(key & 0xff);
+    const int prev = __shfl_up_sync(0xffffffffu, e, 1);
+    const bool in = lane < n, first = in && (lane == 0 || prev != e);
+    const unsigned firsts = __ballot_sync(0xffffffffu, first);
+    const unsigned below = (1u << lane) - 1u;
+    const unsigned same_row = __match_any_sync(0xffffffffu, in ? b : -1);
+    if (first) {
+        const unsigned later = firsts & ~(below | (1u << lane));
+        const int next = later ? __ffs(later) - 1 : n;
+        const int slot = __popc(firsts & below);
+        route[PI(r_slot_expert) + slot] = e;
+        route[PI(r_slot_start) + slot] = lane;
+        route[PI(r_slot_cnt) + slot] = next - lane;
+    }
+    if (in) {
+        route[PI(r_pair_row) + lane] = b;
+        route[PI(r_pair_rank) + lane] = __popc(same_row & below);
+        route[PI(r_pair_w) + lane] = __float_as_int(sSc[b * ld + kk]);
+        route[PI(r_topk_ids) + b * k + kk] = e;
+    }
+    if (lane == 0) {
+        const int na = __popc(firsts);
+        route[0] = na;
+        route[1] = na * (PI(gu_tiles) + PI(dn_tiles)) + PI(o_items);
+    }
+}
+
 // Bytes of topk_route's shared-memory scratch at the start of the dynamic shared memory (the layout below;
 // schedule.small_task_smem_bytes sizes it for the largest batch).
 __device__ __forceinline__ int topk_scratch_bytes(int E) {
@@ -161,6 +212,16 @@ __device__ __noinline__ void topk_route(const Params& P, int m, int* route) {
 #endif
     __syncthreads();
     prof_phase(0);
+    if (PI(topk_warp) && B * k <= 32) {       // every pair in one warp's lanes: no further block barrier
+        if (warp == 0) topk_queue_warp(P, B, k, MK_MAX_TOPK, sId, sSc, route);
+        prof_phase(1);
+        prof_phase(2);
+#if MK_PROFILE
+        __syncthreads();
+#endif
+        prof_phase(3);
+        return;
+    }
     // 2. per expert (a thread each, whole warps): the rows that chose it, then its slot (active experts ascending)
     //    and its first pair (counts summed in that order) by a scan over the experts
     int cnt = 0, act_incl = 0, cnt_incl = 0;

@@ -24,6 +24,12 @@ which runs the same list in random dependency-respecting orders, too):
   signals the layer's MLP counter once, after it found the queue empty; the counter reaches n_workers only when
   every claimed item is finished.
 
+  Knob `router_topk`: no TOPK task; each router tile adds to its layer's router counter with an acq_rel atomic, and
+  the one that completes the count routes the layer and then signals the top-k counter the workers wait on. That
+  tile waits on nothing more (every other tile released its logits before its add), so it finishes like any static
+  task, and the top-k counter's producer is a router tile, listed before every worker of its layer: the induction
+  holds with the router tiles as the counter's producers (`validate()` counts them so).
+
 `validate()` checks the precondition (every wait refers only to earlier producers and its target equals the
 number of producers) on every list built in tests.
 """
@@ -158,6 +164,9 @@ class ModelPlan:
                                          # layer itself (the same code, into its shared memory): the router ->
                                          # top-k -> workers hand-off, ~8 us per layer at batch 1, loses a hop.
                                          # Needs MK_MOE_LOCAL=1 (default). Not yet measured
+    router_topk: int = 0                 # 1: no TOPK task; the router tile that completes its layer's router
+                                         # counter (an acq_rel add tells which) routes the layer and signals the
+                                         # top-k counter the workers wait on: one dependency hop (~1.5-2 us) less
     combine_parts: int = 1               # each (row, kv head)'s attention combine as this many tasks, each over
                                          # group / combine_parts of its query heads (a divisor of the group): a
                                          # combine of 256 splits (128K+ contexts) reads ~1 MB, on one SM at 1.
@@ -207,6 +216,8 @@ class ModelPlan:
         cfg = self.cfg
         if not 1 <= self.max_batch <= O.MAX_BATCH:
             raise ValueError(f"max_batch must be in 1..{O.MAX_BATCH}, got {self.max_batch}")
+        if self.router_topk and self.worker_topk:
+            raise ValueError("router_topk and worker_topk both replace the TOPK task: pick one")
         if self.poll_ahead not in (1, 4):
             raise ValueError(f"poll_ahead must be 1 or 4, got {self.poll_ahead}")
         if not 1 <= self.wchunks <= O.MAX_WCHUNKS:
@@ -574,14 +585,20 @@ def build_tasks(plan: ModelPlan, B: int, nsplit: np.ndarray) -> TaskList:
         def emit_routing() -> int:
             r0, nr = _tiles(plan.E, plan.router_rows)
             c_rl = ctr(l, plan.c_rl, "router tiles", len(r0))
+            # router_topk: a2 the top-k counter, a3 the tile count; the tile whose signal completes the count
+            # routes the layer and signals a2 (no TOPK task, no hop between the last logits and the routing)
+            c_rt = ctr(l, plan.c_route, "top-k", 1) if plan.router_topk else 0
             # fused: the tile of row 0 writes the normed rows the MoE items read (they wait on all router tiles)
-            em.emit(Op.ROUTER, l, len(r0), sig=c_rl, waits=x_waits, a0=r0, a1=nr,
+            em.emit(Op.ROUTER, l, len(r0), sig=c_rl, waits=x_waits, a0=r0, a1=nr, a2=c_rt,
+                    a3=len(r0) if plan.router_topk else 0,
                     flags=fl | np.where(fuse & (r0 == 0), O.FLAG_WRITE_X, 0))
             for j in range(plan.n_slots):
                 # targets of the per-slot gate/up counters are dynamic (gu_tiles when the slot is active)
                 names[l * cpl + plan.c_gu + j] = f"layer {l} expert slot {j} gate/up items"
             if plan.worker_topk:             # the workers route the layer themselves, from the router tiles
                 return c_rl, len(r0)
+            if plan.router_topk:
+                return c_rt, 1
             c = ctr(l, plan.c_route, "top-k", 1)
             em.emit(Op.TOPK, l, 1, sig=c, waits=[(c_rl, len(r0))], a0=m)
             return c, 1
@@ -685,10 +702,15 @@ def validate(tl: TaskList) -> None:
     rec = tl.records
     produced: dict[int, int] = {}
     final = {}
+    routed_by: dict[int, int] = {}   # router_topk: top-k counter -> index of its last router tile in the list
     for i in range(len(rec)):
         c = int(rec[i, O.R["sig"]])
         if c >= 0:
             final[c] = final.get(c, 0) + 1
+        if int(rec[i, O.R["op"]]) == Op.ROUTER and int(rec[i, O.R["a3"]]) > 0:
+            routed_by[int(rec[i, O.R["a2"]])] = i
+    for c in routed_by:
+        final[c] = final.get(c, 0) + 1      # signalled once, by whichever of its router tiles completes the count
     for i in range(len(rec)):
         for k in range(O.MAX_WAITS):
             c, t = int(rec[i, O.R[f"w{k}c"]]), int(rec[i, O.R[f"w{k}t"]])
@@ -703,3 +725,6 @@ def validate(tl: TaskList) -> None:
         c = int(rec[i, O.R["sig"]])
         if c >= 0:
             produced[c] = produced.get(c, 0) + 1
+        for rc, last in routed_by.items():
+            if last == i:                   # every router tile of the counter is listed by now
+                produced[rc] = produced.get(rc, 0) + 1

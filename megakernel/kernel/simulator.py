@@ -202,6 +202,11 @@ class Simulator:
         sig = int(r[O.R["sig"]])
         if sig >= 0:
             self._wake(sig)
+        if op == Op.ROUTER and a3 > 0 and self.counters[sig] == a3:
+            # router_topk: this tile completed the router counter (the kernel's acq_rel add returned a3 - 1), so it
+            # routes the layer and signals the top-k counter
+            self.wr("route", (self.plan.moe_idx[l],), self._route(self.plan.moe_idx[l]))
+            self._wake(a2)
 
     def _wake(self, c: int) -> None:
         self.counters[c] += 1

@@ -409,6 +409,28 @@ def test_simulator_with_workers_routing_themselves(variant, B, o_queue):
     _check_step(cfg, w, st, nxt, plan, seeds=[B, B + 13])
 
 
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("B", [1, 5])
+def test_simulator_with_the_last_router_tile_routing(variant, B):
+    """router_topk: no TOPK tasks; the router tile that completes its layer's router counter routes the layer and
+    signals the top-k counter the workers wait on (a2 of every router record, a3 the tile count). validate() counts
+    the router tiles as that counter's producers; exact in random orders (a different tile is last in each)."""
+    cfg, w, st, nxt = _setup(variant, B, seed=71 + B)
+    plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=2, split_tokens=4, router_topk=1, router_tile_rows=2)
+    batch = decode_batch(st, nxt)
+    si = step_inputs(plan, batch.input_ids.tolist(), batch.positions.tolist(), batch.block_tables)
+    rec = build_tasks(plan, si.B, si.nsplit).records
+    assert not (rec[:, 0] == int(O.Op.TOPK)).any()
+    routers = rec[rec[:, 0] == int(O.Op.ROUTER)]
+    assert (routers[:, O.R["a3"]] > 1).all()               # several tiles per layer: which one routes varies
+    assert (routers[:, O.R["a2"]] == routers[:, O.R["layer"]] * plan.cpl + plan.c_route).all()
+    workers = rec[rec[:, 0] == int(O.Op.MOE_WORKER)]
+    assert (workers[:, O.R["w0c"]] == workers[:, O.R["layer"]] * plan.cpl + plan.c_route).all()
+    _check_step(cfg, w, st, nxt, plan, seeds=[B, B + 13, B + 29])
+    with pytest.raises(ValueError, match="pick one"):
+        ModelPlan(cfg, st.layout, max_batch=16, router_topk=1, worker_topk=1)
+
+
 def test_combine_parts_must_divide_the_query_group():
     """North (8 query heads of 128 per kv head): parts of 1, 2 (512 outputs, one per thread), 4 and 8 heads' worth
     plan; 3 does not divide the group."""

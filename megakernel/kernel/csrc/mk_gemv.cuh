@@ -5,6 +5,7 @@
 #include "mk_common.cuh"
 #include "mk_norm.cuh"      // residual_row / norm_row: tiles with FLAG_FUSED_NORM normalise their own inputs
 #include "mk_gemv_core.cuh"
+#include "mk_routing.cuh"   // router_topk plans: the last router tile of a layer routes it
 
 // ---- static GEMV tasks ---------------------------------------------------------------------------------------
 __device__ __forceinline__ bool is_gemv_op(int op) {
@@ -256,6 +257,7 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
             break;
         }
     }
+    if (op == OP_ROUTER && rec[RF_A3] > 0) return router_signal_route(P, rec, ticket, li[LI_MOE_IDX]);
     task_signal(P, rec[RF_SIG]);
     return true;
 }

@@ -285,6 +285,37 @@ __device__ __noinline__ void topk_route(const Params& P, int m, int* route) {
     prof_phase(3);
 }
 
+__device__ __forceinline__ int atom_add_acq_rel(int* p, int v) {
+    int old;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+
+// All threads, at the end of a router tile of a router_topk plan (rec: a2 the layer's top-k counter, a3 its router
+// tiles; schedule.py): the tile's add to the router counter is an acq_rel atomic, and the tile whose add completes
+// the count (every other tile released its logits before its own add; this add acquired them) routes layer m
+// (topk_route) and signals the top-k counter. Replaces task_signal for the tile. False on a layout error.
+__device__ __noinline__ bool router_signal_route(const Params& P, const int* rec, int ticket, int m) {
+    __shared__ int s_last;
+    __syncthreads();                          // every logit of this tile stored
+    prof_mark(PS_END);
+    if (threadIdx.x == 0) {
+#if MK_SIGNAL_FENCE
+        __threadfence();
+#endif
+        s_last = atom_add_acq_rel(PP(int*, counters) + rec[RF_SIG], 1) == rec[RF_A3] - 1;
+    }
+    __syncthreads();
+    if (s_last) {
+        if (!smem_fits(P, (size_t)topk_scratch_bytes(PI(E)), ticket)) return false;
+        topk_route(P, m, PP(int*, route) + (size_t)m * PI(r_stride));
+        task_signal(P, rec[RF_A2]);
+    } else if (threadIdx.x == 0 && !PI(claim_ahead)) {
+        s_next = atomicAdd(PP(int*, ctrl) + CTRL_TICKET, 1);   // (task_signal's claim)
+    }
+    return true;
+}
+
 __device__ __noinline__ bool task_topk(const Params& P, const int* rec, int ticket) {
     if (!wait_rec(P, rec, ticket)) return false;
     const int m = rec[RF_A0];

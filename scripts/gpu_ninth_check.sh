@@ -13,7 +13,7 @@ OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 MEGAKERNEL_CACHE_DIR=/tmp/mkcache
 POINTS=${POINTS:-1x8192,2x8192,8x8192,1x32768}
 VARIANTS=${VARIANTS:-"default poll_ahead=1 wchunks=1 topk_warp=0 poll_ahead=1,wchunks=1,topk_warp=0 router_topk=1
-moe_claim_late=1 router_topk=1,moe_claim_late=1 fused_norm=2 split_tokens=1024 n_workers=120 default"}
+o_prefetch=1 moe_claim_late=1 router_topk=1,moe_claim_late=1 fused_norm=2 split_tokens=1024 n_workers=120 default"}
 ALSO_TUNING=${ALSO_TUNING:-router_topk=1}
 t0=$(date +%s)
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader;

@@ -155,6 +155,9 @@ PARAM_FIELDS = (
     "poll_ahead",
     # 1: TOPK lays out a queue of at most 32 pairs in one warp, without block barriers (ModelPlan.topk_warp)
     "topk_warp",
+    # bytes of the layer's O-projection weights each MoE worker prefetches into L2 before it waits for the routing, a
+    # multiple of 512 (ModelPlan.o_prefetch: plans with O items in the expert queue; 0: none)
+    "o_prefetch",
     # O-projection tiles in each MoE layer's work queue (the `o_queue` knob; 0: static OPROJ tasks), the eighths of
     # the down items queued ahead of them (ModelPlan.o_after), their rows, and the per-layer offset of the
     # attention-combine counter they wait on

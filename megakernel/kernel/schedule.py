@@ -202,6 +202,10 @@ class ModelPlan:
                                          # counters together; 1: one acquire load, then the abort flag, then a sleep
     topk_warp: int = 1                   # 1: TOPK lays out an expert queue of <= 32 pairs (batch x top-k) in one
                                          # warp (a bitonic sort of the pairs) instead of three block-wide phases
+    o_prefetch: int = 0                  # 1 (plans with O items in the expert queue): each MoE worker prefetches
+                                         # 1/n_workers of its layer's O-projection weights into L2 (a bulk
+                                         # prefetch, no shared memory) before it waits for the routing, so the
+                                         # routing gap's idle HBM loads them and the O items read L2
     tile_kb: int = 192                   # > 0: one-buffer GEMV tiles (static tasks and expert items) of up to this
                                          # many KiB in multiples of TILE_ROW_QUANTUM rows, not WTILE_BYTES in powers
                                          # of two: at North dims 24-row gate/up tiles at <= 3 rows, 24-row O tiles at
@@ -302,6 +306,9 @@ class ModelPlan:
         self.n_lm_tiles = len(self.lm_runs)          # LM-head tasks: one maximum per row each
         self.n_o_tiles = math.ceil(self.H / self.o_rows)
         self.o_items = self.n_o_tiles if o_in_queue and self.Lm else 0     # per MoE layer's queue
+        # o_prefetch: each worker's share of an O-projection matrix, whole 16-byte pieces for 32 lanes
+        o_bytes = self.H * self.Q * 2
+        self.o_prefetch_bytes = (-(-o_bytes // (self.n_workers * 512)) * 512) if self.o_prefetch and self.o_items else 0
         if self.combine_parts < 1 or self.g % self.combine_parts or \
                 (self.combine_parts > 1 and self.g // self.combine_parts * self.d > O.NUM_THREADS):
             raise ValueError(f"combine_parts={self.combine_parts} must divide the {self.g} query heads per kv head, "
@@ -665,7 +672,8 @@ def build_tasks(plan: ModelPlan, B: int, nsplit: np.ndarray) -> TaskList:
         mlp_target = 0
         c_mlp = l * cpl + plan.c_mlp
         if moe:
-            em.emit(Op.MOE_WORKER, l, plan.n_workers, sig=c_mlp, waits=[route_wait], a0=m)
+            em.emit(Op.MOE_WORKER, l, plan.n_workers, sig=c_mlp, waits=[route_wait], a0=m,
+                    a1=np.arange(plan.n_workers))   # a1: the worker's index (its o_prefetch share)
             mlp_target += plan.n_workers
         # 8. static MLP down tiles
         if kind != O.MLP_NONE:

@@ -151,13 +151,8 @@ PARAM_FIELDS = (
     # landing chunks of a GEMV weight tile (1..MAX_WCHUNKS; ModelPlan.wchunks): gemv()'s cores compute a chunk's rows
     # as soon as it lands
     "wchunks",
-    # polls of a dependency counter in flight at once (ModelPlan.poll_ahead: 1 or 4; mk_common.cuh wait_counter)
-    "poll_ahead",
     # 1: TOPK lays out a queue of at most 32 pairs in one warp, without block barriers (ModelPlan.topk_warp)
     "topk_warp",
-    # bytes of the layer's O-projection weights each MoE worker prefetches into L2 before it waits for the routing, a
-    # multiple of 512 (ModelPlan.o_prefetch: plans with O items in the expert queue; 0: none)
-    "o_prefetch",
     # O-projection tiles in each MoE layer's work queue (the `o_queue` knob; 0: static OPROJ tasks), the eighths of
     # the down items queued ahead of them (ModelPlan.o_after), their rows, and the per-layer offset of the
     # attention-combine counter they wait on

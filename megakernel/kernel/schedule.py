@@ -145,6 +145,9 @@ class ModelPlan:
     max_batch: int
     n_workers: int = 132                 # MOE_WORKER tasks per MoE layer (the grid size on the GPU)
     split_tokens: int | None = None      # keys per attention split (None: DEFAULT_SPLIT_TOKENS, grown for long ctx)
+    wide_split_batch: int = 8            # steps of at least this many rows split attention at 2 x DEFAULT_SPLIT_TOKENS
+                                         # (0: never): with 32+ (row, kv head) pairs, fewer, longer splits cost less
+                                         # SM time (b8 8K 16.14 vs 16.66 ms; b1 4.68 vs 4.17, b2 6.07 vs 6.13)
     attn_stages: int = O.DEFAULT_ATTN_STAGES   # K/V chunks in the attention ring (2..ATTN_MAX_STAGES)
     oproj_first: int = 0                 # 1: each layer's O-projection tiles listed ahead of its MoE workers
     qkv_by_head: int = 1                 # 1: QKV tiles listed kv head by head (its K, V, then Q tiles), not Q, K, V
@@ -197,15 +200,8 @@ class ModelPlan:
     wchunks: int = 4                     # a GEMV weight tile lands in this many row chunks (1..MAX_WCHUNKS), each on
                                          # its own mbarrier, and the cores compute a chunk's rows as soon as it
                                          # lands instead of after the whole tile (1)
-    poll_ahead: int = 4                  # 4: a waiting block keeps four relaxed loads of the counter in flight (a
-                                         # release seen ~one L2 round trip after it lands) and reads a record's
-                                         # counters together; 1: one acquire load, then the abort flag, then a sleep
     topk_warp: int = 1                   # 1: TOPK lays out an expert queue of <= 32 pairs (batch x top-k) in one
                                          # warp (a bitonic sort of the pairs) instead of three block-wide phases
-    o_prefetch: int = 0                  # 1 (plans with O items in the expert queue): each MoE worker prefetches
-                                         # 1/n_workers of its layer's O-projection weights into L2 (a bulk
-                                         # prefetch, no shared memory) before it waits for the routing, so the
-                                         # routing gap's idle HBM loads them and the O items read L2
     tile_kb: int = 192                   # > 0: one-buffer GEMV tiles (static tasks and expert items) of up to this
                                          # many KiB in multiples of TILE_ROW_QUANTUM rows, not WTILE_BYTES in powers
                                          # of two: at North dims 24-row gate/up tiles at <= 3 rows, 24-row O tiles at
@@ -222,8 +218,6 @@ class ModelPlan:
             raise ValueError(f"max_batch must be in 1..{O.MAX_BATCH}, got {self.max_batch}")
         if self.router_topk and self.worker_topk:
             raise ValueError("router_topk and worker_topk both replace the TOPK task: pick one")
-        if self.poll_ahead not in (1, 4):
-            raise ValueError(f"poll_ahead must be 1 or 4, got {self.poll_ahead}")
         if not 1 <= self.wchunks <= O.MAX_WCHUNKS:
             raise ValueError(f"wchunks must be in 1..{O.MAX_WCHUNKS}, got {self.wchunks}")
         self.L = cfg.num_layers
@@ -306,9 +300,6 @@ class ModelPlan:
         self.n_lm_tiles = len(self.lm_runs)          # LM-head tasks: one maximum per row each
         self.n_o_tiles = math.ceil(self.H / self.o_rows)
         self.o_items = self.n_o_tiles if o_in_queue and self.Lm else 0     # per MoE layer's queue
-        # o_prefetch: each worker's share of an O-projection matrix, whole 16-byte pieces for 32 lanes
-        o_bytes = self.H * self.Q * 2
-        self.o_prefetch_bytes = (-(-o_bytes // (self.n_workers * 512)) * 512) if self.o_prefetch and self.o_items else 0
         if self.combine_parts < 1 or self.g % self.combine_parts or \
                 (self.combine_parts > 1 and self.g // self.combine_parts * self.d > O.NUM_THREADS):
             raise ValueError(f"combine_parts={self.combine_parts} must divide the {self.g} query heads per kv head, "
@@ -411,10 +402,12 @@ class ModelPlan:
         }
 
     # ---- per step -------------------------------------------------------------------------------------------------
-    def split_size(self, max_range: int) -> int:
+    def split_size(self, max_range: int, B: int = 1) -> int:
         if self.split_tokens is not None:
             return self.split_tokens
         s = O.DEFAULT_SPLIT_TOKENS
+        if self.wide_split_batch and B >= self.wide_split_batch:
+            s *= 2
         need = math.ceil(max_range / O.MAX_SPLITS_PER_HEAD)
         if need > s:
             s = (need + 63) // 64 * 64
@@ -488,7 +481,7 @@ def step_inputs(plan: ModelPlan, input_ids: list[int], positions: list[int],
             los[s, gi] = 0 if grp.window is None else max(0, p - grp.window + 1)
     pos = np.asarray(positions, dtype=np.int64)
     ranges = pos[:, None] + 1 - los
-    S = plan.split_size(int(ranges.max()))
+    S = plan.split_size(int(ranges.max()), B)
     nsplit = ((ranges + S - 1) // S).astype(np.int32)
     step = np.zeros(2 * Bm + 2 * Bm * G, dtype=np.int32)
     step[:B] = input_ids
@@ -672,8 +665,7 @@ def build_tasks(plan: ModelPlan, B: int, nsplit: np.ndarray) -> TaskList:
         mlp_target = 0
         c_mlp = l * cpl + plan.c_mlp
         if moe:
-            em.emit(Op.MOE_WORKER, l, plan.n_workers, sig=c_mlp, waits=[route_wait], a0=m,
-                    a1=np.arange(plan.n_workers))   # a1: the worker's index (its o_prefetch share)
+            em.emit(Op.MOE_WORKER, l, plan.n_workers, sig=c_mlp, waits=[route_wait], a0=m)
             mlp_target += plan.n_workers
         # 8. static MLP down tiles
         if kind != O.MLP_NONE:

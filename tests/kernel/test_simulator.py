@@ -158,7 +158,11 @@ def test_north_task_list_shape():
     assert plan.smem_bytes() <= O.SMEM_LIMIT
     tables = [[list(range(200)), list(range(200))] for _ in range(16)]
     si = step_inputs(plan, [5] * 16, [8191 - i for i in range(16)], tables)
-    assert si.nsplit[:, 0].max() == 16 and si.nsplit[:, 1].max() == 8        # full 8K / 512, sliding 4096 / 512
+    # 16 rows >= wide_split_batch: 1024-key splits (full 8K / 1024, sliding 4096 / 1024); one row: 512-key splits
+    assert si.split_tokens == 2 * O.DEFAULT_SPLIT_TOKENS == 1024
+    assert si.nsplit[:, 0].max() == 8 and si.nsplit[:, 1].max() == 4
+    one = step_inputs(plan, [5], [8191], tables[:1])
+    assert one.split_tokens == 512 and one.nsplit[0, 0] == 16 and one.nsplit[0, 1] == 8
     tl = build_tasks(plan, si.B, si.nsplit)
     validate(tl)
     ops = np.bincount(tl.records[:, 0], minlength=13)
@@ -445,10 +449,9 @@ def test_combine_parts_must_divide_the_query_group():
         ModelPlan(cfg, layout, max_batch=16, combine_parts=3)
 
 
-def test_landing_chunks_and_poll_knobs_are_checked():
-    """wchunks (a tile's landing chunks, each an mbarrier of the kernel's fixed array) must be 1..MAX_WCHUNKS and
-    poll_ahead (polls in flight: the kernel has the one-at-a-time loop and the four-slot ring) 1 or 4: anything else
-    is refused when the plan is built, not silently run with another value."""
+def test_landing_chunks_are_checked():
+    """wchunks (a tile's landing chunks, each an mbarrier of the kernel's fixed array) must be 1..MAX_WCHUNKS:
+    anything else is refused when the plan is built, not silently run with another value."""
     from megakernel.config import north_mini_code_config
     from megakernel.kernel import opcodes as O
     from megakernel.kv.cache import KVLayout
@@ -460,8 +463,6 @@ def test_landing_chunks_and_poll_knobs_are_checked():
     for w in (0, O.MAX_WCHUNKS + 1):
         with pytest.raises(ValueError, match="wchunks"):
             ModelPlan(cfg, layout, max_batch=1, wchunks=w)
-    with pytest.raises(ValueError, match="poll_ahead"):
-        ModelPlan(cfg, layout, max_batch=1, poll_ahead=2)
 
 
 def test_expert_ring_tilings_on_north_dims():

@@ -157,10 +157,6 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned b
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n"
                  ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy) : "memory");
 }
-// A hint: bytes (a multiple of 16, 16-byte aligned) of global memory brought into L2, nothing waits for it.
-__device__ __forceinline__ void prefetch_l2(const void* src, unsigned bytes) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
-}
 __device__ __forceinline__ void mbar_inval(unsigned long long* bar) {
     asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
@@ -183,14 +179,6 @@ __device__ __forceinline__ int ld_acquire(const int* p) {
     return v;
 }
 __device__ __forceinline__ int ld_volatile(const int* p) { return *((volatile const int*)p); }
-__device__ __forceinline__ int ld_relaxed(const int* p) {
-    int v;
-    asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-// After a relaxed load that saw a counter reach its target: the acquire pattern (ld.relaxed; fence.acq_rel) orders
-// every later read of this thread after the producers' releases.
-__device__ __forceinline__ void fence_acquire() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
 __device__ __forceinline__ void red_release(int* p, int v) {
     asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
@@ -243,55 +231,17 @@ __device__ __forceinline__ void record_error(const Params& P, int code, int task
 
 // Thread 0 only. Spins until counters[c] >= target. Returns false when the step is aborted (another block's
 // watchdog fired) or when this wait exceeds the watchdog: then it records which counter is stuck and aborts.
-// poll_ahead (the plan's knob) > 1: four relaxed loads of the counter stay in flight, spaced by a short sleep, and each
-// is checked only when it returns, so a release is seen one L2 round trip (~1.4 us while the other SMs stream weights)
-// plus a quarter of one after it lands; the abort flag's load rides along and is checked once per four. 1: one
-// acquire load at a time, then the abort flag's, then a doubling sleep (two round trips and the sleep per poll).
 __device__ __noinline__ bool wait_counter(const Params& P, int c, int target, int task) {
     int* ctrl = PP(int*, ctrl);
     const int* counters = PP(const int*, counters);
-    const int* cp = counters + c;
-    const unsigned long long limit = (unsigned long long)PL(watchdog_ns);
-    if (PI(poll_ahead) > 1) {
-        if (ld_relaxed(cp) >= target) { fence_acquire(); return true; }
-        const unsigned long long t0 = globaltimer();
-        int v0 = ld_relaxed(cp);
-        __nanosleep(64);
-        int v1 = ld_relaxed(cp);
-        __nanosleep(64);
-        int v2 = ld_relaxed(cp);
-        __nanosleep(64);
-        int v3 = ld_relaxed(cp);
-        int ab = ld_relaxed(ctrl + CTRL_ABORT);
-        while (true) {
-            // (each check waits only for that load; the other three stay in flight)
-            if (v0 >= target) { fence_acquire(); return true; }
-            v0 = ld_relaxed(cp);
-            __nanosleep(64);
-            if (v1 >= target) { fence_acquire(); return true; }
-            v1 = ld_relaxed(cp);
-            __nanosleep(64);
-            if (v2 >= target) { fence_acquire(); return true; }
-            v2 = ld_relaxed(cp);
-            __nanosleep(64);
-            if (v3 >= target) { fence_acquire(); return true; }
-            v3 = ld_relaxed(cp);
-            if (ab) return false;
-            ab = ld_relaxed(ctrl + CTRL_ABORT);
-            if (globaltimer() - t0 > limit) {
-                record_error(P, MK_ERR_WATCHDOG, task, c, ld_volatile(cp), target);
-                return false;
-            }
-            __nanosleep(64);
-        }
-    }
-    if (ld_acquire(cp) >= target) return true;
+    if (ld_acquire(counters + c) >= target) return true;
     const unsigned long long t0 = globaltimer();
+    const unsigned long long limit = (unsigned long long)PL(watchdog_ns);
     unsigned ns = 20;
     while (true) {
         __nanosleep(ns);
         if (ns < 200) ns += ns;
-        int v = ld_acquire(cp);
+        int v = ld_acquire(counters + c);
         if (v >= target) return true;
         if (ld_volatile(ctrl + CTRL_ABORT)) return false;
         if (globaltimer() - t0 > limit) {
@@ -405,35 +355,15 @@ __device__ __forceinline__ const long long* layer_wptr(const Params& P, int l) {
 }
 __device__ __forceinline__ const int* step_in(const Params& P) { return PP(const int*, step); }
 
-// Thread 0: the record's waits, true when all are met. poll_ahead > 1: its counters are read together first (one
-// round trip for every wait already met, not one each), and only an unmet one is polled. Not inlined: inlined into
-// the persistent loop, its registers spill there in some builds.
-__device__ __noinline__ bool wait_rec_t0(const Params& P, const int* rec, int ticket) {
-    int met = 0;                              // bit k: wait k is met (or empty)
-    if (PI(poll_ahead) > 1) {
-        const int* counters = PP(const int*, counters);
-        int v[MK_MAX_WAITS];
-#pragma unroll
-        for (int k = 0; k < MK_MAX_WAITS; k++) {
-            const int c = rec[RF_W0C + 2 * k];
-            v[k] = c >= 0 ? ld_relaxed(counters + c) : 0;
-        }
-#pragma unroll
-        for (int k = 0; k < MK_MAX_WAITS; k++)
-            if (rec[RF_W0C + 2 * k] < 0 || v[k] >= rec[RF_W0T + 2 * k]) met |= 1 << k;
-        if (met) fence_acquire();
-    }
-    for (int k = 0; k < MK_MAX_WAITS; k++) {
-        const int c = rec[RF_W0C + 2 * k];
-        if (c >= 0 && !(met & (1 << k)) && !wait_counter(P, c, rec[RF_W0T + 2 * k], ticket)) return false;
-    }
-    return true;
-}
-
 // Waits of the record (thread 0 spins; everyone gets the verdict).
 __device__ __forceinline__ bool wait_rec(const Params& P, const int* rec, int ticket) {
     int ok = 1;
-    if (threadIdx.x == 0) ok = wait_rec_t0(P, rec, ticket) ? 1 : 0;
+    if (threadIdx.x == 0) {
+        for (int k = 0; k < MK_MAX_WAITS && ok; k++) {
+            const int c = rec[RF_W0C + 2 * k];
+            if (c >= 0) ok = wait_counter(P, c, rec[RF_W0T + 2 * k], ticket) ? 1 : 0;
+        }
+    }
     prof_mark(PS_WAITED);
     return __syncthreads_and(ok) != 0;
 }

@@ -372,15 +372,6 @@ __device__ __forceinline__ void issue_item(const Params& P, const Tile& T, int b
 // schedule.py: items run in claim order, every gate/up item precedes every down item, so a worker never holds a
 // gate/up item behind the down item it is waiting on.
 __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
-    if (PI(o_prefetch) && PI(o_items) && threadIdx.x < 32) {
-        // this worker's share (a1: its index) of the layer's O-projection weights (H x Q bf16) into L2 while it
-        // waits for the routing: HBM is mostly idle in that gap, and the O items run after the gate/up items
-        const size_t total = (size_t)PI(H) * PI(n_heads) * PI(head_dim) * 2, share = (size_t)PI(o_prefetch);
-        const size_t piece = share / 32, at = (size_t)rec[RF_A1] * share + (threadIdx.x & 31) * piece;
-        if (at < total)
-            prefetch_l2(reinterpret_cast<const char*>(layer_wptr(P, rec[RF_LAYER])[WP_O]) + at,
-                        (unsigned)min(piece, total - at));
-    }
     if (!wait_rec(P, rec, ticket)) return false;
 #if MK_PROFILE
     const long long task_claim = s_prof[PS_CLAIM], task_waited = s_prof[PS_WAITED];   // thread 0's copies

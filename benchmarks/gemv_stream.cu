@@ -1,8 +1,7 @@
 // Microbenchmark of the megakernel's GEMV inner loop (benchmarks/gemv_stream.py builds and runs it): every block
 // streams its own run of weight tiles from HBM through the kernel's own bulk-copy loader (issue_weights /
 // wait_weights) and GEMV core (gemv), with nothing else in the way: no task list, no counters. Modes:
-//   0 serial    issue a tile, compute its rows as their chunks land (param wchunks; 1: all of it first), as a
-//               megakernel task does
+//   0 serial    issue a tile, wait for it, compute it (what a megakernel task does today)
 //   1 double    two buffers: tile t + 1 is issued before tile t is computed (the `prefetch` plan knob)
 //   2 load      serial loads, no math (the loader's ceiling)
 //   3 compute   the math on the tile already in shared memory, no loads (the core's ceiling)
@@ -31,9 +30,6 @@
 #include "mk_common.cuh"
 #include "mk_gemv.cuh"
 #include "mk_gemv_swz.cuh"
-
-// A tile waited for whole before the core (wait_weights).
-__device__ const WaitRows kLanded{nullptr, 0u, 1};
 
 // The swizzled modes' layout: sRed | sOut | pad to 1024 B (absolute) | weight buffers | inputs (pitch K + 32).
 __device__ __forceinline__ size_t swz_w_off() { return swz_align(SM_W); }
@@ -129,7 +125,7 @@ extern "C" __global__ void __launch_bounds__(NT, MK_BLOCKS_PER_SM) gemv_stream(c
         for (int t = 0; t < tiles; t++) {
             if (!issued) issue_weights(P, tile_at(base, t), 0);
             wait_weights(0);
-            gemv(P, 0, R, K, nb, kLanded);   // (ends on a barrier: the buffer is free)
+            gemv(P, 0, R, K, nb);            // (ends on a barrier: the buffer is free)
             if (threadIdx.x == 0) {
                 out[(size_t)blockIdx.x * tiles + t] = sOut[0];
                 out_last[(size_t)blockIdx.x * tiles + t] = sOut[(R - 1) * MB + nb - 1];
@@ -137,7 +133,7 @@ extern "C" __global__ void __launch_bounds__(NT, MK_BLOCKS_PER_SM) gemv_stream(c
             issued = early && t + 1 < tiles;
             if (issued && warp == NW - 1) {
                 issue_weights_w0(reinterpret_cast<bf16*>(smem + sm_w(P, 0)), base + (size_t)(t + 1) * tile_elems, R,
-                                 nullptr, 0, K, 0, PI(wchunks));
+                                 nullptr, 0, K, 0);
             } else {                         // (the epilogue warps; all warps when nothing was issued)
                 const int nthreads = issued ? (NW - 1) * 32 : NT;
                 for (int i = threadIdx.x; i < R * nb; i += nthreads) eout[i] = sOut[(i / nb) * MB + i % nb];
@@ -178,11 +174,11 @@ extern "C" __global__ void __launch_bounds__(NT, MK_BLOCKS_PER_SM) gemv_stream(c
                 if (lane == 0) s_meta[slot] = id;                  // published by the arrive below
                 __syncwarp();
                 if (id < 0) {
-                    if (lane == 0) { mbar_arrive(&s_wbar[slot]); arm_empty_chunks(slot); }   // no bytes: stop
+                    if (lane == 0) mbar_arrive(&s_wbar[slot]);       // no bytes: tells the compute warps to stop
                     break;
                 }
                 const bf16* src = (mode == 7 ? W : base) + (size_t)id * tile_elems;
-                issue_weights_w0(reinterpret_cast<bf16*>(smem + sm_w(P, slot)), src, R, nullptr, 0, K, slot, 1);
+                issue_weights_w0(reinterpret_cast<bf16*>(smem + sm_w(P, slot)), src, R, nullptr, 0, K, slot);
             }
         } else {
             for (int t = 0;; t++) {
@@ -217,7 +213,7 @@ extern "C" __global__ void __launch_bounds__(NT, MK_BLOCKS_PER_SM) gemv_stream(c
                 if (nxt >= 0) issue_weights(P, qtile(nxt), buf ^ 1);
                 wait_weights(buf);
             }
-            gemv(P, buf, R, K, nb, kLanded);
+            gemv(P, buf, R, K, nb);
             if (threadIdx.x == 0) { out[t] = sOut[0]; out_last[t] = sOut[(R - 1) * MB + nb - 1]; }
             if (mode == 4) {
                 nxt = claim_tile(queue, table, n);
@@ -232,11 +228,7 @@ extern "C" __global__ void __launch_bounds__(NT, MK_BLOCKS_PER_SM) gemv_stream(c
     if (mode == 3) { issue_weights(P, tile(0), 0); wait_weights(0); }
     for (int t = 0; t < tiles; t++) {
         int buf = 0;
-        WaitRows wr = kLanded;
-        if (mode == 0) {                     // serial: the rows land under the math (wchunks chunks), as in the step
-            issue_weights(P, tile(t), 0);
-            wr = weights_by_rows(P, 0, R);
-        } else if (mode == 2) {
+        if (mode == 0 || mode == 2) {
             issue_weights(P, tile(t), 0);
             wait_weights(0);
         } else if (mode == 1) {
@@ -245,7 +237,7 @@ extern "C" __global__ void __launch_bounds__(NT, MK_BLOCKS_PER_SM) gemv_stream(c
             wait_weights(buf);
         }
         if (mode != 2) {
-            gemv(P, buf, R, K, nb, wr);
+            gemv(P, buf, R, K, nb);
             if (threadIdx.x == 0) {
                 out[(size_t)blockIdx.x * tiles + t] = sOut[0];
                 out_last[(size_t)blockIdx.x * tiles + t] = sOut[(R - 1) * MB + nb - 1];

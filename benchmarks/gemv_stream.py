@@ -85,8 +85,6 @@ def main() -> int:
     ap.add_argument("--grid", type=int, default=0,
                     help="blocks, one per SM (0: every SM); fewer leave each more bandwidth, so what an SM does "
                          "between its loads shows instead of the HBM ceiling")
-    ap.add_argument("--wchunks", type=int, default=4,
-                    help="landing chunks per tile (the plan's wchunks): serial computes a chunk's rows as it lands")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     modes = {m: MODES[m] for m in args.modes.split(",")}
@@ -128,7 +126,6 @@ def main() -> int:
                     continue
                 params = np.zeros(O.NUM_PARAMS, dtype=np.int64)
                 params[O.P["wbuf"]] = wbuf
-                params[O.P["wchunks"]] = args.wchunks
                 out = torch.zeros(grid * args.tiles, device=dev)
                 out_last = torch.zeros(grid * args.tiles, device=dev)
                 # queue modes: [0] the claim counter; epi modes: then a counter per block, every block's stored

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One device call (~7 min; each stage's timeout keeps the whole under 600 s) for the ninth session's plan knobs
-# (benchmarks/SPEED_NOTES.md): wchunks (a GEMV tile computed chunk by chunk as it lands), topk_warp (TOPK's queue in
-# one warp), router_topk (the last router tile routes), wide_split_batch (1024-key attention splits from 8 rows). Its
-# first run (d00cb4d) also timed poll_ahead and o_prefetch, both slower and removed since. Stages:
+# (benchmarks/SPEED_NOTES.md): topk_warp (TOPK's queue in one warp), router_topk (the last router tile routes),
+# wide_split_batch (1024-key attention splits from 4 rows). Its first run (d00cb4d) also timed wchunks, poll_ahead and
+# o_prefetch, since removed (SPEED_NOTES.md says why). Stages:
 #   1. the megakernel's GPU tests (tests/kernel) under the defaults, then the tiny parity, the long attention splits
 #      and the per-layer North acceptance under $ALSO_TUNING (default router_topk=1);
 #   2. the step at $POINTS under $VARIANTS, one process (each knob's A/B in the same process);
@@ -13,7 +13,7 @@ set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 MEGAKERNEL_CACHE_DIR=/tmp/mkcache
 POINTS=${POINTS:-1x8192,2x8192,8x8192,1x32768}
-VARIANTS=${VARIANTS:-"default wchunks=1 topk_warp=0 router_topk=1 wide_split_batch=0 wide_split_batch=4 default"}
+VARIANTS=${VARIANTS:-"default topk_warp=0 router_topk=1 wide_split_batch=0 wide_split_batch=2 default"}
 ALSO_TUNING=${ALSO_TUNING:-router_topk=1}
 t0=$(date +%s)
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader;

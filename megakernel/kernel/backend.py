@@ -83,7 +83,7 @@ def launch_smem_bytes(plan: ModelPlan, swz: bool) -> int:
 TUNING_KEYS = ("split_tokens", "attn_stages", "n_workers", "oproj_first", "qkv_by_head", "fused_norm", "batch_tiles",
                "prefetch", "o_queue", "moe_ring", "router_first", "lm_stream",
                "claim_ahead", "router_tile_rows", "moe_claim_late", "o_after",
-               "combine_parts", "worker_topk", "tile_kb", "wchunks", "topk_warp", "router_topk", "wide_split_batch")
+               "combine_parts", "worker_topk", "tile_kb", "topk_warp", "router_topk", "wide_split_batch")
 DEFAULT_TUNING = {"batch_tiles": 1}     # per-batch tilings: measured ahead (b1 8K 5.44 vs 5.52 ms), and the prefetch
                                         # and expert-ring layouts size their buffers by the launch's rows
 
@@ -417,7 +417,7 @@ class MegakernelBackend(DecodeBackend):
             split_tokens=si.split_tokens, attn_stages=p.attn_stages, cpl=p.cpl, c_gu=p.c_gu,
             gu_rows=p.gu_rows, gu_tiles=p.gu_tiles, dn_rows=p.dn_rows, dn_tiles=p.dn_tiles, n_slots=p.n_slots,
             wbuf=p.wbuf, moe_wbuf=p.moe_wbuf, lm_wbuf=p.lm_wbuf, claim_ahead=p.claim_ahead,
-            moe_claim_late=p.moe_claim_late, wchunks=p.wchunks, topk_warp=p.topk_warp, o_items=p.o_items, o_after=p.o_after, o_rows=p.o_rows, c_comb=p.c_comb,
+            moe_claim_late=p.moe_claim_late, topk_warp=p.topk_warp, o_items=p.o_items, o_after=p.o_after, o_rows=p.o_rows, c_comb=p.c_comb,
             combine_parts=p.combine_parts, worker_topk=p.worker_topk,
             n_pairs=p.n_pairs, r_stride=p.r_stride, r_slot_expert=p.r_slot_expert, r_slot_start=p.r_slot_start,
             r_slot_cnt=p.r_slot_cnt, r_pair_row=p.r_pair_row, r_pair_rank=p.r_pair_rank, r_pair_w=p.r_pair_w,

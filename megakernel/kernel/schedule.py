@@ -145,7 +145,7 @@ class ModelPlan:
     max_batch: int
     n_workers: int = 132                 # MOE_WORKER tasks per MoE layer (the grid size on the GPU)
     split_tokens: int | None = None      # keys per attention split (None: DEFAULT_SPLIT_TOKENS, grown for long ctx)
-    wide_split_batch: int = 8            # steps of at least this many rows split attention at 2 x DEFAULT_SPLIT_TOKENS
+    wide_split_batch: int = 4            # steps of at least this many rows split attention at 2 x DEFAULT_SPLIT_TOKENS
                                          # (0: never): with 32+ (row, kv head) pairs, fewer, longer splits cost less
                                          # SM time (b8 8K 16.14 vs 16.66 ms; b1 4.68 vs 4.17, b2 6.07 vs 6.13)
     attn_stages: int = O.DEFAULT_ATTN_STAGES   # K/V chunks in the attention ring (2..ATTN_MAX_STAGES)
@@ -197,9 +197,6 @@ class ModelPlan:
                                          # where it does today but reads the answer only after this item's GEMV
                                          # (the atomic's round trip off the item's path; the items still run in
                                          # claim order); 0: it waits for the answer first. Not yet measured
-    wchunks: int = 4                     # a GEMV weight tile lands in this many row chunks (1..MAX_WCHUNKS), each on
-                                         # its own mbarrier, and the cores compute a chunk's rows as soon as it
-                                         # lands instead of after the whole tile (1)
     topk_warp: int = 1                   # 1: TOPK lays out an expert queue of <= 32 pairs (batch x top-k) in one
                                          # warp (a bitonic sort of the pairs) instead of three block-wide phases
     tile_kb: int = 192                   # > 0: one-buffer GEMV tiles (static tasks and expert items) of up to this
@@ -218,8 +215,6 @@ class ModelPlan:
             raise ValueError(f"max_batch must be in 1..{O.MAX_BATCH}, got {self.max_batch}")
         if self.router_topk and self.worker_topk:
             raise ValueError("router_topk and worker_topk both replace the TOPK task: pick one")
-        if not 1 <= self.wchunks <= O.MAX_WCHUNKS:
-            raise ValueError(f"wchunks must be in 1..{O.MAX_WCHUNKS}, got {self.wchunks}")
         self.L = cfg.num_layers
         self.H, self.Q, self.KV = cfg.hidden_size, cfg.q_size, cfg.kv_size
         self.d, self.nh, self.nkv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads

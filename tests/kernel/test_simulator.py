@@ -449,22 +449,6 @@ def test_combine_parts_must_divide_the_query_group():
         ModelPlan(cfg, layout, max_batch=16, combine_parts=3)
 
 
-def test_landing_chunks_are_checked():
-    """wchunks (a tile's landing chunks, each an mbarrier of the kernel's fixed array) must be 1..MAX_WCHUNKS:
-    anything else is refused when the plan is built, not silently run with another value."""
-    from megakernel.config import north_mini_code_config
-    from megakernel.kernel import opcodes as O
-    from megakernel.kv.cache import KVLayout
-
-    cfg = north_mini_code_config()
-    layout = KVLayout.for_model(cfg, 64)
-    for w in range(1, O.MAX_WCHUNKS + 1):
-        assert ModelPlan(cfg, layout, max_batch=1, wchunks=w).wchunks == w
-    for w in (0, O.MAX_WCHUNKS + 1):
-        with pytest.raises(ValueError, match="wchunks"):
-            ModelPlan(cfg, layout, max_batch=1, wchunks=w)
-
-
 def test_expert_ring_tilings_on_north_dims():
     """moe_ring: the static tasks keep one large buffer (128 KB tiles) while the expert items get a ring of two
     buffers with their inputs after it (the warp-specialised worker's layout): each item tile fits one buffer, the

@@ -183,7 +183,8 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
     } else {
         load_x(reinterpret_cast<bf16*>(smem + sm_x(P, R, T.K)), B, T.K);
     }
-    gemv(P, buf, R, T.K, B, weights_by_rows(P, buf, R));   // (its barrier publishes sX; the rows land under the math)
+    wait_weights(buf);
+    gemv(P, buf, R, T.K, B);
     const float* sOut = reinterpret_cast<const float*>(smem + SM_OUT);
     switch (op) {
         case OP_QKV: {

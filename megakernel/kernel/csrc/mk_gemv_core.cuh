@@ -33,7 +33,7 @@ __device__ __forceinline__ void sum_k_slices(const float* sRed, float* sOut, int
 // K slice) item; the K slices' partial sums meet in sRed and are added in slice order (deterministic). Rows past
 // R and inputs past nb read clamped (valid) rows whose outputs are dropped.
 template <int NB, int NWC = NW>
-__device__ __forceinline__ void gemv_core(const bf16* sW, const bf16* sX, int R, int K, int nb, const WaitRows& wr) {
+__device__ __forceinline__ void gemv_core(const bf16* sW, const bf16* sX, int R, int K, int nb) {
     float* sRed = reinterpret_cast<float*>(smem + SM_RED);
     float* sOut = reinterpret_cast<float*>(smem + SM_OUT);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -45,7 +45,6 @@ __device__ __forceinline__ void gemv_core(const bf16* sW, const bf16* sX, int R,
     for (int it = warp; it < RB * KS; it += NWC) {
         const int rb = it / KS, ks = it - rb * KS;
         const int s0 = (ks * steps) / KS, s1 = ((ks + 1) * steps) / KS;
-        wr.rows(rb * 16, min(rb * 16 + 15, R - 1));
         const bf16* wa = sW + (size_t)min(rb * 16 + g, R - 1) * pitch + 8 * t;
         const bf16* wc = sW + (size_t)min(rb * 16 + g + 8, R - 1) * pitch + 8 * t;
         const bf16* xr[NB];
@@ -83,7 +82,7 @@ __device__ __forceinline__ void gemv_core(const bf16* sW, const bf16* sX, int R,
 
 // The CUDA-core variant (MK_GEMV_TC=0): each warp takes (row, K-slice) items, x re-read from shared memory per row.
 template <int BM, int NWC = NW>
-__device__ __forceinline__ void gemv_core_cc(const bf16* sW, const bf16* sX, int R, int K, int nb, const WaitRows& wr) {
+__device__ __forceinline__ void gemv_core_cc(const bf16* sW, const bf16* sX, int R, int K, int nb) {
     const int pitch = row_pitch(K);
     float* sRed = reinterpret_cast<float*>(smem + SM_RED);
     float* sOut = reinterpret_cast<float*>(smem + SM_OUT);
@@ -91,7 +90,6 @@ __device__ __forceinline__ void gemv_core_cc(const bf16* sW, const bf16* sX, int
     const int KC = K >> 3;
     const int KS = (R >= NWC) ? 1 : (NWC / R);
     const int items = R * KS;
-    wr.rows(0, R - 1);
     for (int it = warp; it < items; it += NWC) {
         const int r = it / KS, ks = it - r * KS;
         const int c0 = (ks * KC) / KS, c1 = ((ks + 1) * KC) / KS;
@@ -138,8 +136,7 @@ __device__ __forceinline__ void gemv_core_cc(const bf16* sW, const bf16* sX, int
 // meet in sRed and are added in slice order (deterministic). (The loop it replaces re-read x for every row and
 // chained every FMA of a lane on one accumulator: ~2.9 us per 128 KB tile, and ~11K instructions per tile.)
 template <int CPL, int NWC>
-__device__ __forceinline__ void gemv_core_b1(const bf16* sW, const bf16* sX, int R, int K, int lks,
-                                             const WaitRows& wr) {
+__device__ __forceinline__ void gemv_core_b1(const bf16* sW, const bf16* sX, int R, int K, int lks) {
     float* sRed = reinterpret_cast<float*>(smem + SM_RED);
     float* sOut = reinterpret_cast<float*>(smem + SM_OUT);
     const int KS = 1 << lks;
@@ -160,7 +157,6 @@ __device__ __forceinline__ void gemv_core_b1(const bf16* sW, const bf16* sX, int
     const uint4* wbase = reinterpret_cast<const uint4*>(sW);
     for (int it = warp; it < n; it += 2 * NWC) {
         const int ra = it >> lks, itb = it + NWC, rb = min(itb, n - 1) >> lks;   // row b: a copy of the last one
-        wr.rows(ra, rb);
         const uint4* wa = wbase + (size_t)ra * pitch;
         const uint4* wb = wbase + (size_t)rb * pitch;
         uint4 A[CPL], B[CPL];
@@ -201,7 +197,7 @@ __device__ __forceinline__ void gemv_core_b1(const bf16* sW, const bf16* sX, int
 // One input row on all NW warps: the K slicing and the instantiation for the slice's chunks per lane; a K too long
 // for 16 slices of 4 chunks per lane, or a warp count that is not NW, takes the loop above.
 template <int NWC>
-__device__ __forceinline__ void gemv_one_row(const bf16* sW, const bf16* sX, int R, int K, const WaitRows& wr) {
+__device__ __forceinline__ void gemv_one_row(const bf16* sW, const bf16* sX, int R, int K) {
 #if MK_GEMV_B1
     if constexpr (NWC == NW) {
         const int KC = K >> 3;
@@ -211,45 +207,41 @@ __device__ __forceinline__ void gemv_one_row(const bf16* sW, const bf16* sX, int
         while ((1 << lks) < NWC && (KC > (128 << lks) || ((R << lks) < NWC && (KC >> (lks + 1)) >= 32))) lks++;
         const int cpl = ((((KC + (1 << lks) - 1) >> lks)) + 31) >> 5;
         switch (cpl) {
-            case 1: gemv_core_b1<1, NWC>(sW, sX, R, K, lks, wr); return;
-            case 2: gemv_core_b1<2, NWC>(sW, sX, R, K, lks, wr); return;
-            case 3: gemv_core_b1<3, NWC>(sW, sX, R, K, lks, wr); return;
-            case 4: gemv_core_b1<4, NWC>(sW, sX, R, K, lks, wr); return;
+            case 1: gemv_core_b1<1, NWC>(sW, sX, R, K, lks); return;
+            case 2: gemv_core_b1<2, NWC>(sW, sX, R, K, lks); return;
+            case 3: gemv_core_b1<3, NWC>(sW, sX, R, K, lks); return;
+            case 4: gemv_core_b1<4, NWC>(sW, sX, R, K, lks); return;
             default: break;
         }
     }
 #endif
-    gemv_core_cc<1, NWC>(sW, sX, R, K, 1, wr);
+    gemv_core_cc<1, NWC>(sW, sX, R, K, 1);
 }
 
 // The tile at sW times the nb rows at sX on warps 0..NWC-1.
 template <int NWC>
-__device__ __forceinline__ void gemv_on(const bf16* sW, const bf16* sX, int R, int K, int nb,
-                                        const WaitRows& wr = WaitRows{nullptr, 0u, 1}) {
+__device__ __forceinline__ void gemv_on(const bf16* sW, const bf16* sX, int R, int K, int nb) {
 #if MK_GEMV_TC
-    if (nb <= 1) gemv_one_row<NWC>(sW, sX, R, K, wr);
-    else if (nb <= 8) gemv_core<1, NWC>(sW, sX, R, K, nb, wr);
-    else gemv_core<2, NWC>(sW, sX, R, K, nb, wr);
+    if (nb <= 1) gemv_one_row<NWC>(sW, sX, R, K);
+    else if (nb <= 8) gemv_core<1, NWC>(sW, sX, R, K, nb);
+    else gemv_core<2, NWC>(sW, sX, R, K, nb);
 #else
-    if (nb <= 1) gemv_one_row<NWC>(sW, sX, R, K, wr);
-    else if (nb <= 2) gemv_core_cc<2, NWC>(sW, sX, R, K, nb, wr);
-    else if (nb <= 4) gemv_core_cc<4, NWC>(sW, sX, R, K, nb, wr);
-    else if (nb <= 8) gemv_core_cc<8, NWC>(sW, sX, R, K, nb, wr);
-    else gemv_core_cc<16, NWC>(sW, sX, R, K, nb, wr);
+    if (nb <= 1) gemv_one_row<NWC>(sW, sX, R, K);
+    else if (nb <= 2) gemv_core_cc<2, NWC>(sW, sX, R, K, nb);
+    else if (nb <= 4) gemv_core_cc<4, NWC>(sW, sX, R, K, nb);
+    else if (nb <= 8) gemv_core_cc<8, NWC>(sW, sX, R, K, nb);
+    else gemv_core_cc<16, NWC>(sW, sX, R, K, nb);
 #endif
 }
 
 // The tile at sW times the nb rows at sX on every warp (not inlined: one copy of the three cores for its callers).
 __device__ __noinline__ void gemv_at(const bf16* sW, const bf16* sX, int R, int K, int nb) { gemv_on<NW>(sW, sX, R, K, nb); }
 
-// The tile in weight buffer `buf` times the nb rows in sX: its rows waited for chunk by chunk under the math (wr from
-// weights_by_rows; the buffer is consumed after the core's closing barrier), or landed already (wr.bar == nullptr:
-// wait_weights).
-__device__ __noinline__ void gemv(const Params& P, int buf, int R, int K, int nb, WaitRows wr) {
+// The tile in weight buffer `buf` times the nb rows in sX.
+__device__ __noinline__ void gemv(const Params& P, int buf, int R, int K, int nb) {
     // one row: the CUDA-core loop measured ahead (b1 8K 5.07 vs 5.17 ms/step); more rows: tensor cores (b8 15.98 vs
     // 17.39, b16 25.83 vs 28.92), which read the inputs once per 16 weight rows instead of once per row
     gemv_on<NW>(reinterpret_cast<const bf16*>(smem + sm_w(P, buf)), reinterpret_cast<const bf16*>(smem + sm_x(P, R, K)),
-                R, K, nb, wr);
-    if (wr.bar != nullptr) weights_consumed(buf);
+                R, K, nb);
     prof_mark(PS_COMPUTED);                 // after gemv_core's closing barrier: every partial sum is in sOut
 }

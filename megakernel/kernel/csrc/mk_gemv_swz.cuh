@@ -57,7 +57,6 @@ __device__ __noinline__ void issue_tile_swz3d(bf16* sW, const CUtensorMap* map3,
         s_wpend[buf] = 1;
         fence_proxy_async();
         mbar_expect_tx(&s_wbar[buf], (unsigned)nq * (unsigned)bh * (unsigned)K * 2u);   // exactly what the copies bring
-        arm_empty_chunks(buf);               // (the whole tile on chunk 0)
     }
     __syncwarp();
     fence_proxy_async();
@@ -81,7 +80,6 @@ __device__ __noinline__ void issue_tile_swz(bf16* sW, const CUtensorMap* map, in
         s_wpend[buf] = 1;
         fence_proxy_async();
         mbar_expect_tx(&s_wbar[buf], (unsigned)R * (unsigned)K * 2u);
-        arm_empty_chunks(buf);               // (the whole tile on chunk 0)
     }
     __syncwarp();
     fence_proxy_async();

@@ -23,7 +23,7 @@ __device__ __noinline__ bool task_lm_stream(const Params& P, const int* rec, int
     auto issue = [&](int t) {               // all threads call it; warp 0 issues tile t into buffer t & 1
         if (threadIdx.x < 32)
             issue_weights_w0((t & 1) ? sW1 : sW0, W + (size_t)t * rows * H, min(rows, n_rows - t * rows), nullptr, 0,
-                             H, t & 1, PI(wchunks));
+                             H, t & 1);
     };
     issue(0);
     if (n_t > 1) issue(1);

@@ -40,64 +40,40 @@ struct Tile {
 // GEMV starts with nothing in flight. Thread 0 writes them; the loop reads them before its record barrier.
 __shared__ int s_pf_ticket, s_pf_buf;      // (s_next: mk_common.cuh)
 
-// Weight loads are bulk copies (TMA) completing on the buffer's mbarriers: the tile's rows in nch <= MK_MAX_WCHUNKS
-// chunks of wchunk_rows(R, nch) rows (the plan's `wchunks`; the last chunks may be short or empty), chunk c of buffer
-// b on s_wbar[2 * c + b] (so s_wbar[b] is chunk 0: paths that land a whole tile there arm the other chunks empty), one copy per chunk and tile half
-// (contiguous rows), or with ROW_PAD one per row, spread over the lanes of the issuing warp. No thread stalls issuing
-// thousands of 16-byte copies, so a prefetch costs the block nothing while the current tile still lands. Every fill
-// arms every chunk once, so all of a buffer's chunks share one phase: s_wphase[b], the parity the next completion
-// will have; s_wpend[b]: a load into b is in flight (not yet waited for and consumed).
-__shared__ __align__(8) unsigned long long s_wbar[2 * MK_MAX_WCHUNKS];
+// Weight loads are bulk copies (TMA) completing on the buffer's mbarrier: one copy per tile half (contiguous rows),
+// or with ROW_PAD one per row, spread over the lanes of the issuing warp. No thread stalls issuing thousands of 16-byte copies, so a prefetch
+// costs the block nothing while the current tile still lands. s_wphase[b]: the parity the next completion of buffer
+// b will have; s_wpend[b]: a load into b is in flight.
+__shared__ __align__(8) unsigned long long s_wbar[2];
 __shared__ int s_wphase[2], s_wpend[2];
 
 // Thread 0, once per launch before the first barrier.
 __device__ __forceinline__ void init_weight_buffers() {
-    for (int i = 0; i < 2 * MK_MAX_WCHUNKS; i++) mbar_init(&s_wbar[i], 1);
-    for (int b = 0; b < 2; b++) { s_wphase[b] = 0; s_wpend[b] = 0; }
+    for (int b = 0; b < 2; b++) { mbar_init(&s_wbar[b], 1); s_wphase[b] = 0; s_wpend[b] = 0; }
     fence_mbar_init();
 }
 
-// Rows per landing chunk of an R-row tile in nch chunks (the issuer and the cores' WaitRows agree through this).
-__device__ __forceinline__ int wchunk_rows(int R, int nch) { return max(1, (R + nch - 1) / nch); }
-
-// One thread, for a fill that lands the whole tile on chunk 0 (s_wbar[buf]): chunks 1.. of buf arrive with nothing
-// to land, so every chunk's phase moves once per fill.
-__device__ __forceinline__ void arm_empty_chunks(int buf) {
-    for (int c = 1; c < MK_MAX_WCHUNKS; c++) mbar_arrive(&s_wbar[2 * c + buf]);
-}
-
-// One warp: lane 0 arms the chunks' mbarriers with their bytes, then the lanes issue the copies. nch: the tile's
-// chunks (1: every row on chunk 0, as the warp-specialised worker, which waits on s_wbar[buf] alone, needs).
-__device__ __noinline__ void issue_weights_w0(bf16* sW, const bf16* w0, int n0, const bf16* w1, int n1, int K, int buf,
-                                              int nch) {
+// One warp: lane 0 arms the mbarrier with the tile's bytes, then the lanes issue the copies.
+__device__ __noinline__ void issue_weights_w0(bf16* sW, const bf16* w0, int n0, const bf16* w1, int n1, int K, int buf) {
     const int lane = threadIdx.x & 31;
     const unsigned row_bytes = (unsigned)K * 2;
-    const int R = n0 + n1, rc = wchunk_rows(R, nch);
     if (lane == 0) {
         s_wpend[buf] = 1;                    // before the arrive: its release publishes the flag with the meta
         fence_proxy_async();                 // earlier generic reads/writes of this memory before the async writes
-        for (int c = 0; c < MK_MAX_WCHUNKS; c++) {
-            const int a = min(R, c * rc), b = min(R, a + rc);
-            mbar_expect_tx(&s_wbar[2 * c + buf], row_bytes * (unsigned)(b - a));   // (0 bytes: a plain arrive)
-        }
+        mbar_expect_tx(&s_wbar[buf], row_bytes * (unsigned)(n0 + n1));
     }
     __syncwarp();
     fence_proxy_async();
     const unsigned long long pol = l2_evict_first();
 #if MK_ROW_PAD
     const int pitch = row_pitch(K);
-    for (int r = lane; r < R; r += 32) {
+    for (int r = lane; r < n0 + n1; r += 32) {
         const bf16* src = r < n0 ? w0 + (size_t)r * K : w1 + (size_t)(r - n0) * K;
-        bulk_load(sW + (size_t)r * pitch, src, row_bytes, &s_wbar[2 * (r / rc) + buf], pol);
+        bulk_load(sW + (size_t)r * pitch, src, row_bytes, &s_wbar[buf], pol);
     }
-#else                                        // contiguous rows: per chunk, one copy per tile half it covers
-    if (lane < nch) {
-        const int a = min(R, lane * rc), b = min(R, a + rc);
-        unsigned long long* bar = &s_wbar[2 * lane + buf];
-        if (a < min(b, n0)) bulk_load(sW + (size_t)a * K, w0 + (size_t)a * K, row_bytes * (min(b, n0) - a), bar, pol);
-        const int a1 = max(a, n0);
-        if (a1 < b) bulk_load(sW + (size_t)a1 * K, w1 + (size_t)(a1 - n0) * K, row_bytes * (b - a1), bar, pol);
-    }
+#else                                        // contiguous rows: one copy per tile half
+    if (lane == 0) bulk_load(sW, w0, row_bytes * n0, &s_wbar[buf], pol);
+    if (lane == 1 && n1) bulk_load(sW + (size_t)n0 * K, w1, row_bytes * n1, &s_wbar[buf], pol);
 #endif
 }
 
@@ -105,7 +81,7 @@ __device__ __noinline__ void issue_weights_w0(bf16* sW, const bf16* w0, int n0, 
 // it (uniformly); warp 0 issues. The buffer's previous contents were last read before a block barrier.
 __device__ __forceinline__ void issue_weights(const Params& P, const Tile& T, int buf) {
     if (threadIdx.x < 32)
-        issue_weights_w0(reinterpret_cast<bf16*>(smem + sm_w(P, buf)), T.w0, T.n0, T.w1, T.n1, T.K, buf, PI(wchunks));
+        issue_weights_w0(reinterpret_cast<bf16*>(smem + sm_w(P, buf)), T.w0, T.n0, T.w1, T.n1, T.K, buf);
 }
 
 __shared__ const bf16* s_xrow[MB];
@@ -136,37 +112,12 @@ __device__ __forceinline__ void load_x(bf16* sX, int nb, int K, int pitch_elems 
     }
 }
 
-// All threads: waits for the weights in buffer `buf` (every chunk), then the block barrier that also publishes sX.
+// All threads: waits for the weights in buffer `buf`, then the block barrier that also publishes sX.
 __device__ __forceinline__ void wait_weights(int buf) {
-    for (int c = 0; c < MK_MAX_WCHUNKS; c++) mbar_wait(&s_wbar[2 * c + buf], (unsigned)s_wphase[buf]);
+    mbar_wait(&s_wbar[buf], (unsigned)s_wphase[buf]);
     __syncthreads();
     if (threadIdx.x == 0) { s_wphase[buf] ^= 1; s_wpend[buf] = 0; }
     prof_mark(PS_LANDED);
-}
-
-// The chunked landing of one weight buffer, as the GEMV cores see it: before a warp reads rows r0..r1 it waits for
-// the chunks that hold them (a chunk's mbarrier completing makes its bulk copies' bytes visible to the waiting
-// thread). bar == nullptr: the tile has landed already (wait_weights).
-struct WaitRows {
-    unsigned long long* bar;                 // chunk 0 of the buffer; chunk c at bar + 2 * c
-    unsigned parity;
-    int rc;                                  // rows per chunk (wchunk_rows)
-    __device__ __forceinline__ void rows(int r0, int r1) const {
-        if (bar == nullptr) return;
-        for (int c = r0 / rc; c <= r1 / rc; c++) mbar_wait(bar + 2 * c, parity);
-    }
-};
-
-// All threads, instead of wait_weights where a core of gemv() reads the tile: the block barrier that publishes sX,
-// and the WaitRows its core waits on. weights_consumed(buf) after the core's closing barrier (by then every chunk
-// holding a row has been waited for by some warp; an empty chunk completed at its arming).
-__device__ __forceinline__ WaitRows weights_by_rows(const Params& P, int buf, int R) {
-    __syncthreads();
-    prof_mark(PS_LANDED);                    // (here: the inputs are published; the rows land under the math)
-    return WaitRows{&s_wbar[buf], (unsigned)s_wphase[buf], wchunk_rows(R, PI(wchunks))};
-}
-__device__ __forceinline__ void weights_consumed(int buf) {
-    if (threadIdx.x == 0) { s_wphase[buf] ^= 1; s_wpend[buf] = 0; }
 }
 
 // All threads: waits for every weight load still in flight (an aborted task, the end of the launch: no bulk copy

@@ -258,7 +258,6 @@ __device__ __noinline__ bool moe_worker_ws(const Params& P, int ticket, int l, i
                                             + (size_t)it.cnt * row_pitch(it.T.K) * 2);   // what it would need
                     s_wpend[slot] = 1;         // an unconsumed stop is drained like a load
                     mbar_arrive(&s_wbar[slot]);
-                    arm_empty_chunks(slot);
                 }
                 break;
             }
@@ -273,7 +272,7 @@ __device__ __noinline__ bool moe_worker_ws(const Params& P, int ticket, int l, i
             }
             __syncwarp();                      // lane 0's expect_tx in the issue releases the meta with it
             issue_weights_w0(reinterpret_cast<bf16*>(smem + moe_w(P, slot)), it.T.w0, it.T.n0, it.T.w1, it.T.n1,
-                             it.T.K, slot, 1);   // (one chunk: the compute warps wait on s_wbar[slot])
+                             it.T.K, slot);
         }
     } else {                                  // the compute warps
         for (int t = 0;; t++) {
@@ -364,7 +363,7 @@ __device__ __forceinline__ void item_epilogue(const Params& P, int l, int m, con
 __device__ __forceinline__ void issue_item(const Params& P, const Tile& T, int buf, bool ring) {
     if (threadIdx.x < 32)
         issue_weights_w0(reinterpret_cast<bf16*>(smem + (ring ? moe_w(P, buf) : sm_w(P, buf))), T.w0, T.n0, T.w1,
-                         T.n1, T.K, buf, ring ? 1 : PI(wchunks));   // (the ring's core takes its tile landed)
+                         T.n1, T.K, buf);
 }
 
 // With two weight buffers the worker claims one item ahead and issues its tile before computing the current one;
@@ -539,17 +538,7 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
         __syncthreads();                     // (profiling only: the inputs' loads are done, for the mark)
         prof_phase(2);
 #endif
-        // the barrier: every thread compared s_xprev, sX is published; gemv()'s cores wait for the rows chunk by chunk
-        // (the plan's wchunks) where the tile is the plain one-buffer or prefetching layout's (the ring's and
-        // swizzled cores, and the early issue, which refills the buffer right after the GEMV, take it landed)
-#if MK_SWZ
-        const bool by_rows = !ring && !sz && !MK_MOE_EARLY_ISSUE;
-#else
-        const bool by_rows = !ring && !MK_MOE_EARLY_ISSUE;
-#endif
-        WaitRows wr{nullptr, 0u, 1};
-        if (by_rows) wr = weights_by_rows(P, buf, R);
-        else wait_weights(buf);
+        wait_weights(buf);                   // (its barrier: every thread compared s_xprev, sX is published)
 #if MK_SWZ
         if (keep_x) inputs_hold(it.cnt, it.T.K, x_key);
 #else
@@ -567,7 +556,7 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
                     R, it.T.K, it.cnt);
             prof_mark(PS_COMPUTED);
         } else {
-            gemv(P, buf, R, it.T.K, it.cnt, wr);
+            gemv(P, buf, R, it.T.K, it.cnt);
         }
         // late: every thread read the previous answer at the end of the last item, and the GEMV's barriers since
         // then separate that read from this write; the item's last barrier below publishes it
@@ -583,7 +572,7 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
             const MoeItem nx = moe_item(P, l, route, egu, edn, nxt, n_gu);
             if (sm_x_end(P, nx.T.n0 + nx.T.n1, nx.T.K, nx.cnt) <= dynamic_smem_bytes())
                 issue_weights_w0(reinterpret_cast<bf16*>(smem + sm_w(P, buf)), nx.T.w0, nx.T.n0, nx.T.w1, nx.T.n1,
-                                 nx.T.K, buf, PI(wchunks));
+                                 nx.T.K, buf);
         }
         if (early) {
             if ((threadIdx.x >> 5) < NW - 1)

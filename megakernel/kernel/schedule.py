@@ -146,8 +146,9 @@ class ModelPlan:
     n_workers: int = 132                 # MOE_WORKER tasks per MoE layer (the grid size on the GPU)
     split_tokens: int | None = None      # keys per attention split (None: DEFAULT_SPLIT_TOKENS, grown for long ctx)
     wide_split_batch: int = 4            # steps of at least this many rows split attention at 2 x DEFAULT_SPLIT_TOKENS
-                                         # (0: never): with 32+ (row, kv head) pairs, fewer, longer splits cost less
-                                         # SM time (b8 8K 16.14 vs 16.66 ms; b1 4.68 vs 4.17, b2 6.07 vs 6.13)
+                                         # (0: never): with 16+ (row, kv head) pairs, fewer, longer splits cost less
+                                         # SM time. 8K, ms at 0 / 4 (838fd59): b4 9.495 / 9.315, b8 15.62 / 15.12,
+                                         # b16 26.12 / 25.11; 1024-key splits at b1: 4.68 vs 4.17 (d00cb4d)
     attn_stages: int = O.DEFAULT_ATTN_STAGES   # K/V chunks in the attention ring (2..ATTN_MAX_STAGES)
     oproj_first: int = 0                 # 1: each layer's O-projection tiles listed ahead of its MoE workers
     qkv_by_head: int = 1                 # 1: QKV tiles listed kv head by head (its K, V, then Q tiles), not Q, K, V
@@ -169,7 +170,9 @@ class ModelPlan:
                                          # Needs MK_MOE_LOCAL=1 (default). Not yet measured
     router_topk: int = 0                 # 1: no TOPK task; the router tile that completes its layer's router
                                          # counter (an acq_rel add tells which) routes the layer and signals the
-                                         # top-k counter the workers wait on: one dependency hop (~1.5-2 us) less
+                                         # top-k counter the workers wait on: one dependency hop (~1.5-2 us) less.
+                                         # b1 8K 4.140 vs 4.167 ms (d00cb4d), 3.850 vs 3.857 (838fd59); b4-b16
+                                         # unchanged: off
     combine_parts: int = 1               # each (row, kv head)'s attention combine as this many tasks, each over
                                          # group / combine_parts of its query heads (a divisor of the group): a
                                          # combine of 256 splits (128K+ contexts) reads ~1 MB, on one SM at 1.
@@ -199,6 +202,7 @@ class ModelPlan:
                                          # claim order); 0: it waits for the answer first. Not yet measured
     topk_warp: int = 1                   # 1: TOPK lays out an expert queue of <= 32 pairs (batch x top-k) in one
                                          # warp (a bitonic sort of the pairs) instead of three block-wide phases
+                                         # (b1 8K 4.167 vs 4.228 ms, b2 6.127 vs 6.168, one process, d00cb4d)
     tile_kb: int = 192                   # > 0: one-buffer GEMV tiles (static tasks and expert items) of up to this
                                          # many KiB in multiples of TILE_ROW_QUANTUM rows, not WTILE_BYTES in powers
                                          # of two: at North dims 24-row gate/up tiles at <= 3 rows, 24-row O tiles at

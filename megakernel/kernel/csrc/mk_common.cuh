@@ -88,6 +88,14 @@ typedef __nv_bfloat16 bf16;
 #define MK_MOE_EARLY_ISSUE 0
 #endif
 
+// MK_POLL_OVERLAP: a waiting thread's poll loads the abort flag before the counter's acquire load, so the two L2
+// round trips of a poll overlap (1), or one after the other (0). A poll costs ~2 round trips (~3 us while the other SMs
+// stream weights) today; four polls in flight per waiter measured 5-7% slower (the counter's L2 slice saturates:
+// SPEED_NOTES.md, ninth session), this one keeps one poll in flight. Off until it has run on the GPU.
+#ifndef MK_POLL_OVERLAP
+#define MK_POLL_OVERLAP 0
+#endif
+
 // MK_REPEAT_SMALL: an experiment, not a speed-up. The NORM, TOPK and attention-combine tasks run their (idempotent)
 // work this many times before they signal: the second run finds the task's code in the SM's instruction cache, so a trace of the build
 // with 2 against the default's 1 measures how much of a single-block task's ~5-10 us is its first, cold pass.
@@ -241,9 +249,18 @@ __device__ __noinline__ bool wait_counter(const Params& P, int c, int target, in
     while (true) {
         __nanosleep(ns);
         if (ns < 200) ns += ns;
+#if MK_POLL_OVERLAP
+        // the abort flag's load issued before the counter's acquire (which orders only what follows it), so both
+        // round trips overlap: one L2 round trip per poll instead of two, at one extra load per poll on the flag
+        const int ab = ld_volatile(ctrl + CTRL_ABORT);
+        int v = ld_acquire(counters + c);
+        if (v >= target) return true;
+        if (ab) return false;
+#else
         int v = ld_acquire(counters + c);
         if (v >= target) return true;
         if (ld_volatile(ctrl + CTRL_ABORT)) return false;
+#endif
         if (globaltimer() - t0 > limit) {
             record_error(P, MK_ERR_WATCHDOG, task, c, v, target);
             return false;

@@ -710,6 +710,7 @@ def validate(tl: TaskList) -> None:
             routed_by[int(rec[i, O.R["a2"]])] = i
     for c in routed_by:
         final[c] = final.get(c, 0) + 1      # signalled once, by whichever of its router tiles completes the count
+    routes_at = {i: c for c, i in routed_by.items()}   # list index of a counter's last router tile -> the counter
     for i in range(len(rec)):
         for k in range(O.MAX_WAITS):
             c, t = int(rec[i, O.R[f"w{k}c"]]), int(rec[i, O.R[f"w{k}t"]])
@@ -724,6 +725,5 @@ def validate(tl: TaskList) -> None:
         c = int(rec[i, O.R["sig"]])
         if c >= 0:
             produced[c] = produced.get(c, 0) + 1
-        for rc, last in routed_by.items():
-            if last == i:                   # every router tile of the counter is listed by now
-                produced[rc] = produced.get(rc, 0) + 1
+        if i in routes_at:                  # every router tile of the counter is listed by now
+            produced[routes_at[i]] = produced.get(routes_at[i], 0) + 1

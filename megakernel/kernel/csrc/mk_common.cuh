@@ -338,6 +338,14 @@ __device__ __forceinline__ void group_sync() {
     else asm volatile("bar.sync 1, %0;\n" ::"n"(NWC * 32) : "memory");
 }
 
+// One thread, after the barrier of the warps whose writes a counter release publishes: the fence before the release
+// (MK_SIGNAL_FENCE).
+__device__ __forceinline__ void signal_fence() {
+#if MK_SIGNAL_FENCE
+    __threadfence();
+#endif
+}
+
 // Warps 0..NWC-1: everything they wrote is published, then counters[c] += 1 (release, gpu scope). The task's end
 // stamp is taken before the release, so no consumer can see the counter before it.
 template <int NWC>
@@ -345,9 +353,7 @@ __device__ __forceinline__ void group_signal(const Params& P, int c) {
     group_sync<NWC>();
     prof_mark(PS_END);
     if (c >= 0 && threadIdx.x == 0) {
-#if MK_SIGNAL_FENCE
-        __threadfence();
-#endif
+        signal_fence();
         red_release(PP(int*, counters) + c, 1);
     }
 }
@@ -356,11 +362,16 @@ __device__ __forceinline__ void block_signal(const Params& P, int c) { group_sig
 // The block's next ticket (the persistent loop in mk_kernel.cu reads it after a barrier).
 __shared__ int s_next;
 
-// All threads, at the end of a task: its signal, then (claim_ahead == 0) thread 0 claims the block's next ticket,
-// so no ticket waits behind this task's dependency wait while another block could run it.
+// Thread 0 (others pass), once a task has signalled: with claim_ahead == 0 it claims the block's next ticket now, so
+// no ticket waits behind this task's dependency wait while another block could run it.
+__device__ __forceinline__ void claim_after_signal(const Params& P) {
+    if (threadIdx.x == 0 && !PI(claim_ahead)) s_next = atomicAdd(PP(int*, ctrl) + CTRL_TICKET, 1);
+}
+
+// All threads, at the end of a task: its signal, then the next claim.
 __device__ __forceinline__ void task_signal(const Params& P, int c) {
     block_signal(P, c);
-    if (threadIdx.x == 0 && !PI(claim_ahead)) s_next = atomicAdd(PP(int*, ctrl) + CTRL_TICKET, 1);
+    claim_after_signal(P);
 }
 
 // ---- small accessors -----------------------------------------------------------------------------------------

@@ -110,13 +110,18 @@ extern "C" int mk_device_info(int device, int* out) {
     return 0;
 }
 
+// The device current and mk_decode allowed `smem_bytes` of dynamic shared memory (both entry points below need it).
+static cudaError_t select_and_size(int device, int smem_bytes) {
+    cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess) return e;
+    return cudaFuncSetAttribute(mk_decode, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+}
+
 // Blocks of mk_decode that can be resident on one SM with `smem_bytes` of dynamic shared memory (into *blocks): the
 // backend launches MK_BLOCKS_PER_SM x SMs blocks and refuses a launch they would not all fit (schedule.py's
 // no-deadlock argument needs every block resident). 0 on success, else a cudaError_t.
 extern "C" int mk_occupancy(int device, int smem_bytes, int* blocks) {
-    cudaError_t e = cudaSetDevice(device);
-    if (e != cudaSuccess) return (int)e;
-    e = cudaFuncSetAttribute(mk_decode, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+    const cudaError_t e = select_and_size(device, smem_bytes);
     if (e != cudaSuccess) return (int)e;
     return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, mk_decode, NT, (size_t)smem_bytes);
 }
@@ -135,12 +140,10 @@ extern "C" int mk_encode_swizzled(void* out, const void* base, unsigned long lon
 // Zeroes the control block and counters, then launches the step, all on `stream`.
 extern "C" int mk_launch(int device, const long long* params, int grid, int smem_bytes, void* sync_ptr,
                          long long sync_bytes, void* stream) {
-    cudaError_t e = cudaSetDevice(device);
+    cudaError_t e = select_and_size(device, smem_bytes);
     if (e != cudaSuccess) return (int)e;
     Params P;
     for (int i = 0; i < MK_NUM_PARAMS; i++) P.v[i] = params[i];
-    e = cudaFuncSetAttribute(mk_decode, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-    if (e != cudaSuccess) return (int)e;
     cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
     e = cudaMemsetAsync(sync_ptr, 0, (size_t)sync_bytes, st);
     if (e != cudaSuccess) return (int)e;

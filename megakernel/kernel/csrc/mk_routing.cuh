@@ -40,14 +40,15 @@ __device__ __forceinline__ void topk_load_row(const float* logits, int E, int nq
 }
 
 // Warp 0, at most 32 pairs (B * k <= 32; the plan's topk_warp): the layer's expert queue from the rows' picks (sId,
-// their routing weights in sSc, both [B][ld]) with no block barrier, where the general layout below takes three. Lane
+// their routing weights in sSc, both [B][MK_MAX_TOPK]) with no block barrier, where the general layout below takes three. Lane
 // i holds pair (row i / k, its kk-th pick); one bitonic sort of (expert, row, kk) keys puts the pairs in queue order
 // (experts ascending, rows ascending within one), so lane j holds queue pair j: an expert's first lane (a ballot)
 // writes its slot (first lanes below it), first pair (its own lane) and count (up to the next first lane), and a
 // pair's rank (its expert's place among its row's experts, ascending) is the number of its row's lanes below it.
 // The same queue as the general layout, element for element.
-__device__ __forceinline__ void topk_queue_warp(const Params& P, int B, int k, int ld, const int* sId, const float* sSc,
+__device__ __forceinline__ void topk_queue_warp(const Params& P, int B, int k, const int* sId, const float* sSc,
                                                 int* route) {
+    constexpr int ld = MK_MAX_TOPK;
     const int lane = threadIdx.x & 31, n = B * k;
     unsigned key = 0xffffffffu;                                   // (past the pairs: sorts last)
     if (lane < n) {
@@ -213,7 +214,7 @@ __device__ __noinline__ void topk_route(const Params& P, int m, int* route) {
     __syncthreads();
     prof_phase(0);
     if (PI(topk_warp) && B * k <= 32) {       // every pair in one warp's lanes: no further block barrier
-        if (warp == 0) topk_queue_warp(P, B, k, MK_MAX_TOPK, sId, sSc, route);
+        if (warp == 0) topk_queue_warp(P, B, k, sId, sSc, route);
         prof_phase(1);
         prof_phase(2);
 #if MK_PROFILE
@@ -300,9 +301,7 @@ __device__ __noinline__ bool router_signal_route(const Params& P, const int* rec
     __syncthreads();                          // every logit of this tile stored
     prof_mark(PS_END);
     if (threadIdx.x == 0) {
-#if MK_SIGNAL_FENCE
-        __threadfence();
-#endif
+        signal_fence();
         s_last = atom_add_acq_rel(PP(int*, counters) + rec[RF_SIG], 1) == rec[RF_A3] - 1;
     }
     __syncthreads();
@@ -310,8 +309,8 @@ __device__ __noinline__ bool router_signal_route(const Params& P, const int* rec
         if (!smem_fits(P, (size_t)topk_scratch_bytes(PI(E)), ticket)) return false;
         topk_route(P, m, PP(int*, route) + (size_t)m * PI(r_stride));
         task_signal(P, rec[RF_A2]);
-    } else if (threadIdx.x == 0 && !PI(claim_ahead)) {
-        s_next = atomicAdd(PP(int*, ctrl) + CTRL_TICKET, 1);   // (task_signal's claim)
+    } else {
+        claim_after_signal(P);
     }
     return true;
 }

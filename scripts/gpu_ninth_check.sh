@@ -7,7 +7,8 @@
 #      and the per-layer North acceptance under $ALSO_TUNING (default router_topk=1);
 #   2. the step at $POINTS under $VARIANTS, one process (each knob's A/B in the same process);
 #   3. the SM timeline at batch 1, 8K, of the defaults (summary only).
-# Everything comes back in $OUT/bundle.tgz.
+# Everything comes back in $OUT/bundle.tgz. DEFAULT_TESTS=0 skips stage 1's default run; TRACE_TUNING: the plan
+# overrides the timeline runs under (MEGAKERNEL_MK_TUNING's syntax).
 #   run(command="MEGAKERNEL_COMMIT=<SHA> bash scripts/gpu_ninth_check.sh", timeout_s=600)
 set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
@@ -19,9 +20,11 @@ t0=$(date +%s)
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader;
   echo "commit ${MEGAKERNEL_COMMIT:-unknown}"; } | tee "$OUT/env.txt"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  echo "=== tests, defaults"
-  timeout ${TESTS_TIMEOUT:-170} python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/kernel 2>&1 \
-    | tee "$OUT/tests_default.log" | tail -3
+  if [ "${DEFAULT_TESTS:-1}" = 1 ]; then
+    echo "=== tests, defaults"
+    timeout ${TESTS_TIMEOUT:-170} python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/kernel 2>&1 \
+      | tee "$OUT/tests_default.log" | tail -3
+  fi
   echo "=== tests under $ALSO_TUNING at $(($(date +%s) - t0)) s"
   MEGAKERNEL_MK_TUNING=$ALSO_TUNING timeout ${ALSO_TIMEOUT:-110} python3 -m pytest -q -x -m gpu -p no:cacheprovider \
     tests/kernel/test_gpu.py tests/kernel/test_gpu_north.py -k "tiny or long_splits or north" 2>&1 \
@@ -31,7 +34,7 @@ echo "=== variants at $(($(date +%s) - t0)) s"
 timeout ${VARIANTS_TIMEOUT:-200} python3 benchmarks/megakernel_variants.py --points "$POINTS" \
   --variants "$(echo $VARIANTS)" --steps 40 --json "$OUT/variants.json" 2>&1 | grep -E "^b|rror"
 echo "=== trace b1 at $(($(date +%s) - t0)) s"
-timeout ${TRACE_TIMEOUT:-90} python3 -m megakernel bench --random-north --backend megakernel --batch-size 1 \
+MEGAKERNEL_MK_TUNING=${TRACE_TUNING:-} timeout ${TRACE_TIMEOUT:-90} python3 -m megakernel bench --random-north --backend megakernel --batch-size 1 \
   --context 8192 --steps 20 --trace "$OUT/tl_b1.npz" 2>&1 | grep -E "critical|SM time|phases|a layer|normal build|rror"
 rm -f "$OUT/tl_b1.npz"
 echo "=== done at $(($(date +%s) - t0)) s"

@@ -23,8 +23,8 @@ import torch
 from megakernel.config import ModelConfig
 from megakernel.errors import MegakernelError
 from megakernel.kernel import build, opcodes as O
-from megakernel.kernel.schedule import (ModelPlan, StepInputs, TaskList, build_tasks, plan_for_rows, step_inputs,
-                                        tiling_plans)
+from megakernel.kernel.schedule import (ModelPlan, StepInputs, TaskList, build_tasks, fused_norm_smem_bytes,
+                                        plan_for_rows, step_inputs, tiling_plans)
 from megakernel.kv.cache import KVCache, KVLayout
 from megakernel.model.cohere2_moe import ForwardBatch, ForwardTrace
 from megakernel.model.layers import rope_inv_freq
@@ -240,6 +240,9 @@ class MegakernelBackend(DecodeBackend):
         if plan.worker_topk and build.switch_value("MK_MOE_LOCAL") == 0:
             raise ValueError("worker_topk needs the kernel's MK_MOE_LOCAL=1 (the workers keep their routing in shared "
                              "memory); this build has MK_MOE_LOCAL=0")
+        if plan.fused_norm and fused_norm_smem_bytes(plan.H) == 0 and build.switch_value("MK_SMALL_VEC") < 2:
+            raise ValueError("fused_norm at this hidden size needs the kernel's MK_SMALL_VEC>=2 (the fused tiles keep "
+                             "the residual in registers; the plan leaves no shared memory for it)")
         per_block = min(self.smem_optin, O.SMEM_LIMIT)
         for p in plans:
             need = self._smem_of(p)

@@ -101,6 +101,13 @@ def route_scratch_bytes(E: int) -> int:
     return (O.MAX_BATCH * e32 + 2 * O.MAX_BATCH * O.MAX_TOPK + e32 + O.MAX_BATCH * e32 // 32 + 2 * e32 // 32) * 4
 
 
+def fused_norm_smem_bytes(H: int) -> int:
+    """Shared memory a `fused_norm` tile needs beyond its GEMV layout: none where the kernel keeps each row's residual
+    in registers (8 columns per thread, H <= 8 * NUM_THREADS, builds with MK_SMALL_VEC >= 2: csrc/mk_gemv.cuh
+    FUSED_NORM_IN_REGS), else the residual row in fp32 and a block sum's scratch after the input rows."""
+    return 0 if H % 8 == 0 and H <= 8 * O.NUM_THREADS else (H + O.NUM_WARPS) * 4
+
+
 def small_task_smem_bytes(E: int, H: int) -> int:
     """Shared memory of the task kinds that prefetch the next GEMV tile into weight buffer 1 while they run (NORM,
     TOPK, ATTN_COMBINE: csrc/mk_kernel.cu): the largest of their layouts."""
@@ -253,7 +260,7 @@ class ModelPlan:
         # tiles
         d = self.d
         self.k_max = max(self.H, self.Q, self.I, self.I_mlp)
-        fused = (self.H + O.NUM_WARPS) * 4 if self.fused_norm else 0      # the fused tiles' residual row
+        fused = fused_norm_smem_bytes(self.H) if self.fused_norm else 0   # the fused tiles' residual row
         self.wbuf = self._two_buffers(self.k_max, 2 * (self.k_max + O.ROW_PAD) * 2, fused) if self.prefetch else 0
         if self.wbuf:
             self.claim_ahead = 1             # the prefetch issues the next ticket's tile: it must know that ticket
@@ -340,7 +347,7 @@ class ModelPlan:
     def smem_bytes(self) -> int:
         """Dynamic shared memory of the kernel (its task kinds' layouts are in csrc/mk_*.cuh, described by
         `smem_bytes` above from this plan's tiles)."""
-        fused = (self.H + O.NUM_WARPS) * 4 if self.fused_norm else 0      # the fused tiles' residual row
+        fused = fused_norm_smem_bytes(self.H) if self.fused_norm else 0   # the fused tiles' residual row
         total = smem_bytes(self.gemv_tiles, self.tb, self.d, self.g, self.E, self.H, self.wbuf, self.k_max)
         if self.lm_wbuf:                     # the streaming LM head's two buffers and its inputs
             total = max(total, O.GEMV_SCRATCH_BYTES + 2 * self.lm_wbuf + self.tb * (self.H + O.ROW_PAD) * 2)

@@ -356,6 +356,26 @@ def test_simulator_with_fused_norm(variant, B):
     _check_step(cfg, w, st, nxt, plan, seeds=[B, B + 5])
 
 
+def test_fused_norm_plans_on_north_dims_need_no_more_shared_memory():
+    """At North dims (H = 2048 <= 8 x 512 threads) a fused_norm tile keeps each row's residual in registers, so the
+    default plans with fused_norm take exactly the shared memory (and the tiles) of the plans without it, inside
+    the limit; a hidden size past 8 columns per thread stages the fp32 row (and a block sum's scratch)."""
+    from megakernel.config import north_mini_code_config
+    from megakernel.kernel.schedule import fused_norm_smem_bytes, tiling_plans
+    from megakernel.kv.cache import KVLayout
+
+    cfg = north_mini_code_config()
+    layout = KVLayout.for_model(cfg, 64)
+    base = tiling_plans(cfg, layout, 16, True, n_workers=132)
+    fused = tiling_plans(cfg, layout, 16, True, n_workers=132, fused_norm=2)
+    assert [p.smem_bytes() for p in fused] == [p.smem_bytes() for p in base]
+    assert [p.gemv_tiles for p in fused] == [p.gemv_tiles for p in base]
+    assert all(p.smem_bytes() <= O.SMEM_LIMIT - O.SMEM_RESERVE for p in fused)
+    assert fused_norm_smem_bytes(2048) == 0
+    big = 8 * O.NUM_THREADS + 8
+    assert fused_norm_smem_bytes(big) == (big + O.NUM_WARPS) * 4
+
+
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 @pytest.mark.parametrize("B,o_after", [(1, 0), (4, 0), (1, 8), (4, 3)])
 def test_simulator_with_oproj_in_the_expert_queue(variant, B, o_after):

@@ -130,11 +130,35 @@ __device__ __forceinline__ void lm_store_best(const Params& P, int t, float bv, 
     }
 }
 
-// A FLAG_FUSED_NORM tile's input rows: every row's residual and norm (in sH) into sX, and with FLAG_WRITE_H /
-// FLAG_WRITE_X the residual / normed rows to global memory for the tasks that read them. Not inlined: the vectorised
-// residual's registers would spill in the persistent loop.
+// Whether a FLAG_FUSED_NORM tile keeps each row's residual in registers (residual_norm_fused: 8 columns per thread,
+// no shared memory beyond the block sum's NW floats in the GEMV scratch) or stages it in fp32 after the inputs
+// (residual_row + norm_row: (H + NW) * 4 bytes more). schedule.fused_norm_smem_bytes is the host's side of this.
+#if MK_SMALL_VEC >= 2
+#define FUSED_NORM_IN_REGS(H) ((H) % 8 == 0 && ((H) >> 3) <= NT)
+#else
+#define FUSED_NORM_IN_REGS(H) false
+#endif
+
+// A FLAG_FUSED_NORM tile's input rows: every row's residual and norm into sX, and with FLAG_WRITE_H / FLAG_WRITE_X
+// the residual / normed rows to global memory for the tasks that read them. sH: the fp32 row of the staged path.
+// Not inlined: the vectorised residual's registers would spill in the persistent loop.
 __device__ __noinline__ void fused_inputs(const Params& P, int l, int flags, bf16* sX, float* sH, int pitch) {
     const int H = PI(H), Bm = PI(Bm), B = PI(B);
+#if MK_SMALL_VEC >= 2
+    if (FUSED_NORM_IN_REGS(H)) {
+        float* red = reinterpret_cast<float*>(smem);            // the GEMV's reduction scratch, idle until gemv()
+        for (int b = 0; b < B; b++) {
+            bf16* hdst = (flags & MK_FLAG_WRITE_H) ? PP(bf16*, h) + ((size_t)l * Bm + b) * H : nullptr;
+            bf16* xs = sX + (size_t)b * pitch;
+            residual_norm_fused(P, l, b, red, xs, hdst);
+            if ((flags & MK_FLAG_WRITE_X) && threadIdx.x < (H >> 3))   // the 8 columns this thread normed
+                reinterpret_cast<uint4*>(PP(bf16*, x) + ((size_t)l * Bm + b) * H)[threadIdx.x] =
+                    reinterpret_cast<const uint4*>(xs)[threadIdx.x];
+        }
+        __syncthreads();                    // every row of sX before the GEMV reads it
+        return;
+    }
+#endif
     for (int b = 0; b < B; b++) {
         residual_row(P, l, b, sH);
         bf16* hdst = (flags & MK_FLAG_WRITE_H) ? PP(bf16*, h) + ((size_t)l * Bm + b) * H : nullptr;
@@ -166,7 +190,8 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
     const bool fused = (flags & MK_FLAG_FUSED_NORM) != 0;      // QKV / ROUTER / MLP_GU only: K == H
     const int R = T.n0 + T.n1;
     const size_t x_end = sm_x_end(P, R, T.K, B);
-    if (!smem_fits(P, x_end + (fused ? (size_t)(H + NW) * 4 : 0), ticket)) { drain_weights(); return false; }
+    const size_t staged = fused && !FUSED_NORM_IN_REGS(H) ? (size_t)(H + NW) * 4 : 0;   // the fp32 residual row
+    if (!smem_fits(P, x_end + staged, ticket)) { drain_weights(); return false; }
     int buf = 0;
     if (pf_buf >= 0) {
         buf = pf_buf;                        // issued by the previous task: `issued` stays at the claim

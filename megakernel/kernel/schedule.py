@@ -160,8 +160,12 @@ class ModelPlan:
     oproj_first: int = 0                 # 1: each layer's O-projection tiles listed ahead of its MoE workers
     qkv_by_head: int = 1                 # 1: QKV tiles listed kv head by head (its K, V, then Q tiles), not Q, K, V
                                          # (with claim_ahead=0 measured b1 8K 4.09 vs 4.16 ms, b8 14.90 vs 15.28)
-    fused_norm: int = 0                  # steps of at most this many rows skip the per-row NORM tasks of layers >= 1:
-                                         # QKV / router / MLP gate-up tiles normalise their own inputs
+    fused_norm: int = 1                  # steps of at most this many rows skip the per-row NORM tasks of layers >= 1:
+                                         # QKV / router / MLP gate-up tiles normalise their own inputs (in registers:
+                                         # fused_norm_smem_bytes). 8K, ms at 0 / 4 (804f4cb, one process): b1
+                                         # 3.546-3.557 / 3.501, b1 32K 4.026-4.030 / 3.980, b2 5.205 / 5.308,
+                                         # b4 8.542 / 8.971: every tile's residual costs more than the NORM hop
+                                         # from 2 rows
     tile_batch: int = 0                  # rows the GEMV tiles leave room for (0: max_batch); launches of at most
                                          # this many rows may use the larger tiles (the backend's `batch_tiles`)
     o_queue: int = 4                     # plans of at most this many rows (tile_batch) make each MoE layer's

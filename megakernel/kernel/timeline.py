@@ -330,28 +330,35 @@ def critical_chain(tl: Timeline) -> list[tuple[str, int]]:
 
 def layer_events(tl: Timeline) -> dict[str, dict[str, float]]:
     """A typical layer's timeline: for every task kind (and MoE item kind) of layer l, when its first task was
-    claimed and stopped waiting, and when its first and last ended, in us after the end of the layer's NORM task
-    (the norm that feeds it), as medians over the layers that have one; "next NORM" is layer l + 1's. Steps whose
-    layers have no NORM task (fused norms) give {}."""
+    claimed and stopped waiting, and when its first and last ended, in us after the layer's start, as medians over
+    the layers that have one. A layer starts where its NORM task ends ("next NORM": layer l + 1's), or, where its
+    tiles normalise their own rows (`fused_norm`: no NORM task), where the first of its QKV / router tiles stops
+    waiting, i.e. when the previous layer's outputs are complete ("next layer's inputs": layer l + 1's)."""
     t = tl.tasks
-    norm = np.flatnonzero(t.op == O.Op.NORM)
-    if not len(norm):
-        return {}
-    norm_end = {int(t.layer[i]): float(t.end[i]) for i in norm}
-    norm_at = {int(t.layer[i]): int(i) for i in norm}
+    base: dict[int, float] = {}
+    norm_at: dict[int, int] = {}
+    for i in np.flatnonzero(t.op == O.Op.NORM):
+        base[int(t.layer[i])] = float(t.end[i])
+        norm_at[int(t.layer[i])] = int(i)
+    fused = (t.op == O.Op.QKV) | (t.op == O.Op.ROUTER)
+    for l in np.unique(t.layer[fused]).tolist():
+        if l not in base:
+            base[int(l)] = float(t.waited[fused & (t.layer == l)].min())
     rows: dict[str, list[tuple[float, float, float, float]]] = {}
-    for l, base in sorted(norm_end.items()):
+    for l, b in sorted(base.items()):
         for ev in (t, tl.items):
             m = ev.layer == l
             for op in np.unique(ev.op[m]):
                 mm = m & (ev.op == op)
                 rows.setdefault(op_name(int(op)), []).append(
-                    (ev.claim[mm].min() - base, ev.waited[mm].min() - base, ev.end[mm].min() - base,
-                     ev.end[mm].max() - base))
+                    (ev.claim[mm].min() - b, ev.waited[mm].min() - b, ev.end[mm].min() - b, ev.end[mm].max() - b))
         if l + 1 in norm_at:
             i = norm_at[l + 1]
-            e = t.end[i] - base
-            rows.setdefault("next NORM", []).append((t.claim[i] - base, t.waited[i] - base, e, e))
+            e = t.end[i] - b
+            rows.setdefault("next NORM", []).append((t.claim[i] - b, t.waited[i] - b, e, e))
+        elif l + 1 in base:
+            e = base[l + 1] - b
+            rows.setdefault("next layer's inputs", []).append((e, e, e, e))
     rows.pop("NORM", None)
     out = {}
     for name, v in rows.items():
@@ -452,7 +459,7 @@ def format_summary(s: dict) -> str:
     for name, at in s.get("phases", {}).items():
         lines.append(f"phases of {name} (mean us after its claim): " + ", ".join(f"{k} {v:.2f}" for k, v in at.items()))
     if s.get("layer_events"):
-        lines.append("a layer (medians, us after its NORM ended; first claim / first wait end / first end / last end): "
+        lines.append("a layer (medians, us after its start; first claim / first wait end / first end / last end): "
                      + ", ".join(f"{k} " + "/".join(f"{x:.1f}" for x in v.values())
                                  for k, v in s["layer_events"].items()))
     for name, sp in s.get("phase_spans", {}).items():

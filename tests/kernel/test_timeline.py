@@ -171,3 +171,25 @@ def test_layer_events_read_a_typical_layer(emulated):
     assert ev["QKV"]["last_end"] > 0 and ev["next NORM"]["last_end"] >= ev["OPROJ"]["last_end"]
     s = T.summarize(tl)
     assert s["layer_events"] == ev and "a layer (medians" in T.format_summary(s)
+
+
+def test_layer_events_of_fused_norm_steps():
+    """Where the tiles normalise their own rows (fused_norm: no NORM task past layer 0), a layer starts when the
+    first of its QKV / router tiles stops waiting: every kind of the layer ends after that start, and the next
+    layer's inputs are complete after the layer's O projection and MoE items end."""
+    cfg = make_cfg("north_like")
+    w = tiny_weights(cfg)
+    st = prefill_state(cfg, w, [13], chunk=16)
+    batch = decode_batch(st, [5])
+    plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=8, split_tokens=8, fused_norm=1)
+    si = step_inputs(plan, batch.input_ids.tolist(), batch.positions.tolist(), batch.block_tables)
+    tasks = build_tasks(plan, si.B, si.nsplit)
+    nbytes, _ = T.task_bytes(plan, si, tasks.records)
+    tl = T.to_timeline(T.emulate(tasks.records, nbytes, n_blocks=8))
+    assert int((tl.tasks.op == O.Op.NORM).sum()) == 2              # layer 0's and the final norm
+    ev = T.layer_events(tl)
+    assert {"QKV", "ROUTER", "ATTN", "next layer's inputs"} <= set(ev), sorted(ev)
+    for name, v in ev.items():
+        assert v["last_end"] >= 0 and v["first_end"] <= v["last_end"], (name, v)
+    nxt = ev["next layer's inputs"]["last_end"]
+    assert all(v["last_end"] <= nxt + 1e-6 for k, v in ev.items() if k in ("OPROJ_ITEM", "OPROJ", "MOE_DOWN")), ev

@@ -139,26 +139,15 @@ __device__ __forceinline__ void lm_store_best(const Params& P, int t, float bv, 
 #define FUSED_NORM_IN_REGS(H) false
 #endif
 
-// A FLAG_FUSED_NORM tile's input rows: every row's residual and norm into sX, and with FLAG_WRITE_H / FLAG_WRITE_X
-// the residual / normed rows to global memory for the tasks that read them. sH: the fp32 row of the staged path.
-// Not inlined: the vectorised residual's registers would spill in the persistent loop.
+// Shared memory a FLAG_FUSED_NORM tile needs after its inputs: the fp32 residual row and a block sum's scratch where
+// the row is staged, none where it stays in registers.
+__device__ __forceinline__ size_t fused_staged_bytes(int H) { return FUSED_NORM_IN_REGS(H) ? 0 : (size_t)(H + NW) * 4; }
+
+// A FLAG_FUSED_NORM tile's input rows, staged: every row's residual (in sH) and norm into sX, and with FLAG_WRITE_H /
+// FLAG_WRITE_X the residual / normed rows to global memory for the tasks that read them. Not inlined: the
+// vectorised residual's registers would spill in the persistent loop.
 __device__ __noinline__ void fused_inputs(const Params& P, int l, int flags, bf16* sX, float* sH, int pitch) {
     const int H = PI(H), Bm = PI(Bm), B = PI(B);
-#if MK_SMALL_VEC >= 2
-    if (FUSED_NORM_IN_REGS(H)) {
-        float* red = reinterpret_cast<float*>(smem);            // the GEMV's reduction scratch, idle until gemv()
-        for (int b = 0; b < B; b++) {
-            bf16* hdst = (flags & MK_FLAG_WRITE_H) ? PP(bf16*, h) + ((size_t)l * Bm + b) * H : nullptr;
-            bf16* xs = sX + (size_t)b * pitch;
-            residual_norm_fused(P, l, b, red, xs, hdst);
-            if ((flags & MK_FLAG_WRITE_X) && threadIdx.x < (H >> 3))   // the 8 columns this thread normed
-                reinterpret_cast<uint4*>(PP(bf16*, x) + ((size_t)l * Bm + b) * H)[threadIdx.x] =
-                    reinterpret_cast<const uint4*>(xs)[threadIdx.x];
-        }
-        __syncthreads();                    // every row of sX before the GEMV reads it
-        return;
-    }
-#endif
     for (int b = 0; b < B; b++) {
         residual_row(P, l, b, sH);
         bf16* hdst = (flags & MK_FLAG_WRITE_H) ? PP(bf16*, h) + ((size_t)l * Bm + b) * H : nullptr;
@@ -175,6 +164,25 @@ __device__ __noinline__ void fused_inputs(const Params& P, int l, int flags, bf1
     }
 }
 
+#if MK_SMALL_VEC >= 2
+// fused_inputs where FUSED_NORM_IN_REGS(H): each row's residual in registers (residual_norm_fused), the block sum
+// in the GEMV's reduction scratch (idle until gemv()). A function of its own: folded into fused_inputs, its
+// registers made the persistent loop spill in the MK_TOPK_PACKED=0 build.
+__device__ __noinline__ void fused_inputs_regs(const Params& P, int l, int flags, bf16* sX, int pitch) {
+    const int H = PI(H), Bm = PI(Bm), B = PI(B);
+    float* red = reinterpret_cast<float*>(smem);
+    for (int b = 0; b < B; b++) {
+        bf16* hdst = (flags & MK_FLAG_WRITE_H) ? PP(bf16*, h) + ((size_t)l * Bm + b) * H : nullptr;
+        bf16* xs = sX + (size_t)b * pitch;
+        residual_norm_fused(P, l, b, red, xs, hdst);
+        if ((flags & MK_FLAG_WRITE_X) && threadIdx.x < (H >> 3))   // the 8 columns this thread normed
+            reinterpret_cast<uint4*>(PP(bf16*, x) + ((size_t)l * Bm + b) * H)[threadIdx.x] =
+                reinterpret_cast<const uint4*>(xs)[threadIdx.x];
+    }
+    __syncthreads();                        // every row of sX before the GEMV reads it
+}
+#endif
+
 // Weights first (this task's, unless prefetched, then the next task's), then the waits, then the inputs, then the
 // math and the task's epilogue. pf_buf: the buffer the previous task issued this task's weights into (-1: none).
 __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_buf) {
@@ -190,8 +198,7 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
     const bool fused = (flags & MK_FLAG_FUSED_NORM) != 0;      // QKV / ROUTER / MLP_GU only: K == H
     const int R = T.n0 + T.n1;
     const size_t x_end = sm_x_end(P, R, T.K, B);
-    const size_t staged = fused && !FUSED_NORM_IN_REGS(H) ? (size_t)(H + NW) * 4 : 0;   // the fp32 residual row
-    if (!smem_fits(P, x_end + staged, ticket)) { drain_weights(); return false; }
+    if (!smem_fits(P, x_end + (fused ? fused_staged_bytes(H) : 0), ticket)) { drain_weights(); return false; }
     int buf = 0;
     if (pf_buf >= 0) {
         buf = pf_buf;                        // issued by the previous task: `issued` stays at the claim
@@ -203,8 +210,12 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
     if (!fused && threadIdx.x < B) s_xrow[threadIdx.x] = xin + (size_t)threadIdx.x * xpitch;
     if (!wait_rec(P, rec, ticket)) { drain_weights(); return false; }
     if (fused) {       // the rows' residual and norm straight into sX (the weights keep landing meanwhile)
-        fused_inputs(P, l, flags, reinterpret_cast<bf16*>(smem + sm_x(P, R, T.K)),
-                     reinterpret_cast<float*>(smem + x_end), row_pitch(T.K));
+        bf16* sX = reinterpret_cast<bf16*>(smem + sm_x(P, R, T.K));
+#if MK_SMALL_VEC >= 2
+        if (FUSED_NORM_IN_REGS(H)) fused_inputs_regs(P, l, flags, sX, row_pitch(T.K));
+        else
+#endif
+            fused_inputs(P, l, flags, sX, reinterpret_cast<float*>(smem + x_end), row_pitch(T.K));
     } else {
         load_x(reinterpret_cast<bf16*>(smem + sm_x(P, R, T.K)), B, T.K);
     }

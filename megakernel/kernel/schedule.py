@@ -188,10 +188,13 @@ class ModelPlan:
                                          # group / combine_parts of its query heads (a divisor of the group): a
                                          # combine of 256 splits (128K+ contexts) reads ~1 MB, on one SM at 1.
                                          # Not yet measured
-    o_after: int = 4                     # 0..8: eighths of a layer's down items queued ahead of its O items
+    o_after: int = 6                     # 0..8: eighths of a layer's down items queued ahead of its O items
                                          # (o_queue; 0: right after the gate/up items, where a worker that claims
                                          # one may wait for the combines; 8: after every down item). b1 8K:
-                                         # 3.838 / 3.804 / 3.797 / 3.819 ms at 0 / 2 / 4 / 8 (8786382)
+                                         # 3.838 / 3.804 / 3.797 / 3.819 ms at 0 / 2 / 4 / 8 (8786382); with
+                                         # fused_norm (6df2330, one process) 3.499-3.512 / 3.434 / 3.445 / 3.451
+                                         # at 4 / 6 / 7 / 8, 32K 3.962-3.975 / 3.913, b2 5.242 / 5.254, b4
+                                         # 8.600-8.617 / 8.615
     router_first: int = 1                # 1: each MoE layer's router tiles listed ahead of its QKV tiles (0: after)
     moe_ring: int = 0                    # plans of at most this many rows (tile_batch) give the expert items a
                                          # ring of two weight buffers of their own (tiles sized to fill one; the

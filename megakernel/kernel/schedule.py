@@ -49,6 +49,9 @@ from megakernel.kv.cache import KVLayout
 Op = O.Op
 
 
+MIN_SHORT_SPLIT = 256   # keys per attention split at least where `short_splits` narrows them (what was measured)
+
+
 def _pow2_floor(n: int) -> int:
     return 1 << (max(1, n).bit_length() - 1)
 
@@ -156,6 +159,11 @@ class ModelPlan:
                                          # (0: never): with 16+ (row, kv head) pairs, fewer, longer splits cost less
                                          # SM time. 8K, ms at 0 / 4 (838fd59): b4 9.495 / 9.315, b8 15.62 / 15.12,
                                          # b16 26.12 / 25.11; 1024-key splits at b1: 4.68 vs 4.17 (d00cb4d)
+    short_splits: int = 4                # steps of one row whose longest range is under this many default splits
+                                         # split it into this many (of >= MIN_SHORT_SPLIT keys, multiples of 64) (0:
+                                         # never): at 1K a layer's attention is otherwise 2 long splits per kv head
+                                         # on the critical path. b1 1K, ms at 512 / 256 keys (a30e0a5, one
+                                         # process): 3.257-3.261 / 3.094; 8K 3.416 / 3.437, 32K 3.884 / 4.042
     attn_stages: int = O.DEFAULT_ATTN_STAGES   # K/V chunks in the attention ring (2..ATTN_MAX_STAGES)
     oproj_first: int = 0                 # 1: each layer's O-projection tiles listed ahead of its MoE workers
     qkv_by_head: int = 1                 # 1: QKV tiles listed kv head by head (its K, V, then Q tiles), not Q, K, V
@@ -424,6 +432,8 @@ class ModelPlan:
         need = math.ceil(max_range / O.MAX_SPLITS_PER_HEAD)
         if need > s:
             s = (need + 63) // 64 * 64
+        elif B == 1 and self.short_splits and max_range < s * self.short_splits:
+            s = max(MIN_SHORT_SPLIT, (math.ceil(max_range / self.short_splits) + 63) // 64 * 64)
         return s
 
     def layer_info(self) -> np.ndarray:

@@ -163,6 +163,14 @@ def test_north_task_list_shape():
     assert si.nsplit[:, 0].max() == 8 and si.nsplit[:, 1].max() == 4
     one = step_inputs(plan, [5], [8191], tables[:1])
     assert one.split_tokens == 512 and one.nsplit[0, 0] == 16 and one.nsplit[0, 1] == 8
+    # one row of a short context (short_splits=4): its longest range (1024 keys) in 4 splits of 256; from 2048 keys
+    # the default 512; two rows keep 512 at any length
+    short = step_inputs(plan, [5], [1023], tables[:1])
+    assert short.split_tokens == 256 and short.nsplit[0].max() == 4
+    assert step_inputs(plan, [5], [1499], tables[:1]).split_tokens == 384
+    assert step_inputs(plan, [5], [2047], tables[:1]).split_tokens == 512
+    assert step_inputs(plan, [5, 5], [1023, 1023], tables[:2]).split_tokens == 512
+    assert step_inputs(plan, [5], [199], tables[:1]).split_tokens == 256      # never below MIN_SHORT_SPLIT
     tl = build_tasks(plan, si.B, si.nsplit)
     validate(tl)
     ops = np.bincount(tl.records[:, 0], minlength=13)

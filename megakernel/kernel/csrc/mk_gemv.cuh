@@ -170,7 +170,7 @@ __device__ __noinline__ void fused_inputs(const Params& P, int l, int flags, bf1
 // registers made the persistent loop spill in the MK_TOPK_PACKED=0 build.
 __device__ __noinline__ void fused_inputs_regs(const Params& P, int l, int flags, bf16* sX, int pitch) {
     const int H = PI(H), Bm = PI(Bm), B = PI(B);
-    float* red = reinterpret_cast<float*>(smem);
+    float* red = reinterpret_cast<float*>(smem + SM_RED);
     for (int b = 0; b < B; b++) {
         bf16* hdst = (flags & MK_FLAG_WRITE_H) ? PP(bf16*, h) + ((size_t)l * Bm + b) * H : nullptr;
         bf16* xs = sX + (size_t)b * pitch;

@@ -193,7 +193,9 @@ PROF_ITEM_GU, PROF_ITEM_DN, PROF_ITEM_O = 100, 101, 102   # pseudo-opcodes of Mo
 # What each mark of a task kind means (the phase that ends at it); kinds without an entry take none.
 PROF_MARKS = {
     "NORM": ("residual loaded and summed", "normed and stored"),
-    "TOPK": ("logits loaded, experts chosen", "slots counted", "queue slots written", "pairs written"),
+    "TOPK": ("logits loaded (row 0's first max)", "experts chosen", "queue slots written", "pairs written"),
+    "ROUTER": ("inputs ready (fused: residual and norm)",),
+    "QKV": ("inputs ready (fused: residual and norm)",),
     "ATTN_COMBINE": ("log-sum-exps read", "split weights computed", "partials merged (thread 0)",
                      "a second, warm pass (MK_REPEAT_SMALL=2)"),
     "MOE_GATE_UP": ("next item claimed", "next tile issued (two buffers)", "inputs loaded"),

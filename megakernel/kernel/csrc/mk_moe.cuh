@@ -51,7 +51,7 @@ __device__ __forceinline__ bool route_in_worker(const Params& P, int m, int* rou
     if (!smem_fits(P, off + (size_t)PI(r_stride) * 4, ticket)) return false;
     int* sr = reinterpret_cast<int*>(smem + off);
     if (threadIdx.x == 0) hdr[2] = atomicAdd(PP(int*, moe_work) + m, 1);   // (its round trip under the routing)
-    topk_route(P, m, sr);
+    topk_route(P, m, sr, false);
     __syncthreads();
     route_to_shared<true>(P, sr);
     if (threadIdx.x == 0) { hdr[0] = sr[0]; hdr[1] = sr[1]; }

@@ -91,6 +91,10 @@ __device__ __forceinline__ void topk_queue_warp(const Params& P, int B, int k, c
     }
 }
 
+__device__ __forceinline__ void topk_phase(bool stamp, int k) {
+    if (stamp) prof_phase(k);
+}
+
 // Bytes of topk_route's shared-memory scratch at the start of the dynamic shared memory (the layout below;
 // schedule.small_task_smem_bytes sizes it for the largest batch).
 __device__ __forceinline__ int topk_scratch_bytes(int E) {
@@ -101,8 +105,9 @@ __device__ __forceinline__ int topk_scratch_bytes(int E) {
 // The routing of MoE layer m (every row's experts and weights, the expert queue's slots and pairs) written to
 // `route`: the layer's route record in global memory (TOPK), or a copy in shared memory past the scratch (a MoE
 // worker of a worker_topk plan, mk_moe.cuh). Ends without a barrier after its last writes. Not inlined into the
-// persistent loop (nor is task_norm): inlined, their registers spill there.
-__device__ __noinline__ void topk_route(const Params& P, int m, int* route) {
+// persistent loop (nor is task_norm): inlined, their registers spill there. `stamp`: take TOPK's profiling marks
+// (opcodes.PROF_MARKS; false where a router tile or a worker routes: their records' marks mean other things).
+__device__ __noinline__ void topk_route(const Params& P, int m, int* route, bool stamp = true) {
     const int B = PI(B), Bm = PI(Bm), E = PI(E), k = PI(topk);
     const int nq = (E + 31) >> 5, e32 = nq * 32;                  // experts in whole warps' worth
     const float* rl = PP(const float*, rlog) + (size_t)m * Bm * E;
@@ -132,6 +137,7 @@ __device__ __noinline__ void topk_route(const Params& P, int m, int* route) {
 #pragma unroll
             for (int q = 0; q < TOPK_WORDS; q++) mx = max(mx, key[q]);
             mx = __reduce_max_sync(0xffffffffu, mx);
+            if (kk == 0) topk_phase(stamp, 0);  // (the first max needs every lane's logits: they have landed)
             const int pick = 0xffff - (int)(mx & 0xffffu), pq = pick >> 5;
             const bool owner = lane == (pick & 31);
             float v = 0.f;
@@ -176,6 +182,7 @@ __device__ __noinline__ void topk_route(const Params& P, int m, int* route) {
 #pragma unroll
             for (int q = 0; q < TOPK_WORDS; q++) mx = max(mx, key[q]);
             mx = __reduce_max_sync(0xffffffffu, mx);
+            if (kk == 0) topk_phase(stamp, 0);
             int pick = -1;
 #pragma unroll
             for (int q = 0; q < TOPK_WORDS; q++) {
@@ -212,15 +219,14 @@ __device__ __noinline__ void topk_route(const Params& P, int m, int* route) {
     }
 #endif
     __syncthreads();
-    prof_phase(0);
+    topk_phase(stamp, 1);
     if (PI(topk_warp) && B * k <= 32) {       // every pair in one warp's lanes: no further block barrier
         if (warp == 0) topk_queue_warp(P, B, k, sId, sSc, route);
-        prof_phase(1);
-        prof_phase(2);
+        topk_phase(stamp, 2);
 #if MK_PROFILE
         __syncthreads();
 #endif
-        prof_phase(3);
+        topk_phase(stamp, 3);
         return;
     }
     // 2. per expert (a thread each, whole warps): the rows that chose it, then its slot (active experts ascending)
@@ -244,7 +250,6 @@ __device__ __noinline__ void topk_route(const Params& P, int m, int* route) {
         if (lane == 31) { sTot[warp] = act_incl; sTot[nq + warp] = cnt_incl; }
     }
     __syncthreads();
-    prof_phase(1);
     if (threadIdx.x < e32) {
         int a_off = 0, c_off = 0;
         for (int w = 0; w < warp; w++) { a_off += sTot[w]; c_off += sTot[nq + w]; }
@@ -263,7 +268,7 @@ __device__ __noinline__ void topk_route(const Params& P, int m, int* route) {
         }
     }
     __syncthreads();
-    prof_phase(2);
+    topk_phase(stamp, 2);
     // 3. the pairs, grouped by expert (ascending), rows ascending within an expert; rank: the expert's position
     //    among the row's experts in ascending order (where the down item writes its share of y)
     for (int i = threadIdx.x; i < B * k; i += NT) {
@@ -283,7 +288,7 @@ __device__ __noinline__ void topk_route(const Params& P, int m, int* route) {
 #if MK_PROFILE
     __syncthreads();                         // (profiling only: every pair written, for the mark)
 #endif
-    prof_phase(3);
+    topk_phase(stamp, 3);
 }
 
 __device__ __forceinline__ int atom_add_acq_rel(int* p, int v) {
@@ -307,7 +312,7 @@ __device__ __noinline__ bool router_signal_route(const Params& P, const int* rec
     __syncthreads();
     if (s_last) {
         if (!smem_fits(P, (size_t)topk_scratch_bytes(PI(E)), ticket)) return false;
-        topk_route(P, m, PP(int*, route) + (size_t)m * PI(r_stride));
+        topk_route(P, m, PP(int*, route) + (size_t)m * PI(r_stride), false);
         task_signal(P, rec[RF_A2]);
     } else {
         claim_after_signal(P);

@@ -37,7 +37,13 @@ MAX_TILE_ROWS = 64           # rows of one GEMV tile at most (bounds the reducti
 ATTN_CHUNK = 128 // BLOCKS_PER_SM   # keys per shared-memory chunk in attention: one 16-key slice per computing warp
                              # (two stages of 128 keys, ~140 KB, would not fit half an SM's shared memory)
 ATTN_WARPS = ATTN_CHUNK // 16  # warps that run attention's tensor-core math (the others help load)
-ATTN_MAX_STAGES = 2          # chunks of K/V in the attention ring, at most (the step's value: attn_stages)
+# chunks of K/V in the attention ring, at most (the step's value: attn_stages). 2 by default; the experiment
+# MEGAKERNEL_ATTN_MAX_STAGES=3 (read at import, like BLOCKS_PER_SM) builds a ring of three, so attn_stages=3 can be timed
+# against 2 in one process. At 3 the default build's persistent loop does not spill (the attention of 8 rows spills
+# 84 bytes, 68 at 2), the MK_TOPK_PACKED=0 build's spills 24 (2ec61ba); the ring takes 206 KB at North dims.
+ATTN_MAX_STAGES = int(os.environ.get("MEGAKERNEL_ATTN_MAX_STAGES", "2"))
+if ATTN_MAX_STAGES not in (2, 3):
+    raise ValueError(f"MEGAKERNEL_ATTN_MAX_STAGES must be 2 or 3, got {ATTN_MAX_STAGES}")
 DEFAULT_ATTN_STAGES = 2
 ATTN_MAX_GROUP = 8           # query heads per kv head the attention's 16-row MMA tile serves (rows 8-15 pad)
 ATTN_MAX_HEAD_DIM = 128      # head_dim of the tensor-core attention, at most (a multiple of 16)

@@ -23,8 +23,8 @@ typedef __nv_bfloat16 bf16;
 #endif
 // MK_GEMV_B1: the GEMV core at one input row with x's slice in registers and every weight load of a row in flight
 // (1, mk_gemv_core.cuh gemv_core_b1), or the CUDA-core loop of every batch size (0). On: measured b1 8K 3.94 vs 4.12 ms,
-// b8 14.78 vs 15.47 (separate processes, e74180e; SPEED_NOTES.md, 2026-12-01 fifth session). 2: the same core
-// software-pipelined (the next row pair's shared-memory loads in flight while this pair's FMAs run).
+// b8 14.78 vs 15.47 (separate processes, e74180e; SPEED_NOTES.md, 2026-12-01 fifth session). (A software-pipelined
+// variant lost: SPEED_NOTES.md, tenth session.)
 #ifndef MK_GEMV_B1
 #define MK_GEMV_B1 1
 #endif

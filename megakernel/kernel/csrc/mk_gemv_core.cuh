@@ -155,16 +155,13 @@ __device__ __forceinline__ void gemv_core_b1(const bf16* sW, const bf16* sX, int
     }
     const int n = R << lks, hi = lane >> 4;
     const uint4* wbase = reinterpret_cast<const uint4*>(sW);
-    // item pair (it, it + NWC): rows ra and rb's chunks of this lane into A and B
-    auto load_pair = [&](int it, uint4* A, uint4* B) {
-        const int ra = it >> lks, rb = min(it + NWC, n - 1) >> lks;     // row b: a copy of the last one
+    for (int it = warp; it < n; it += 2 * NWC) {
+        const int ra = it >> lks, itb = it + NWC, rb = min(itb, n - 1) >> lks;   // row b: a copy of the last one
         const uint4* wa = wbase + (size_t)ra * pitch;
         const uint4* wb = wbase + (size_t)rb * pitch;
+        uint4 A[CPL], B[CPL];
 #pragma unroll
         for (int i = 0; i < CPL; i++) { A[i] = wa[col[i]]; B[i] = wb[col[i]]; }
-    };
-    auto dot_pair = [&](int it, const uint4* A, const uint4* B) {
-        const int ra = it >> lks, itb = it + NWC, rb = min(itb, n - 1) >> lks;
         float a0 = 0.f, a1 = 0.f, b0 = 0.f, b1 = 0.f;
 #pragma unroll
         for (int i = 0; i < CPL; i++) {
@@ -186,29 +183,7 @@ __device__ __forceinline__ void gemv_core_b1(const bf16* sW, const bf16* sX, int
             if (KS == 1) sOut[r * MB] = v;
             else sRed[hi ? itb : it] = v;
         }
-    };
-#if MK_GEMV_B1 >= 2
-    static_assert(CPL <= 2, "the pipelined core holds two pairs of loads: at most 2 chunks per lane");
-    // software-pipelined: the next pair's loads are in flight while this pair is multiplied (ping-pong buffers, no
-    // register moves), so the shared-memory reads of one pair overlap the FMAs of the other
-    uint4 A0[CPL], B0[CPL], A1[CPL], B1[CPL];
-    constexpr int STEP = 2 * NWC;
-    // loads past the last item read a valid row (clamped) and are never used: no predicated, partly defined buffers
-    load_pair(min(warp, n - 1), A0, B0);
-    for (int it = warp; it < n; it += 2 * STEP) {
-        load_pair(min(it + STEP, n - 1), A1, B1);
-        dot_pair(it, A0, B0);
-        if (it + STEP >= n) break;
-        load_pair(min(it + 2 * STEP, n - 1), A0, B0);
-        dot_pair(it + STEP, A1, B1);
     }
-#else
-    for (int it = warp; it < n; it += 2 * NWC) {
-        uint4 A[CPL], B[CPL];
-        load_pair(it, A, B);
-        dot_pair(it, A, B);
-    }
-#endif
     group_sync<NWC>();
     if (KS == 1) return;
     for (int r = threadIdx.x; r < R; r += NWC * 32) {
@@ -228,18 +203,14 @@ __device__ __forceinline__ void gemv_one_row(const bf16* sW, const bf16* sX, int
         const int KC = K >> 3;
         // log2 of the K slices per row: at most 128 chunks per slice; more slices to give every warp rows while a
         // slice keeps 32 chunks or more (never an empty one)
-        // (MK_GEMV_B1=2: at most 64 chunks per slice, so the pipelined core's two pairs of loads fit the registers)
-        constexpr int max_chunks = MK_GEMV_B1 >= 2 ? 64 : 128;
         int lks = 0;
-        while ((1 << lks) < NWC && (KC > (max_chunks << lks) || ((R << lks) < NWC && (KC >> (lks + 1)) >= 32))) lks++;
+        while ((1 << lks) < NWC && (KC > (128 << lks) || ((R << lks) < NWC && (KC >> (lks + 1)) >= 32))) lks++;
         const int cpl = ((((KC + (1 << lks) - 1) >> lks)) + 31) >> 5;
         switch (cpl) {
             case 1: gemv_core_b1<1, NWC>(sW, sX, R, K, lks); return;
             case 2: gemv_core_b1<2, NWC>(sW, sX, R, K, lks); return;
-#if MK_GEMV_B1 < 2
             case 3: gemv_core_b1<3, NWC>(sW, sX, R, K, lks); return;
             case 4: gemv_core_b1<4, NWC>(sW, sX, R, K, lks); return;
-#endif
             default: break;
         }
     }

@@ -174,6 +174,11 @@ class ModelPlan:
                                          # 3.546-3.557 / 3.501, b1 32K 4.026-4.030 / 3.980, b2 5.205 / 5.308,
                                          # b4 8.542 / 8.971: every tile's residual costs more than the NORM hop
                                          # from 2 rows
+    fused_qkv: int = 1                   # with fused_norm, 1: the QKV tiles normalise their own rows too; 0: only the
+                                         # router tiles do (on the routing's critical path), and a NORM task per row
+                                         # writes x and h for the QKV tiles and the MoE items: ~160 QKV tiles per
+                                         # layer then read x (4 KB) instead of recomputing the residual (~44 KB of L2
+                                         # reads each, ~4 us per tile at b1, tl_b1_e1222bb). Not yet measured
     tile_batch: int = 0                  # rows the GEMV tiles leave room for (0: max_batch); launches of at most
                                          # this many rows may use the larger tiles (the backend's `batch_tiles`)
     o_queue: int = 4                     # plans of at most this many rows (tile_batch) make each MoE layer's
@@ -592,14 +597,19 @@ def build_tasks(plan: ModelPlan, B: int, nsplit: np.ndarray) -> TaskList:
         gi, _ = plan.layout.locate(l)
         moe = l in plan.moe_idx
         kind = plan.mlp_kind[l]
-        # 1. residual + norm per row (or, fused, inside each tile that reads the normed rows)
+        # 1. residual + norm per row (or, fused, inside each tile that reads the normed rows; with fused_qkv=0 only
+        #    the router tiles fuse, and a NORM task per row writes x and h for the QKV tiles and the MoE items)
         fuse = 1 <= l and B <= plan.fused_norm
-        if fuse:
+        fuse_qkv = fuse and bool(plan.fused_qkv)
+        if fuse_qkv:
             x_waits, fl = prev_done, O.FLAG_FUSED_NORM
+            norm_waits: list[tuple[int, int]] = []
         else:
             c_x = ctr(l, plan.c_x, "norm (rows)", B)
             em.emit(Op.NORM, l, B, sig=c_x, waits=prev_done, a0=np.arange(B))
             x_waits, fl = [(c_x, B)], 0
+            norm_waits = [(c_x, B)] if fuse else []      # the MoE items read the NORM's x, not a router tile's
+        r_waits, r_fl = (prev_done, O.FLAG_FUSED_NORM) if fuse else (x_waits, fl)
         # 2. router tiles and the top-k, ahead of the QKV tiles by default (`router_first`): router -> top-k ->
         #    experts is the longer of a layer's two branches; listed after the 160 QKV tiles, the router tiles and
         #    the top-k were claimed in the blocks' second wave, ~8 us after the norm
@@ -612,9 +622,9 @@ def build_tasks(plan: ModelPlan, B: int, nsplit: np.ndarray) -> TaskList:
             # routes the layer and signals a2 (no TOPK task, no hop between the last logits and the routing)
             c_rt = ctr(l, plan.c_route, "top-k", 1) if plan.router_topk else 0
             # fused: the tile of row 0 writes the normed rows the MoE items read (they wait on all router tiles)
-            em.emit(Op.ROUTER, l, len(r0), sig=c_rl, waits=x_waits, a0=r0, a1=nr, a2=c_rt,
+            em.emit(Op.ROUTER, l, len(r0), sig=c_rl, waits=r_waits, a0=r0, a1=nr, a2=c_rt,
                     a3=len(r0) if plan.router_topk else 0,
-                    flags=fl | np.where(fuse & (r0 == 0), O.FLAG_WRITE_X, 0))
+                    flags=r_fl | np.where(fuse_qkv & (r0 == 0), O.FLAG_WRITE_X, 0))
             for j in range(plan.n_slots):
                 # targets of the per-slot gate/up counters are dynamic (gu_tiles when the slot is active)
                 names[l * cpl + plan.c_gu + j] = f"layer {l} expert slot {j} gate/up items"
@@ -637,7 +647,7 @@ def build_tasks(plan: ModelPlan, B: int, nsplit: np.ndarray) -> TaskList:
         qkv_c = [ctr(l, plan.c_qkv + h, f"qkv (kv head {h})", int((head == h).sum())) for h in range(nkv)]
         # fused: the tile of row 0 writes the residual rows the next layer's tiles (and the final norm) read
         em.emit(Op.QKV, l, len(r0), sig=np.asarray(qkv_c, np.int32)[head], waits=x_waits, a0=r0, a1=nr,
-                flags=fl | np.where(fuse & (r0 == 0), O.FLAG_WRITE_H, 0))
+                flags=fl | np.where(fuse_qkv & (r0 == 0), O.FLAG_WRITE_H, 0))
         if moe and not plan.router_first:
             route_wait = emit_routing()
         # 4. static MLP gate/up tiles
@@ -688,7 +698,7 @@ def build_tasks(plan: ModelPlan, B: int, nsplit: np.ndarray) -> TaskList:
         mlp_target = 0
         c_mlp = l * cpl + plan.c_mlp
         if moe:
-            em.emit(Op.MOE_WORKER, l, plan.n_workers, sig=c_mlp, waits=[route_wait], a0=m)
+            em.emit(Op.MOE_WORKER, l, plan.n_workers, sig=c_mlp, waits=[route_wait] + norm_waits, a0=m)
             mlp_target += plan.n_workers
         # 8. static MLP down tiles
         if kind != O.MLP_NONE:

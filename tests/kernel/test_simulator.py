@@ -364,6 +364,28 @@ def test_simulator_with_fused_norm(variant, B):
     _check_step(cfg, w, st, nxt, plan, seeds=[B, B + 5])
 
 
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("B", [1, 2])
+def test_simulator_with_fused_router_only(variant, B):
+    """fused_qkv=0: only the router tiles normalise their own rows (writing neither x nor h); every layer keeps its
+    NORM tasks, which the QKV tiles and the MoE workers wait on. Exact in random orders."""
+    cfg, w, st, nxt = _setup(variant, B, seed=31 + B)
+    plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=2, split_tokens=4, fused_norm=2, fused_qkv=0)
+    batch = decode_batch(st, nxt)
+    si = step_inputs(plan, batch.input_ids.tolist(), batch.positions.tolist(), batch.block_tables)
+    tl = build_tasks(plan, si.B, si.nsplit)
+    validate(tl)
+    rec = tl.records
+    op, flags = rec[:, 0], rec[:, O.R["flags"]]
+    assert sorted(set(rec[op == int(O.Op.NORM), 1].tolist())) == list(range(cfg.num_layers + 1))
+    fused = (flags & O.FLAG_FUSED_NORM) != 0
+    assert set(op[fused].tolist()) == {int(O.Op.ROUTER)}
+    assert (rec[fused, 1] >= 1).all() and not ((flags & (O.FLAG_WRITE_H | O.FLAG_WRITE_X)) != 0).any()
+    workers = op == int(O.Op.MOE_WORKER)
+    assert (rec[workers, O.R["w1c"]] >= 0).all()          # the workers wait on the layer's NORM too
+    _check_step(cfg, w, st, nxt, plan, seeds=[B, B + 7])
+
+
 def test_fused_norm_plans_on_north_dims_need_no_more_shared_memory():
     """At North dims (H = 2048 <= 8 x 512 threads) a fused_norm tile keeps each row's residual in registers, so the
     default plans with fused_norm take exactly the shared memory (and the tiles) of the plans without it, inside

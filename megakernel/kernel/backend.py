@@ -235,6 +235,8 @@ class MegakernelBackend(DecodeBackend):
         self._tuning = {**DEFAULT_TUNING, **self._tuning, **tuning}   # what was set before stays unless given again
         batch_tiles = self._tuning["batch_tiles"]
         knobs = {k: v for k, v in self._tuning.items() if k != "batch_tiles"}
+        if "fused_norm" not in knobs and build.switch_value("MK_SMALL_VEC") < 2:
+            knobs["fused_norm"] = 0      # the default's register path is MK_SMALL_VEC >= 2's (refused below if asked)
         plans = tiling_plans(self.cfg, self.layout, self.max_batch, bool(batch_tiles), **knobs)
         plan = plans[-1]
         plan.check_supported()

@@ -493,7 +493,9 @@ class StepInputs:
 
     @property
     def signature(self) -> tuple:
-        return (self.B, self.split_tokens, self.nsplit.tobytes())
+        """What the step's task list depends on (its cache key): the rows and their splits. Not the split size,
+        which only the launch's parameters carry, so `short_splits`' changing sizes reuse the same lists."""
+        return (self.B, self.nsplit.tobytes())
 
 
 def step_inputs(plan: ModelPlan, input_ids: list[int], positions: list[int],

@@ -333,7 +333,10 @@ def layer_events(tl: Timeline) -> dict[str, dict[str, float]]:
     claimed and stopped waiting, and when its first and last ended, in us after the layer's start, as medians over
     the layers that have one. A layer starts where its NORM task ends ("next NORM": layer l + 1's), or, where its
     tiles normalise their own rows (`fused_norm`: no NORM task), where the first of its QKV / router tiles stops
-    waiting, i.e. when the previous layer's outputs are complete ("next layer's inputs": layer l + 1's)."""
+    waiting, i.e. when the previous layer's outputs are complete ("next layer's inputs": layer l + 1's). Where a
+    step mixes the two (layer 0 and the final norm keep their NORM tasks; `fused_qkv=0` keeps them all while its
+    router tiles start before them, at negative times) the medians mix the two anchors and each "next" row covers
+    only the layers followed by its kind."""
     t = tl.tasks
     base: dict[int, float] = {}
     norm_at: dict[int, int] = {}

@@ -396,7 +396,7 @@ def test_fused_norm_plans_on_north_dims_need_no_more_shared_memory():
 
     cfg = north_mini_code_config()
     layout = KVLayout.for_model(cfg, 64)
-    base = tiling_plans(cfg, layout, 16, True, n_workers=132)
+    base = tiling_plans(cfg, layout, 16, True, n_workers=132, fused_norm=0)
     fused = tiling_plans(cfg, layout, 16, True, n_workers=132, fused_norm=2)
     assert [p.smem_bytes() for p in fused] == [p.smem_bytes() for p in base]
     assert [p.gemv_tiles for p in fused] == [p.gemv_tiles for p in base]

@@ -179,7 +179,7 @@ __device__ __noinline__ void fused_inputs_regs(const Params& P, int l, int flags
             reinterpret_cast<uint4*>(PP(bf16*, x) + ((size_t)l * Bm + b) * H)[threadIdx.x] =
                 reinterpret_cast<const uint4*>(xs)[threadIdx.x];
     }
-    __syncthreads();                        // every row of sX before the GEMV reads it
+    // (no barrier: wait_weights' publishes sX before the GEMV reads it, as after load_x; `red` is not written again)
 }
 #endif
 

@@ -4,6 +4,11 @@ hooks that poison the kernel's scratch or make a launch hang (kept here, out of 
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Callable
 
@@ -15,6 +20,24 @@ from megakernel.kv.cache import KVCache, KVLayout
 from megakernel.model.cohere2_moe import Cohere2MoeModel, ForwardBatch
 from megakernel.model.weights import random_weights
 from tiny_models import VARIANTS, config_kwargs, prefill_ragged  # noqa: F401 (VARIANTS re-exported)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_in_fresh_interpreter(code: str, env: dict[str, str], cache_dir: Path | None = None) -> str:
+    """Runs `code` (dedented) in a new Python with `env` added, for the experiments opcodes.py reads at import
+    (MEGAKERNEL_BLOCKS_PER_SM, MEGAKERNEL_ATTN_MAX_STAGES); the repository and the test folders on its path, and
+    cache_dir as the kernel's build cache when given. Fails with the child's output tail; returns its stdout."""
+    full = {**os.environ, **env,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "kernel"),
+                                           os.environ.get("PYTHONPATH", "")])}
+    if cache_dir is not None:
+        full["MEGAKERNEL_CACHE_DIR"] = str(cache_dir)
+    res = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full, capture_output=True, text=True,
+                         timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return res.stdout
 
 
 def make_cfg(name: str) -> ModelConfig:

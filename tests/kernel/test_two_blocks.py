@@ -4,27 +4,15 @@ its plans, and (where nvcc is installed) a build whose entry function does not s
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from kernel_helpers import run_in_fresh_interpreter
 
 
 def _run(code: str, tmp_path: Path | None = None) -> str:
-    env = {**os.environ, "MEGAKERNEL_BLOCKS_PER_SM": "2",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "kernel"),
-                                          os.environ.get("PYTHONPATH", "")])}
-    if tmp_path is not None:
-        env["MEGAKERNEL_CACHE_DIR"] = str(tmp_path)
-    res = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
-                         timeout=900)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return res.stdout
+    return run_in_fresh_interpreter(code, {"MEGAKERNEL_BLOCKS_PER_SM": "2"}, tmp_path)
 
 
 def test_constants_and_north_plans_fit_half_an_sm():

@@ -236,6 +236,12 @@ class ModelPlan:
                                          # 1 (a third fewer items, each paying a claim, its inputs and a signal
                                          # once); 0: the old tiles. 8K, ms at 0 / 192 (646056b): b1 3.791 / 3.683, b2 5.633 /
                                          # 5.419; b1 32K 4.261 / 4.151, 128K 6.091 / 6.002
+    moe_pages: int = 0                   # plans of at most this many rows (tile_batch; the kernel supports 1) run
+                                         # their MoE items on the paged worker (csrc/mk_moe_pages.cuh): one loader
+                                         # warp streams the items' weight rows into a ring of PAGE_BYTES pages as
+                                         # pages free, the other warps compute a page each, so the SM never stops
+                                         # loading at an item boundary (the plain worker loads nothing for ~3.5 of a
+                                         # gate/up item's 8 us at b1). Same items, same claim order. Not yet measured
     prefetch: int = 0                    # 1: two GEMV weight buffers where they fit (prefetch_wbuf): each block
                                          # issues its next task's tile before it waits for and computes this one
                                          # (measured slower so far: SPEED_NOTES.md)
@@ -306,6 +312,7 @@ class ModelPlan:
         self.dn_rows = mrows(self.I)
         self.dn_tiles = math.ceil(self.H / self.dn_rows)
         self.lm_rows = rows(self.H)
+        self._page_layout(o_in_queue)
         # the streaming LM head: two buffers with tile_batch input rows after them (not with the prefetching layout,
         # whose buffer-1 prefetches the LM tasks' runs would overlap)
         self.lm_wbuf = prefetch_wbuf(self.H, self.tb) if self.lm_stream and not self.wbuf else 0
@@ -355,6 +362,31 @@ class ModelPlan:
         self.n_counters = self.c_lm + 1
         self.sync_ints = O.CTRL_INTS + self.n_counters + max(1, self.Lm)
 
+    def _page_layout(self, o_in_queue: bool) -> None:
+        """The paged MoE worker's shared memory (pg_n = 0: not used by this plan): PAGE_SLOTS items in flight, each
+        with one input row (a gate/up item's x, a down item's activations, an O item's attention output) and its
+        fp32 outputs, after as many pages as fit the usable shared memory (at most PAGE_MAX)."""
+        self.pg_n = self.pg_in_off = self.pg_in_bytes = self.pg_out_off = self.pg_out_rows = 0
+        if not (self.moe_pages and self.tb <= min(self.moe_pages, 1) and self.Lm and not self.wbuf
+                and not self.moe_wbuf):
+            return
+        k_in = max(self.H, self.I, self.Q if o_in_queue else 0)
+        in_bytes = (k_in * 2 + 15) // 16 * 16
+        out_rows = max(2 * self.gu_rows, self.dn_rows, self.o_rows if o_in_queue else 0)
+        slots = O.PAGE_SLOTS * (in_bytes + out_rows * 4)
+        n = min(O.PAGE_MAX, (O.SMEM_LIMIT - O.SMEM_RESERVE - slots) // O.PAGE_BYTES)
+        if n < 4 or max(self.H, self.I, self.Q) * 2 > O.PAGE_BYTES:
+            return                           # (a page holds at least one row of every item kind)
+        self.pg_n = n
+        self.pg_in_off = n * O.PAGE_BYTES
+        self.pg_in_bytes = in_bytes
+        self.pg_out_off = self.pg_in_off + O.PAGE_SLOTS * in_bytes
+        self.pg_out_rows = out_rows
+
+    def pages_smem_bytes(self) -> int:
+        """End of the paged worker's layout (0 without it)."""
+        return self.pg_out_off + O.PAGE_SLOTS * self.pg_out_rows * 4 if self.pg_n else 0
+
     def _two_buffers(self, k_x: int, min_tile: int, extra: int) -> int:
         """Bytes of each of two weight buffers followed by tile_batch input rows of k_x elements (prefetch_wbuf), or 0
         unless a buffer holds a tile of min_tile bytes and the small tasks' layouts stay clear of buffer 1 (they
@@ -376,7 +408,7 @@ class ModelPlan:
                         + self.tb * (max(self.H, self.I) + O.ROW_PAD) * 2)
         if self.worker_topk and self.Lm:     # a worker's routing scratch and its copy of the route record
             total = max(total, (route_scratch_bytes(self.E) + 15) // 16 * 16 + self.r_stride * 4)
-        return total + fused
+        return max(total + fused, self.pages_smem_bytes())
 
     def check_supported(self) -> None:
         """Raise ValueError naming the first dimension the kernel does not handle."""

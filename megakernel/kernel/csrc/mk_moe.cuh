@@ -366,6 +366,10 @@ __device__ __forceinline__ void issue_item(const Params& P, const Tile& T, int b
                          T.n1, T.K, buf);
 }
 
+#if MK_MOE_LOCAL
+#include "mk_moe_pages.cuh"   // the paged worker (moe_pages plans): the same items on a ring of pages
+#endif
+
 // With two weight buffers the worker claims one item ahead and issues its tile before computing the current one;
 // the claim after the last item prefetches the block's next ticket instead. Claiming ahead keeps the induction of
 // schedule.py: items run in claim order, every gate/up item precedes every down item, so a worker never holds a
@@ -408,6 +412,16 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
     const int n_active = s_w[0], n_items = s_w[1];
     const int n_gu = n_active * PI(gu_tiles);
     int* work = PP(int*, moe_work) + m;
+#if MK_MOE_LOCAL
+    if (PI(pg_n) && PI(B) == 1) {            // the plan's paged layout (one input row)
+        if (!moe_worker_pages(P, ticket, l, m, route, egu, edn, n_gu, n_items, s_w[2])) return false;
+#if MK_PROFILE
+        prof_worker_stamps(task_claim, task_waited);
+#endif
+        task_signal(P, rec[RF_SIG]);
+        return true;
+    }
+#endif
 #if MK_WS_MOE
     if (PI(moe_wbuf) && PI(o_items) == 0 && !wtopk) {
         // the item claimed above is the loader's first; it claims the rest

@@ -1,0 +1,309 @@
+// The paged MoE worker (plans with moe_pages, one input row): the same items in the same claim order as the plain
+// worker (mk_moe.cuh), but the SM never stops loading at an item boundary. The last warp is the loader: it claims
+// items one ahead and streams each item's weight rows into a ring of pg_n pages (PAGE_BYTES each, whole rows) as
+// pages free, one bulk copy per page. The other warps compute: warp w takes pages w, w + NWC, w + 2 NWC, ... of the
+// worker's page sequence, waits for the page, makes sure the item's input row is in shared memory (the first warp
+// to reach an item waits for its dependency and loads it; the others wait for that warp's flag), multiplies the
+// page's rows by it, frees the page, and the warp that computes an item's last page writes its epilogue and frees
+// the item's slot. No block-wide barrier between pages or items.
+//
+// Why no deadlock: items are claimed in queue order (every gate/up item before every down item; O items wait only on
+// static tasks listed before the workers), every warp handles its pages in sequence order, and a page's item was
+// claimed no later than any page after it. A warp waiting on a down item's gate/up counter waits for gate/up items
+// that are either another block's (which never wait) or this worker's earlier items, whose pages come earlier in the
+// sequence: their warps are not behind this page, and their pages were issued before this one.
+#pragma once
+#include "mk_common.cuh"
+#include "mk_loader.cuh"
+
+#define PG_NWC (NW - 1)                 // computing warps; warp NW - 1 loads
+
+__shared__ __align__(8) unsigned long long s_pg_full[MK_PAGE_MAX];    // a page landed (tx) or an end marker
+__shared__ __align__(8) unsigned long long s_pg_empty[MK_PAGE_MAX];   // its warp is done reading it
+__shared__ __align__(8) unsigned long long s_pg_free[MK_PAGE_SLOTS];  // an item's epilogue is written
+__shared__ int s_pg_page[MK_PAGE_MAX][2];      // item slot (-1: end marker), first row | rows << 16
+__shared__ int s_pg_item[MK_PAGE_SLOTS][11];   // sequence j, kind, expert slot, expert, first pair, r0, nr, K, pages,
+                                               // rows in half 0, queue item
+__shared__ float s_pg_w[MK_PAGE_SLOTS];        // a down item's routing weight
+__shared__ int s_pg_rank[MK_PAGE_SLOTS];       // and its rank among its row's experts
+__shared__ int s_pg_done[MK_PAGE_SLOTS];       // pages of the slot's item computed
+__shared__ volatile int s_pg_in[MK_PAGE_SLOTS];   // 2j: item j's input row is being loaded; 2j + 1: it is loaded
+__shared__ volatile int s_pg_stop;             // a wait failed (aborted step): every warp leaves
+#if MK_PROFILE
+__shared__ long long s_pg_stamp[MK_PAGE_SLOTS][5];   // claim, issued, waited, landed, computed (per item)
+
+// Lane 0 of the warp that wrote item slot q's epilogue: the item's profiling record (PF_* layout, as prof_record),
+// its stamps from the slot (claim: the loader decoded it; issued: its first page's copy; waited: its input row
+// loaded; landed: its first page's math began; computed: its last page's math ended; end: now).
+__device__ __forceinline__ void pg_prof_item(const Params& P, int l, int m, int q) {
+    const int* it = s_pg_item[q];
+    const int kind = it[1], item = it[10];
+    long long* r = PP(long long*, prof_items) + ((size_t)m * PI(prof_items_per_layer) + item) * MK_PROF_INTS;
+    r[PF_BLOCK] = blockIdx.x; r[PF_SM] = smid();
+    r[PF_OP] = kind == 0 ? MK_PROF_ITEM_GU : kind == 1 ? MK_PROF_ITEM_DN : MK_PROF_ITEM_O;
+    r[PF_LAYER] = l;
+    r[PF_ARG] = kind == 2 ? (long long)item : ((long long)it[3] << 16) | item;
+    const long long* st = s_pg_stamp[q];
+    r[PF_CLAIM] = st[0]; r[PF_ISSUED] = st[1]; r[PF_WAITED] = st[2];
+    r[PF_LANDED] = st[3] > st[2] ? st[3] : st[2]; r[PF_COMPUTED] = st[4] > r[PF_LANDED] ? st[4] : r[PF_LANDED];
+    r[PF_END] = prof_now();
+    for (int k = 0; k < MK_PROF_N_MARKS; k++) r[PF_M0 + k] = -1;
+}
+#endif
+
+enum { PG_GU = 0, PG_DN = 1, PG_O = 2 };
+
+__device__ __forceinline__ bool pg_wait(unsigned long long* bar, unsigned parity) {
+    while (!mbar_try_wait(bar, parity))
+        if (s_pg_stop) return false;
+    return true;
+}
+
+// One warp: rows r < nr (at most RMAX) of the page at W (rows of K elements, contiguous) times x (K elements), the
+// dot products in fp32 into out[r] (lane 0). Each lane takes 16-byte chunks lane, lane + 32, ...; x's chunk is read
+// once for all the page's rows.
+template <int RMAX>
+__device__ __forceinline__ void pg_rows(const bf16* W, const bf16* x, int nr, int K, float* out) {
+    const int lane = threadIdx.x & 31, KC = K >> 3;
+    float acc[RMAX];
+#pragma unroll
+    for (int r = 0; r < RMAX; r++) acc[r] = 0.f;
+    const uint4* wv = reinterpret_cast<const uint4*>(W);
+    const uint4* xv = reinterpret_cast<const uint4*>(x);
+    for (int c = lane; c < KC; c += 32) {
+        float xf[8];
+        unpack8(xv[c], xf);
+#pragma unroll
+        for (int r = 0; r < RMAX; r++) {
+            if (r < nr) {
+                float wf[8];
+                unpack8(wv[(size_t)r * KC + c], wf);
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[r] = fmaf(wf[e], xf[e], acc[r]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < RMAX; r++) {
+        if (r < nr) {
+            const float v = warp_sum(acc[r]);
+            if (lane == 0) out[r] = v;
+        }
+    }
+}
+
+__device__ __forceinline__ void pg_compute(const bf16* W, const bf16* x, int nr, int K, float* out) {
+    if (nr <= 2) pg_rows<2>(W, x, nr, K, out);
+    else if (nr <= 4) pg_rows<4>(W, x, nr, K, out);
+    else if (nr <= 8) pg_rows<8>(W, x, nr, K, out);
+    else pg_rows<MK_PAGE_ROWS_MAX>(W, x, nr, K, out);
+}
+
+// One warp (lane 0 waits): item slot q's input row, after its dependency (a down item: its expert's gate/up items;
+// an O item: the attention combines), by plain L2 loads into the slot's input buffer. False if the wait failed.
+__device__ __forceinline__ bool pg_load_inputs(const Params& P, int ticket, int l, int m, const int* route, int q) {
+    const int lane = threadIdx.x & 31;
+    const int* it = s_pg_item[q];
+    const int kind = it[1], eslot = it[2], st = it[4], K = it[7];
+    int ok = 1;
+    if (lane == 0) {
+        if (kind == PG_DN) ok = wait_counter(P, l * PI(cpl) + PI(c_gu) + eslot, PI(gu_tiles), ticket) ? 1 : 0;
+        else if (kind == PG_O)
+            ok = wait_counter(P, l * PI(cpl) + PI(c_comb), PI(B) * PI(n_kv) * PI(combine_parts), ticket) ? 1 : 0;
+        if (ok && kind == PG_DN) {
+            s_pg_w[q] = __int_as_float(ldcg_i(route + PI(r_pair_w) + st));
+            s_pg_rank[q] = ldcg_i(route + PI(r_pair_rank) + st);
+        }
+    }
+    ok = __shfl_sync(0xffffffffu, ok, 0);
+    if (!ok) return false;
+    const bf16* src = kind == PG_DN ? PP(const bf16*, eact) + ((size_t)m * PI(n_pairs) + st) * PI(I)
+                    : kind == PG_O  ? PP(const bf16*, attn) + (size_t)l * PI(Bm) * PI(n_heads) * PI(head_dim)
+                                    : PP(const bf16*, x) + ((size_t)l * PI(Bm) + s_route_row[st]) * PI(H);
+    uint4* dst = reinterpret_cast<uint4*>(smem + PI(pg_in_off) + (size_t)q * PI(pg_in_bytes));
+    const uint4* sv = reinterpret_cast<const uint4*>(src);
+    for (int c = lane; c < (K >> 3); c += 32) dst[c] = __ldcg(sv + c);
+    return true;
+}
+
+// One warp: item slot q's epilogue from its fp32 outputs (a gate/up item's SiLU(gate) * up into eact and its
+// counter; a down item's weighted rows into y; an O item's rows plus the bias into ao).
+__device__ __forceinline__ void pg_epilogue(const Params& P, int l, int m, int q) {
+    const int lane = threadIdx.x & 31;
+    const int* it = s_pg_item[q];
+    const int kind = it[1], eslot = it[2], st = it[4], r0 = it[5], nr = it[6];
+    const float* out = reinterpret_cast<const float*>(smem + PI(pg_out_off)) + (size_t)q * PI(pg_out_rows);
+    const int H = PI(H);
+    if (kind == PG_GU) {
+        bf16* dst = PP(bf16*, eact) + ((size_t)m * PI(n_pairs) + st) * PI(I) + r0;
+        for (int r = lane; r < nr; r += 32) {
+            const float g = rbf(out[r]), u = rbf(out[nr + r]);
+            dst[r] = f2bf(rbf(g / (1.f + expf(-g))) * u);
+        }
+        __syncwarp();
+        if (lane == 0) {
+            signal_fence();
+            red_release(PP(int*, counters) + l * PI(cpl) + PI(c_gu) + eslot, 1);
+        }
+    } else if (kind == PG_DN) {
+        const float w = s_pg_w[q];
+        const int row = s_route_row[st], rank = s_pg_rank[q];
+        bf16* y = PP(bf16*, y) + (((size_t)m * PI(Bm) + row) * PI(topk) + rank) * H + r0;
+        for (int r = lane; r < nr; r += 32) y[r] = f2bf(rbf(out[r]) * w);
+    } else {
+        const bf16* bias = reinterpret_cast<const bf16*>(layer_wptr(P, l)[WP_O_BIAS]);
+        bf16* o = PP(bf16*, ao) + (size_t)l * PI(Bm) * H + r0;
+        for (int r = lane; r < nr; r += 32) {
+            float v = out[r];
+            if (bias) v += bf2f(bias[r0 + r]);
+            o[r] = f2bf(v);
+        }
+    }
+}
+
+// All threads, after the worker waited for the routing and claimed its first item: the layer's items on the ring.
+// Returns false if a wait failed (the step is aborted); every copy it issued has landed when it returns.
+__device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l, int m, const int* route,
+                                              const bf16* egu, const bf16* edn, int n_gu, int n_items, int first_item) {
+    const int npg = PI(pg_n);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (!smem_fits(P, (size_t)PI(pg_out_off) + (size_t)MK_PAGE_SLOTS * PI(pg_out_rows) * 4, ticket)) return false;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < npg; i++) { mbar_init(&s_pg_full[i], 1); mbar_init(&s_pg_empty[i], 1); }
+        for (int q = 0; q < MK_PAGE_SLOTS; q++) { mbar_init(&s_pg_free[q], 1); s_pg_in[q] = -1; s_pg_done[q] = 0; }
+        s_pg_stop = 0;
+        fence_mbar_init();
+    }
+    __syncthreads();
+    __shared__ int s_pg_issued;               // pages (and end markers) the loader issued
+    if (warp == NW - 1) {                     // ---- the loader ----
+        const unsigned long long pol = l2_evict_first();
+        int item = first_item, j = 0, s = 0;
+        int* work = PP(int*, moe_work) + m;
+        bool stop = false;
+        while (item < n_items && !stop) {
+            int nxt = 0;                      // the next claim's round trip under this item's issue
+            if (lane == 0) nxt = atomicAdd(work, 1);
+            const MoeItem it = moe_item(P, l, route, egu, edn, item, n_gu);
+            const int q = j % MK_PAGE_SLOTS, K = it.T.K;
+            const int rpp = min(MK_PAGE_BYTES / (K * 2), MK_PAGE_ROWS_MAX);
+            const int n0 = it.T.n0, n1 = it.T.n1;
+            const int pages = (n0 + rpp - 1) / rpp + (n1 + rpp - 1) / rpp;
+            if (j >= MK_PAGE_SLOTS && !pg_wait(&s_pg_free[q], ((j / MK_PAGE_SLOTS) - 1) & 1)) { stop = true; break; }
+            if (lane == 0) {
+                int* mt = s_pg_item[q];
+                mt[0] = j; mt[1] = it.slot < 0 ? PG_O : it.down ? PG_DN : PG_GU; mt[2] = it.slot; mt[3] = it.e;
+                mt[4] = it.st; mt[5] = it.r0; mt[6] = it.nr; mt[7] = K; mt[8] = pages; mt[9] = n0; mt[10] = item;
+#if MK_PROFILE
+                s_pg_stamp[q][0] = prof_now();
+#endif
+            }
+            for (int h = 0; h < 2 && !stop; h++) {
+                const int nh = h ? n1 : n0;
+                const bf16* src = h ? it.T.w1 : it.T.w0;
+                for (int r = 0; r < nh; r += rpp) {
+                    const int nr = min(rpp, nh - r), slot = s % npg;
+                    if (s >= npg && !pg_wait(&s_pg_empty[slot], ((s / npg) - 1) & 1)) { stop = true; break; }
+                    if (lane == 0) {
+                        s_pg_page[slot][0] = q;
+                        s_pg_page[slot][1] = (h * n0 + r) | (nr << 16);
+                        fence_proxy_async();  // the page's last reads (its warp's) before the copy's writes
+                        mbar_expect_tx(&s_pg_full[slot], (unsigned)(nr * K * 2));
+                        bulk_load(smem + (size_t)slot * MK_PAGE_BYTES, src + (size_t)r * K, (unsigned)(nr * K * 2),
+                                  &s_pg_full[slot], pol);
+#if MK_PROFILE
+                        if (h == 0 && r == 0) s_pg_stamp[q][1] = prof_now();
+#endif
+                    }
+                    s++;
+                }
+            }
+            item = __shfl_sync(0xffffffffu, nxt, 0);
+            j++;
+        }
+        // one end marker per computing warp (consecutive sequence numbers: one each)
+        for (int i = 0; i < PG_NWC && !stop; i++) {
+            const int slot = s % npg;
+            if (s >= npg && !pg_wait(&s_pg_empty[slot], ((s / npg) - 1) & 1)) { stop = true; break; }
+            if (lane == 0) { s_pg_page[slot][0] = -1; mbar_arrive(&s_pg_full[slot]); }
+            s++;
+        }
+        if (lane == 0) s_pg_issued = s;       // (also after a failed wait: what has been issued must land)
+        if (stop) s_pg_stop = 1;
+    } else {                                  // ---- the computing warps ----
+        for (int s = warp;; s += PG_NWC) {
+            const int slot = s % npg;
+            if (!pg_wait(&s_pg_full[slot], (s / npg) & 1)) break;
+            const int q = s_pg_page[slot][0], pr = s_pg_page[slot][1];
+            if (q < 0) break;                 // (its end marker: nothing to free)
+            const int* it = s_pg_item[q];
+            const int j = it[0], K = it[7], row0 = pr & 0xffff, nr = pr >> 16;
+            // the item's input row: the first warp here loads it, the others wait for its flag
+            if (s_pg_in[q] != 2 * j + 1) {
+                int claim = 0;
+                if (lane == 0) {
+                    const int prev = j >= MK_PAGE_SLOTS ? 2 * (j - MK_PAGE_SLOTS) + 1 : -1;
+                    claim = atomicCAS(const_cast<int*>(&s_pg_in[q]), prev, 2 * j) == prev;
+                }
+                claim = __shfl_sync(0xffffffffu, claim, 0);
+                if (claim) {
+                    const bool ok = pg_load_inputs(P, ticket, l, m, route, q);
+                    __syncwarp();
+                    __threadfence_block();
+                    if (!ok) { s_pg_stop = 1; break; }
+                    if (lane == 0) {
+#if MK_PROFILE
+                        s_pg_stamp[q][2] = prof_now();
+#endif
+                        s_pg_in[q] = 2 * j + 1;
+                    }
+                } else {
+                    bool stopped = false;
+                    while (s_pg_in[q] != 2 * j + 1) {
+                        if (s_pg_stop) { stopped = true; break; }
+                        __nanosleep(64);
+                    }
+                    if (stopped) break;
+                    __threadfence_block();
+                }
+            }
+            const bf16* x = reinterpret_cast<const bf16*>(smem + PI(pg_in_off) + (size_t)q * PI(pg_in_bytes));
+            float* out = reinterpret_cast<float*>(smem + PI(pg_out_off)) + (size_t)q * PI(pg_out_rows);
+#if MK_PROFILE
+            if (lane == 0 && row0 == 0) s_pg_stamp[q][3] = prof_now();   // (its first page landed)
+#endif
+            pg_compute(reinterpret_cast<const bf16*>(smem + (size_t)slot * MK_PAGE_BYTES), x, nr, K, out + row0);
+            __syncwarp();
+            int done = 0;
+            if (lane == 0) {
+                mbar_arrive(&s_pg_empty[slot]);       // the page is free for the loader
+                __threadfence_block();                // this page's outputs before the count
+                done = atomicAdd(&s_pg_done[q], 1) == it[8] - 1;
+            }
+            done = __shfl_sync(0xffffffffu, done, 0);
+            if (done) {                           // the item's last page: its epilogue, then its slot is free
+                __syncwarp();
+                __threadfence_block();
+#if MK_PROFILE
+                if (lane == 0) s_pg_stamp[q][4] = prof_now();
+#endif
+                pg_epilogue(P, l, m, q);
+                __syncwarp();
+#if MK_PROFILE
+                if (lane == 0) pg_prof_item(P, l, m, q);
+#endif
+                if (lane == 0) { s_pg_done[q] = 0; mbar_arrive(&s_pg_free[q]); }
+            }
+        }
+    }
+    __syncthreads();
+    // every copy issued has landed before the ring's memory is anyone else's (an aborted worker's pages included)
+    if (threadIdx.x == 0) {
+        const int S = s_pg_issued;
+        for (int s = max(0, S - npg); s < S; s++) mbar_wait(&s_pg_full[s % npg], (s / npg) & 1);
+        for (int i = 0; i < npg; i++) { mbar_inval(&s_pg_full[i]); mbar_inval(&s_pg_empty[i]); }
+        for (int q = 0; q < MK_PAGE_SLOTS; q++) mbar_inval(&s_pg_free[q]);
+    }
+    __syncthreads();
+    return !s_pg_stop;
+}

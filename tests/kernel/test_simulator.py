@@ -576,3 +576,38 @@ def test_router_tile_rows_caps_the_router_tiles():
         assert n_router == plan.Lm * math.ceil(plan.E / plan.router_rows)
     _check_step(cfg, w, st, nxt, ModelPlan(cfg, st.layout, max_batch=16, n_workers=2, split_tokens=4,
                                            router_tile_rows=4), seeds=[3])
+
+
+def test_paged_worker_layout_on_north_dims():
+    """moe_pages: only a one-row plan gets the paged MoE worker's layout; its pages hold at least one row of every
+    item kind (gate/up and router K = 2048, down K = 768, O K = 4096), its item slots hold the largest input row and
+    item, the whole fits the shared memory (with the static part reserved), and the other plans are unchanged."""
+    from megakernel.config import north_mini_code_config
+    from megakernel.kernel.schedule import tiling_plans
+    from megakernel.kv.cache import KVLayout
+
+    cfg = north_mini_code_config()
+    layout = KVLayout.for_model(cfg, 64)
+    paged = tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=1)
+    plain = tiling_plans(cfg, layout, 16, True, n_workers=132)
+    assert [p.tb for p in paged] == [p.tb for p in plain]
+    for p, q in zip(paged, plain):
+        if p.tb != 1:
+            assert p.pg_n == 0 and p.pages_smem_bytes() == 0 and p.smem_bytes() == q.smem_bytes()
+            continue
+        assert 4 <= p.pg_n <= O.PAGE_MAX and p.pg_in_off == p.pg_n * O.PAGE_BYTES
+        assert p.pg_in_bytes >= 2 * max(p.H, p.I, p.Q) and p.pg_in_bytes % 16 == 0
+        assert p.pg_out_rows >= max(2 * p.gu_rows, p.dn_rows, p.o_rows)
+        assert p.pg_out_off == p.pg_in_off + O.PAGE_SLOTS * p.pg_in_bytes
+        assert p.pages_smem_bytes() <= p.smem_bytes() <= O.SMEM_LIMIT - O.SMEM_RESERVE
+        assert (p.gemv_tiles, p.gu_rows, p.dn_rows, p.o_items) == (q.gemv_tiles, q.gu_rows, q.dn_rows, q.o_items)
+        assert O.PAGE_BYTES // (2 * max(p.H, p.I, p.Q)) >= 1
+
+
+def test_simulator_with_the_paged_worker():
+    """moe_pages changes how a worker streams its items, not the task list: the one-row plan gets the layout and its
+    step is exact in random orders."""
+    cfg, w, st, nxt = _setup("north_like", 1, seed=47)
+    plan = ModelPlan(cfg, st.layout, max_batch=4, tile_batch=1, n_workers=2, split_tokens=4, moe_pages=1)
+    assert plan.pg_n > 0
+    _check_step(cfg, w, st, nxt, plan, seeds=[1, 4])

@@ -53,10 +53,17 @@ __device__ __forceinline__ void pg_prof_item(const Params& P, int l, int m, int 
 
 enum { PG_GU = 0, PG_DN = 1, PG_O = 2 };
 
+// One warp, uniformly: lane 0 waits for the phase of `parity` (or an abort), then every lane observes it (at once:
+// the phase cannot move on before this warp acts). Lanes must not leave a wait at different times: the warp's later
+// shuffles need every lane at the same instruction.
 __device__ __forceinline__ bool pg_wait(unsigned long long* bar, unsigned parity) {
-    while (!mbar_try_wait(bar, parity))
-        if (s_pg_stop) return false;
-    return true;
+    int ok = 1;
+    if ((threadIdx.x & 31) == 0)
+        while (!mbar_try_wait(bar, parity))
+            if (s_pg_stop) { ok = 0; break; }
+    ok = __shfl_sync(0xffffffffu, ok, 0);
+    if (ok) mbar_wait(bar, parity);
+    return ok != 0;
 }
 
 // One warp: rows r < nr (at most RMAX) of the page at W (rows of K elements, contiguous) times x (K elements), the
@@ -238,34 +245,35 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             if (q < 0) break;                 // (its end marker: nothing to free)
             const int* it = s_pg_item[q];
             const int j = it[0], K = it[7], row0 = pr & 0xffff, nr = pr >> 16;
-            // the item's input row: the first warp here loads it, the others wait for its flag
-            if (s_pg_in[q] != 2 * j + 1) {
-                int claim = 0;
+            // the item's input row: the first warp here loads it, the others wait for its flag (lane 0 decides and
+            // waits for the warp: its lanes stay together)
+            int role = 0;                     // 0: loaded, 1: this warp loads it, 2: another warp is loading it
+            if (lane == 0 && s_pg_in[q] != 2 * j + 1) {
+                const int prev = j >= MK_PAGE_SLOTS ? 2 * (j - MK_PAGE_SLOTS) + 1 : -1;
+                role = atomicCAS(const_cast<int*>(&s_pg_in[q]), prev, 2 * j) == prev ? 1 : 2;
+            }
+            role = __shfl_sync(0xffffffffu, role, 0);
+            if (role == 1) {
+                const bool ok = pg_load_inputs(P, ticket, l, m, route, q);
+                __syncwarp();
+                __threadfence_block();
+                if (!ok) { s_pg_stop = 1; break; }
                 if (lane == 0) {
-                    const int prev = j >= MK_PAGE_SLOTS ? 2 * (j - MK_PAGE_SLOTS) + 1 : -1;
-                    claim = atomicCAS(const_cast<int*>(&s_pg_in[q]), prev, 2 * j) == prev;
-                }
-                claim = __shfl_sync(0xffffffffu, claim, 0);
-                if (claim) {
-                    const bool ok = pg_load_inputs(P, ticket, l, m, route, q);
-                    __syncwarp();
-                    __threadfence_block();
-                    if (!ok) { s_pg_stop = 1; break; }
-                    if (lane == 0) {
 #if MK_PROFILE
-                        s_pg_stamp[q][2] = prof_now();
+                    s_pg_stamp[q][2] = prof_now();
 #endif
-                        s_pg_in[q] = 2 * j + 1;
-                    }
-                } else {
-                    bool stopped = false;
+                    s_pg_in[q] = 2 * j + 1;
+                }
+            } else if (role == 2) {
+                int ok = 1;
+                if (lane == 0)
                     while (s_pg_in[q] != 2 * j + 1) {
-                        if (s_pg_stop) { stopped = true; break; }
+                        if (s_pg_stop) { ok = 0; break; }
                         __nanosleep(64);
                     }
-                    if (stopped) break;
-                    __threadfence_block();
-                }
+                ok = __shfl_sync(0xffffffffu, ok, 0);
+                if (!ok) break;
+                __threadfence_block();
             }
             const bf16* x = reinterpret_cast<const bf16*>(smem + PI(pg_in_off) + (size_t)q * PI(pg_in_bytes));
             float* out = reinterpret_cast<float*>(smem + PI(pg_out_off)) + (size_t)q * PI(pg_out_rows);

@@ -21,7 +21,7 @@
 __shared__ __align__(8) unsigned long long s_pg_full[MK_PAGE_MAX];    // a page landed (tx) or an end marker
 __shared__ __align__(8) unsigned long long s_pg_empty[MK_PAGE_MAX];   // its warp is done reading it
 __shared__ __align__(8) unsigned long long s_pg_free[MK_PAGE_SLOTS];  // an item's epilogue is written
-__shared__ int s_pg_page[MK_PAGE_MAX][2];      // item slot (-1: end marker), first row | rows << 16
+__shared__ int s_pg_page[MK_PAGE_MAX][3];      // item slot (-1: end marker), first row | rows << 16, sequence number
 __shared__ int s_pg_item[MK_PAGE_SLOTS][11];   // sequence j, kind, expert slot, expert, first pair, r0, nr, K, pages,
                                                // rows in half 0, queue item
 __shared__ float s_pg_w[MK_PAGE_SLOTS];        // a down item's routing weight
@@ -63,6 +63,21 @@ __device__ __forceinline__ bool pg_wait(unsigned long long* bar, unsigned parity
             if (s_pg_stop) { ok = 0; break; }
     ok = __shfl_sync(0xffffffffu, ok, 0);
     if (ok) mbar_wait(bar, parity);
+    return ok != 0;
+}
+
+// pg_wait for page s in ring slot `slot` (a computing warp): a warp may reach page s while its slot still holds an
+// earlier lap's page not yet consumed (15 computing warps, 12 pages), and a parity wait cannot tell phase u from
+// phase u - 2. The loader writes the page's sequence number before it arms the slot's phase for it, so lane 0 waits
+// for that number first; from then on the slot is in phase u or u + 1 and the parity is unambiguous.
+__device__ __forceinline__ bool pg_wait_page(int slot, int s, int npg) {
+    const unsigned parity = (unsigned)(s / npg) & 1u;
+    int ok = 1;
+    if ((threadIdx.x & 31) == 0)
+        while (ld_volatile(&s_pg_page[slot][2]) != s || !mbar_try_wait(&s_pg_full[slot], parity))
+            if (s_pg_stop) { ok = 0; break; }
+    ok = __shfl_sync(0xffffffffu, ok, 0);
+    if (ok) mbar_wait(&s_pg_full[slot], parity);
     return ok != 0;
 }
 
@@ -176,7 +191,11 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (!smem_fits(P, (size_t)PI(pg_out_off) + (size_t)MK_PAGE_SLOTS * PI(pg_out_rows) * 4, ticket)) return false;
     if (threadIdx.x == 0) {
-        for (int i = 0; i < npg; i++) { mbar_init(&s_pg_full[i], 1); mbar_init(&s_pg_empty[i], 1); }
+        for (int i = 0; i < npg; i++) {
+            mbar_init(&s_pg_full[i], 1);
+            mbar_init(&s_pg_empty[i], 1);
+            s_pg_page[i][2] = -1;
+        }
         for (int q = 0; q < MK_PAGE_SLOTS; q++) { mbar_init(&s_pg_free[q], 1); s_pg_in[q] = -1; s_pg_done[q] = 0; }
         s_pg_stop = 0;
         fence_mbar_init();
@@ -214,6 +233,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                     if (lane == 0) {
                         s_pg_page[slot][0] = q;
                         s_pg_page[slot][1] = (h * n0 + r) | (nr << 16);
+                        s_pg_page[slot][2] = s;       // (before the arm below: pg_wait_page)
                         fence_proxy_async();  // the page's last reads (its warp's) before the copy's writes
                         mbar_expect_tx(&s_pg_full[slot], (unsigned)(nr * K * 2));
                         bulk_load(smem + (size_t)slot * MK_PAGE_BYTES, src + (size_t)r * K, (unsigned)(nr * K * 2),
@@ -232,7 +252,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
         for (int i = 0; i < PG_NWC && !stop; i++) {
             const int slot = s % npg;
             if (s >= npg && !pg_wait(&s_pg_empty[slot], ((s / npg) - 1) & 1)) { stop = true; break; }
-            if (lane == 0) { s_pg_page[slot][0] = -1; mbar_arrive(&s_pg_full[slot]); }
+            if (lane == 0) { s_pg_page[slot][0] = -1; s_pg_page[slot][2] = s; mbar_arrive(&s_pg_full[slot]); }
             s++;
         }
         if (lane == 0) s_pg_issued = s;       // (also after a failed wait: what has been issued must land)
@@ -240,7 +260,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
     } else {                                  // ---- the computing warps ----
         for (int s = warp;; s += PG_NWC) {
             const int slot = s % npg;
-            if (!pg_wait(&s_pg_full[slot], (s / npg) & 1)) break;
+            if (!pg_wait_page(slot, s, npg)) break;
             const int q = s_pg_page[slot][0], pr = s_pg_page[slot][1];
             if (q < 0) break;                 // (its end marker: nothing to free)
             const int* it = s_pg_item[q];

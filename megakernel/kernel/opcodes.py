@@ -36,12 +36,14 @@ GEMV_SCRATCH_BYTES = (GEMV_RED_FLOATS + 64 * MAX_BATCH) * 4   # partial sums and
 MAX_TILE_ROWS = 64           # rows of one GEMV tile at most (bounds the reduction scratch)
 # The paged MoE worker (ModelPlan.moe_pages, csrc/mk_moe_pages.cuh): a ring of PAGE_BYTES pages that one loader warp
 # fills with the worker's items' weight rows as pages free, and the other warps compute a page each, so the SM keeps
-# loading across item boundaries. At most PAGE_MAX pages (its mbarriers are static), PAGE_SLOTS items in flight (each
-# with its input row and its outputs), at most PAGE_ROWS_MAX weight rows per page (a computing warp's accumulators).
+# loading across item boundaries. At most PAGE_MAX pages, PAGE_SLOTS items in flight (each with its input row and its
+# outputs), at most PAGE_ROWS_MAX weight rows per page (a computing warp's accumulators); its barriers and bookkeeping
+# (PgState) take PAGE_STATE_BYTES of the plan's dynamic shared memory, not static memory every plan would pay for.
 PAGE_BYTES = 16384
 PAGE_MAX = 16
 PAGE_SLOTS = 3
 PAGE_ROWS_MAX = 16
+PAGE_STATE_BYTES = 1024
 ATTN_CHUNK = 128 // BLOCKS_PER_SM   # keys per shared-memory chunk in attention: one 16-key slice per computing warp
                              # (two stages of 128 keys, ~140 KB, would not fit half an SM's shared memory)
 ATTN_WARPS = ATTN_CHUNK // 16  # warps that run attention's tensor-core math (the others help load)
@@ -64,7 +66,7 @@ MAX_PAIRS = MAX_BATCH * MAX_TOPK            # (row, expert) pairs of one step's 
 MAX_SLOTS = min(MAX_EXPERTS, MAX_PAIRS)     # active experts of one layer, at most
 SMEM_LIMIT = 227 * 1024 if BLOCKS_PER_SM == 1 else 113 * 1024   # shared memory one block may use on sm_90 (228 KB
                              # per SM, 1 KB of it reserved per resident block)
-SMEM_RESERVE = 3584          # of SMEM_LIMIT, left to the kernel's static shared memory (records, stamps, row pointers,
+SMEM_RESERVE = 3072          # of SMEM_LIMIT, left to the kernel's static shared memory (records, stamps, row pointers,
                              # the MoE worker's route cache of MK_MOE_LOCAL; test_build checks the build's own figure)
 PREFETCH_MIN_TILE = 48 * 1024 // BLOCKS_PER_SM  # a plan double-buffers its GEMV weights (the next task's tile loads
                              # while this one waits and computes) only where two tiles of at least this many bytes fit
@@ -171,8 +173,9 @@ PARAM_FIELDS = (
     # 1: no TOPK tasks; every MoE worker routes its layer itself (ModelPlan.worker_topk)
     "worker_topk",
     # the paged MoE worker's layout (ModelPlan.moe_pages; pg_n = 0: the plain worker): pages at byte 0, then
-    # PAGE_SLOTS input rows of pg_in_bytes from pg_in_off, then PAGE_SLOTS x pg_out_rows fp32 outputs from pg_out_off
-    "pg_n", "pg_in_off", "pg_in_bytes", "pg_out_off", "pg_out_rows",
+    # PAGE_SLOTS input rows of pg_in_bytes from pg_in_off, then PAGE_SLOTS x pg_out_rows fp32 outputs from pg_out_off,
+    # then its PgState (PAGE_STATE_BYTES) at pg_state_off
+    "pg_n", "pg_in_off", "pg_in_bytes", "pg_out_off", "pg_out_rows", "pg_state_off",
     # route buffer layout (int32 offsets inside one MoE layer's route record)
     "r_stride", "r_slot_expert", "r_slot_start", "r_slot_cnt", "r_pair_row", "r_pair_rank", "r_pair_w",
     "r_topk_ids",
@@ -242,7 +245,7 @@ def generate_header() -> str:
     consts = dict(BLOCKS_PER_SM=BLOCKS_PER_SM, NUM_THREADS=NUM_THREADS, NUM_WARPS=NUM_WARPS, MAX_BATCH=MAX_BATCH,
                   WTILE_BYTES=WTILE_BYTES,
                   MAX_TILE_ROWS=MAX_TILE_ROWS, PAGE_BYTES=PAGE_BYTES, PAGE_MAX=PAGE_MAX, PAGE_SLOTS=PAGE_SLOTS,
-                  PAGE_ROWS_MAX=PAGE_ROWS_MAX, GEMV_SCRATCH_BYTES=GEMV_SCRATCH_BYTES, ROW_PAD=ROW_PAD,
+                  PAGE_ROWS_MAX=PAGE_ROWS_MAX, PAGE_STATE_BYTES=PAGE_STATE_BYTES, GEMV_SCRATCH_BYTES=GEMV_SCRATCH_BYTES, ROW_PAD=ROW_PAD,
                   GEMV_RED_FLOATS=GEMV_RED_FLOATS,
                   ATTN_CHUNK=ATTN_CHUNK, ATTN_WARPS=ATTN_WARPS, ATTN_MAX_STAGES=ATTN_MAX_STAGES,
                   ATTN_MAX_GROUP=ATTN_MAX_GROUP, ATTN_MAX_HEAD_DIM=ATTN_MAX_HEAD_DIM, ATTN_OUT_PER_THREAD=ATTN_OUT_PER_THREAD,

@@ -242,6 +242,8 @@ class ModelPlan:
                                          # pages free, the other warps compute a page each, so the SM never stops
                                          # loading at an item boundary (the plain worker loads nothing for ~3.5 of a
                                          # gate/up item's 8 us at b1). Same items, same claim order. Not yet measured
+    moe_pages_max: int = 0               # > 0: the paged worker's ring has at most this many pages (tests: fewer
+                                         # pages than computing warps, so pages and end markers wrap the ring)
     prefetch: int = 0                    # 1: two GEMV weight buffers where they fit (prefetch_wbuf): each block
                                          # issues its next task's tile before it waits for and computes this one
                                          # (measured slower so far: SPEED_NOTES.md)
@@ -365,16 +367,17 @@ class ModelPlan:
     def _page_layout(self, o_in_queue: bool) -> None:
         """The paged MoE worker's shared memory (pg_n = 0: not used by this plan): PAGE_SLOTS items in flight, each
         with one input row (a gate/up item's x, a down item's activations, an O item's attention output) and its
-        fp32 outputs, after as many pages as fit the usable shared memory (at most PAGE_MAX)."""
-        self.pg_n = self.pg_in_off = self.pg_in_bytes = self.pg_out_off = self.pg_out_rows = 0
+        fp32 outputs, after as many pages as fit the usable shared memory (at most PAGE_MAX, at most moe_pages_max
+        where that is set), then its barriers and bookkeeping (PAGE_STATE_BYTES)."""
+        self.pg_n = self.pg_in_off = self.pg_in_bytes = self.pg_out_off = self.pg_out_rows = self.pg_state_off = 0
         if not (self.moe_pages and self.tb <= min(self.moe_pages, 1) and self.Lm and not self.wbuf
                 and not self.moe_wbuf):
             return
         k_in = max(self.H, self.I, self.Q if o_in_queue else 0)
         in_bytes = (k_in * 2 + 15) // 16 * 16
         out_rows = max(2 * self.gu_rows, self.dn_rows, self.o_rows if o_in_queue else 0)
-        slots = O.PAGE_SLOTS * (in_bytes + out_rows * 4)
-        n = min(O.PAGE_MAX, (O.SMEM_LIMIT - O.SMEM_RESERVE - slots) // O.PAGE_BYTES)
+        slots = O.PAGE_SLOTS * (in_bytes + out_rows * 4) + 16 + O.PAGE_STATE_BYTES
+        n = min(O.PAGE_MAX, self.moe_pages_max or O.PAGE_MAX, (O.SMEM_LIMIT - O.SMEM_RESERVE - slots) // O.PAGE_BYTES)
         if n < 4 or max(self.H, self.I, self.Q) * 2 > O.PAGE_BYTES:
             return                           # (a page holds at least one row of every item kind)
         self.pg_n = n
@@ -382,10 +385,11 @@ class ModelPlan:
         self.pg_in_bytes = in_bytes
         self.pg_out_off = self.pg_in_off + O.PAGE_SLOTS * in_bytes
         self.pg_out_rows = out_rows
+        self.pg_state_off = (self.pg_out_off + O.PAGE_SLOTS * out_rows * 4 + 15) // 16 * 16
 
     def pages_smem_bytes(self) -> int:
         """End of the paged worker's layout (0 without it)."""
-        return self.pg_out_off + O.PAGE_SLOTS * self.pg_out_rows * 4 if self.pg_n else 0
+        return self.pg_state_off + O.PAGE_STATE_BYTES if self.pg_n else 0
 
     def _two_buffers(self, k_x: int, min_tile: int, extra: int) -> int:
         """Bytes of each of two weight buffers followed by tile_batch input rows of k_x elements (prefetch_wbuf), or 0

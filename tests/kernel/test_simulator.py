@@ -599,7 +599,14 @@ def test_paged_worker_layout_on_north_dims():
         assert p.pg_in_bytes >= 2 * max(p.H, p.I, p.Q) and p.pg_in_bytes % 16 == 0
         assert p.pg_out_rows >= max(2 * p.gu_rows, p.dn_rows, p.o_rows)
         assert p.pg_out_off == p.pg_in_off + O.PAGE_SLOTS * p.pg_in_bytes
+        assert p.pg_state_off >= p.pg_out_off + O.PAGE_SLOTS * p.pg_out_rows * 4 and p.pg_state_off % 16 == 0
+        assert p.pages_smem_bytes() == p.pg_state_off + O.PAGE_STATE_BYTES
         assert p.pages_smem_bytes() <= p.smem_bytes() <= O.SMEM_LIMIT - O.SMEM_RESERVE
+        # at North dims the ring holds fewer pages than there are computing warps (its end markers wrap it too);
+        # moe_pages_max caps it (the GPU tests run a wrapped ring at tiny dims with it)
+        assert p.pg_n < O.NUM_WARPS - 1
+        capped = tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=1, moe_pages_max=5)[0]
+        assert capped.pg_n == 5 and capped.pg_in_off == 5 * O.PAGE_BYTES
         assert (p.gemv_tiles, p.gu_rows, p.dn_rows, p.o_items) == (q.gemv_tiles, q.gu_rows, q.dn_rows, q.o_items)
         assert O.PAGE_BYTES // (2 * max(p.H, p.I, p.Q)) >= 1
 

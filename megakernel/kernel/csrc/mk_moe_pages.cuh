@@ -18,32 +18,44 @@
 
 #define PG_NWC (NW - 1)                 // computing warps; warp NW - 1 loads
 
-__shared__ __align__(8) unsigned long long s_pg_full[MK_PAGE_MAX];    // a page landed (tx) or an end marker
-__shared__ __align__(8) unsigned long long s_pg_empty[MK_PAGE_MAX];   // its warp is done reading it
-__shared__ __align__(8) unsigned long long s_pg_free[MK_PAGE_SLOTS];  // an item's epilogue is written
-__shared__ int s_pg_page[MK_PAGE_MAX][3];      // item slot (-1: end marker), first row | rows << 16, sequence number
-__shared__ int s_pg_item[MK_PAGE_SLOTS][11];   // sequence j, kind, expert slot, expert, first pair, r0, nr, K, pages,
+// The worker's barriers and bookkeeping: in the plan's dynamic shared memory (at pg_state_off, PAGE_STATE_BYTES of
+// opcodes.py), so plans without the paged worker do not pay for them in every block's static shared memory. Set up at
+// each call, invalidated before the call returns (other task kinds reuse the memory between layers).
+struct PgState {
+    unsigned long long full[MK_PAGE_MAX];      // a page landed (tx) or an end marker
+    unsigned long long empty[MK_PAGE_MAX];     // its warp is done reading it (an end marker's too)
+    unsigned long long free_[MK_PAGE_SLOTS];   // an item's epilogue is written
+    long long stamp[MK_PAGE_SLOTS][5];         // (MK_PROFILE) claim, issued, waited, landed, computed (per item)
+    int page[MK_PAGE_MAX][3];                  // item slot (-1: end marker), first row | rows << 16, sequence number
+    int item[MK_PAGE_SLOTS][11];               // sequence j, kind, expert slot, expert, first pair, r0, nr, K, pages,
                                                // rows in half 0, queue item
-__shared__ float s_pg_w[MK_PAGE_SLOTS];        // a down item's routing weight
-__shared__ int s_pg_rank[MK_PAGE_SLOTS];       // and its rank among its row's experts
-__shared__ int s_pg_done[MK_PAGE_SLOTS];       // pages of the slot's item computed
-__shared__ volatile int s_pg_in[MK_PAGE_SLOTS];   // 2j: item j's input row is being loaded; 2j + 1: it is loaded
-__shared__ volatile int s_pg_stop;             // a wait failed (aborted step): every warp leaves
-#if MK_PROFILE
-__shared__ long long s_pg_stamp[MK_PAGE_SLOTS][5];   // claim, issued, waited, landed, computed (per item)
+    float w[MK_PAGE_SLOTS];                    // a down item's routing weight
+    int rank[MK_PAGE_SLOTS];                   // and its rank among its row's experts
+    int done[MK_PAGE_SLOTS];                   // pages of the slot's item computed
+    int in[MK_PAGE_SLOTS];                     // 2j: item j's input row is being loaded; 2j + 1: it is loaded
+    int stop;                                  // a wait failed (aborted step): every warp leaves
+    int issued;                                // pages (and end markers) the loader issued
+};
+static_assert(sizeof(PgState) <= MK_PAGE_STATE_BYTES, "opcodes.PAGE_STATE_BYTES is too small for PgState");
 
+__device__ __forceinline__ PgState& pg_state(const Params& P) {
+    return *reinterpret_cast<PgState*>(smem + PI(pg_state_off));
+}
+__device__ __forceinline__ int pg_ld(const int& v) { return ld_volatile(&v); }
+
+#if MK_PROFILE
 // Lane 0 of the warp that wrote item slot q's epilogue: the item's profiling record (PF_* layout, as prof_record),
 // its stamps from the slot (claim: the loader decoded it; issued: its first page's copy; waited: its input row
 // loaded; landed: its first page's math began; computed: its last page's math ended; end: now).
-__device__ __forceinline__ void pg_prof_item(const Params& P, int l, int m, int q) {
-    const int* it = s_pg_item[q];
+__device__ __forceinline__ void pg_prof_item(const Params& P, PgState& G, int l, int m, int q) {
+    const int* it = G.item[q];
     const int kind = it[1], item = it[10];
     long long* r = PP(long long*, prof_items) + ((size_t)m * PI(prof_items_per_layer) + item) * MK_PROF_INTS;
     r[PF_BLOCK] = blockIdx.x; r[PF_SM] = smid();
     r[PF_OP] = kind == 0 ? MK_PROF_ITEM_GU : kind == 1 ? MK_PROF_ITEM_DN : MK_PROF_ITEM_O;
     r[PF_LAYER] = l;
     r[PF_ARG] = kind == 2 ? (long long)item : ((long long)it[3] << 16) | item;
-    const long long* st = s_pg_stamp[q];
+    const long long* st = G.stamp[q];
     r[PF_CLAIM] = st[0]; r[PF_ISSUED] = st[1]; r[PF_WAITED] = st[2];
     r[PF_LANDED] = st[3] > st[2] ? st[3] : st[2]; r[PF_COMPUTED] = st[4] > r[PF_LANDED] ? st[4] : r[PF_LANDED];
     r[PF_END] = prof_now();
@@ -56,11 +68,11 @@ enum { PG_GU = 0, PG_DN = 1, PG_O = 2 };
 // One warp, uniformly: lane 0 waits for the phase of `parity` (or an abort), then every lane observes it (at once:
 // the phase cannot move on before this warp acts). Lanes must not leave a wait at different times: the warp's later
 // shuffles need every lane at the same instruction.
-__device__ __forceinline__ bool pg_wait(unsigned long long* bar, unsigned parity) {
+__device__ __forceinline__ bool pg_wait(PgState& G, unsigned long long* bar, unsigned parity) {
     int ok = 1;
     if ((threadIdx.x & 31) == 0)
         while (!mbar_try_wait(bar, parity))
-            if (s_pg_stop) { ok = 0; break; }
+            if (pg_ld(G.stop)) { ok = 0; break; }
     ok = __shfl_sync(0xffffffffu, ok, 0);
     if (ok) mbar_wait(bar, parity);
     return ok != 0;
@@ -70,14 +82,14 @@ __device__ __forceinline__ bool pg_wait(unsigned long long* bar, unsigned parity
 // earlier lap's page not yet consumed (15 computing warps, 12 pages), and a parity wait cannot tell phase u from
 // phase u - 2. The loader writes the page's sequence number before it arms the slot's phase for it, so lane 0 waits
 // for that number first; from then on the slot is in phase u or u + 1 and the parity is unambiguous.
-__device__ __forceinline__ bool pg_wait_page(int slot, int s, int npg) {
+__device__ __forceinline__ bool pg_wait_page(PgState& G, int slot, int s, int npg) {
     const unsigned parity = (unsigned)(s / npg) & 1u;
     int ok = 1;
     if ((threadIdx.x & 31) == 0)
-        while (ld_volatile(&s_pg_page[slot][2]) != s || !mbar_try_wait(&s_pg_full[slot], parity))
-            if (s_pg_stop) { ok = 0; break; }
+        while (pg_ld(G.page[slot][2]) != s || !mbar_try_wait(&G.full[slot], parity))
+            if (pg_ld(G.stop)) { ok = 0; break; }
     ok = __shfl_sync(0xffffffffu, ok, 0);
-    if (ok) mbar_wait(&s_pg_full[slot], parity);
+    if (ok) mbar_wait(&G.full[slot], parity);
     return ok != 0;
 }
 
@@ -123,9 +135,10 @@ __device__ __forceinline__ void pg_compute(const bf16* W, const bf16* x, int nr,
 
 // One warp (lane 0 waits): item slot q's input row, after its dependency (a down item: its expert's gate/up items;
 // an O item: the attention combines), by plain L2 loads into the slot's input buffer. False if the wait failed.
-__device__ __forceinline__ bool pg_load_inputs(const Params& P, int ticket, int l, int m, const int* route, int q) {
+__device__ __forceinline__ bool pg_load_inputs(const Params& P, PgState& G, int ticket, int l, int m, const int* route,
+                                               int q) {
     const int lane = threadIdx.x & 31;
-    const int* it = s_pg_item[q];
+    const int* it = G.item[q];
     const int kind = it[1], eslot = it[2], st = it[4], K = it[7];
     int ok = 1;
     if (lane == 0) {
@@ -133,8 +146,8 @@ __device__ __forceinline__ bool pg_load_inputs(const Params& P, int ticket, int 
         else if (kind == PG_O)
             ok = wait_counter(P, l * PI(cpl) + PI(c_comb), PI(B) * PI(n_kv) * PI(combine_parts), ticket) ? 1 : 0;
         if (ok && kind == PG_DN) {
-            s_pg_w[q] = __int_as_float(ldcg_i(route + PI(r_pair_w) + st));
-            s_pg_rank[q] = ldcg_i(route + PI(r_pair_rank) + st);
+            G.w[q] = __int_as_float(ldcg_i(route + PI(r_pair_w) + st));
+            G.rank[q] = ldcg_i(route + PI(r_pair_rank) + st);
         }
     }
     ok = __shfl_sync(0xffffffffu, ok, 0);
@@ -150,9 +163,9 @@ __device__ __forceinline__ bool pg_load_inputs(const Params& P, int ticket, int 
 
 // One warp: item slot q's epilogue from its fp32 outputs (a gate/up item's SiLU(gate) * up into eact and its
 // counter; a down item's weighted rows into y; an O item's rows plus the bias into ao).
-__device__ __forceinline__ void pg_epilogue(const Params& P, int l, int m, int q) {
+__device__ __forceinline__ void pg_epilogue(const Params& P, PgState& G, int l, int m, int q) {
     const int lane = threadIdx.x & 31;
-    const int* it = s_pg_item[q];
+    const int* it = G.item[q];
     const int kind = it[1], eslot = it[2], st = it[4], r0 = it[5], nr = it[6];
     const float* out = reinterpret_cast<const float*>(smem + PI(pg_out_off)) + (size_t)q * PI(pg_out_rows);
     const int H = PI(H);
@@ -168,8 +181,8 @@ __device__ __forceinline__ void pg_epilogue(const Params& P, int l, int m, int q
             red_release(PP(int*, counters) + l * PI(cpl) + PI(c_gu) + eslot, 1);
         }
     } else if (kind == PG_DN) {
-        const float w = s_pg_w[q];
-        const int row = s_route_row[st], rank = s_pg_rank[q];
+        const float w = G.w[q];
+        const int row = s_route_row[st], rank = G.rank[q];
         bf16* y = PP(bf16*, y) + (((size_t)m * PI(Bm) + row) * PI(topk) + rank) * H + r0;
         for (int r = lane; r < nr; r += 32) y[r] = f2bf(rbf(out[r]) * w);
     } else {
@@ -189,19 +202,20 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                                               const bf16* egu, const bf16* edn, int n_gu, int n_items, int first_item) {
     const int npg = PI(pg_n);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (!smem_fits(P, (size_t)PI(pg_out_off) + (size_t)MK_PAGE_SLOTS * PI(pg_out_rows) * 4, ticket)) return false;
+    if (!smem_fits(P, (size_t)PI(pg_state_off) + sizeof(PgState), ticket)) return false;
+    PgState& G = pg_state(P);
     if (threadIdx.x == 0) {
         for (int i = 0; i < npg; i++) {
-            mbar_init(&s_pg_full[i], 1);
-            mbar_init(&s_pg_empty[i], 1);
-            s_pg_page[i][2] = -1;
+            mbar_init(&G.full[i], 1);
+            mbar_init(&G.empty[i], 1);
+            G.page[i][2] = -1;
         }
-        for (int q = 0; q < MK_PAGE_SLOTS; q++) { mbar_init(&s_pg_free[q], 1); s_pg_in[q] = -1; s_pg_done[q] = 0; }
-        s_pg_stop = 0;
+        for (int q = 0; q < MK_PAGE_SLOTS; q++) { mbar_init(&G.free_[q], 1); G.in[q] = -1; G.done[q] = 0; }
+        G.stop = 0;
+        G.issued = 0;
         fence_mbar_init();
     }
     __syncthreads();
-    __shared__ int s_pg_issued;               // pages (and end markers) the loader issued
     if (warp == NW - 1) {                     // ---- the loader ----
         const unsigned long long pol = l2_evict_first();
         int item = first_item, j = 0, s = 0;
@@ -215,13 +229,13 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             const int rpp = min(MK_PAGE_BYTES / (K * 2), MK_PAGE_ROWS_MAX);
             const int n0 = it.T.n0, n1 = it.T.n1;
             const int pages = (n0 + rpp - 1) / rpp + (n1 + rpp - 1) / rpp;
-            if (j >= MK_PAGE_SLOTS && !pg_wait(&s_pg_free[q], ((j / MK_PAGE_SLOTS) - 1) & 1)) { stop = true; break; }
+            if (j >= MK_PAGE_SLOTS && !pg_wait(G, &G.free_[q], ((j / MK_PAGE_SLOTS) - 1) & 1)) { stop = true; break; }
             if (lane == 0) {
-                int* mt = s_pg_item[q];
+                int* mt = G.item[q];
                 mt[0] = j; mt[1] = it.slot < 0 ? PG_O : it.down ? PG_DN : PG_GU; mt[2] = it.slot; mt[3] = it.e;
                 mt[4] = it.st; mt[5] = it.r0; mt[6] = it.nr; mt[7] = K; mt[8] = pages; mt[9] = n0; mt[10] = item;
 #if MK_PROFILE
-                s_pg_stamp[q][0] = prof_now();
+                G.stamp[q][0] = prof_now();
 #endif
             }
             for (int h = 0; h < 2 && !stop; h++) {
@@ -229,17 +243,17 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                 const bf16* src = h ? it.T.w1 : it.T.w0;
                 for (int r = 0; r < nh; r += rpp) {
                     const int nr = min(rpp, nh - r), slot = s % npg;
-                    if (s >= npg && !pg_wait(&s_pg_empty[slot], ((s / npg) - 1) & 1)) { stop = true; break; }
+                    if (s >= npg && !pg_wait(G, &G.empty[slot], ((s / npg) - 1) & 1)) { stop = true; break; }
                     if (lane == 0) {
-                        s_pg_page[slot][0] = q;
-                        s_pg_page[slot][1] = (h * n0 + r) | (nr << 16);
-                        s_pg_page[slot][2] = s;       // (before the arm below: pg_wait_page)
+                        G.page[slot][0] = q;
+                        G.page[slot][1] = (h * n0 + r) | (nr << 16);
+                        ((volatile int*)G.page[slot])[2] = s;   // (before the arm below: pg_wait_page)
                         fence_proxy_async();  // the page's last reads (its warp's) before the copy's writes
-                        mbar_expect_tx(&s_pg_full[slot], (unsigned)(nr * K * 2));
+                        mbar_expect_tx(&G.full[slot], (unsigned)(nr * K * 2));
                         bulk_load(smem + (size_t)slot * MK_PAGE_BYTES, src + (size_t)r * K, (unsigned)(nr * K * 2),
-                                  &s_pg_full[slot], pol);
+                                  &G.full[slot], pol);
 #if MK_PROFILE
-                        if (h == 0 && r == 0) s_pg_stamp[q][1] = prof_now();
+                        if (h == 0 && r == 0) G.stamp[q][1] = prof_now();
 #endif
                     }
                     s++;
@@ -248,47 +262,55 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             item = __shfl_sync(0xffffffffu, nxt, 0);
             j++;
         }
-        // one end marker per computing warp (consecutive sequence numbers: one each)
+        // One end marker per computing warp (consecutive sequence numbers: one each). A warp frees its marker's page
+        // like any other: with fewer pages than computing warps the last markers reuse the first markers' pages.
         for (int i = 0; i < PG_NWC && !stop; i++) {
             const int slot = s % npg;
-            if (s >= npg && !pg_wait(&s_pg_empty[slot], ((s / npg) - 1) & 1)) { stop = true; break; }
-            if (lane == 0) { s_pg_page[slot][0] = -1; s_pg_page[slot][2] = s; mbar_arrive(&s_pg_full[slot]); }
+            if (s >= npg && !pg_wait(G, &G.empty[slot], ((s / npg) - 1) & 1)) { stop = true; break; }
+            if (lane == 0) { G.page[slot][0] = -1; ((volatile int*)G.page[slot])[2] = s; mbar_arrive(&G.full[slot]); }
             s++;
         }
-        if (lane == 0) s_pg_issued = s;       // (also after a failed wait: what has been issued must land)
-        if (stop) s_pg_stop = 1;
+        if (lane == 0) G.issued = s;          // (also after a failed wait: what has been issued must land)
+        if (stop && lane == 0) ((volatile int*)&G.stop)[0] = 1;
     } else {                                  // ---- the computing warps ----
         for (int s = warp;; s += PG_NWC) {
             const int slot = s % npg;
-            if (!pg_wait_page(slot, s, npg)) break;
-            const int q = s_pg_page[slot][0], pr = s_pg_page[slot][1];
-            if (q < 0) break;                 // (its end marker: nothing to free)
-            const int* it = s_pg_item[q];
+            if (!pg_wait_page(G, slot, s, npg)) break;
+            const int q = G.page[slot][0], pr = G.page[slot][1];
+            if (q < 0) {                      // its end marker
+                __syncwarp();
+                if (lane == 0) mbar_arrive(&G.empty[slot]);
+                break;
+            }
+            const int* it = G.item[q];
             const int j = it[0], K = it[7], row0 = pr & 0xffff, nr = pr >> 16;
             // the item's input row: the first warp here loads it, the others wait for its flag (lane 0 decides and
             // waits for the warp: its lanes stay together)
             int role = 0;                     // 0: loaded, 1: this warp loads it, 2: another warp is loading it
-            if (lane == 0 && s_pg_in[q] != 2 * j + 1) {
+            if (lane == 0 && pg_ld(G.in[q]) != 2 * j + 1) {
                 const int prev = j >= MK_PAGE_SLOTS ? 2 * (j - MK_PAGE_SLOTS) + 1 : -1;
-                role = atomicCAS(const_cast<int*>(&s_pg_in[q]), prev, 2 * j) == prev ? 1 : 2;
+                role = atomicCAS(&G.in[q], prev, 2 * j) == prev ? 1 : 2;
             }
             role = __shfl_sync(0xffffffffu, role, 0);
             if (role == 1) {
-                const bool ok = pg_load_inputs(P, ticket, l, m, route, q);
+                const bool ok = pg_load_inputs(P, G, ticket, l, m, route, q);
                 __syncwarp();
                 __threadfence_block();
-                if (!ok) { s_pg_stop = 1; break; }
+                if (!ok) {
+                    if (lane == 0) ((volatile int*)&G.stop)[0] = 1;
+                    break;
+                }
                 if (lane == 0) {
 #if MK_PROFILE
-                    s_pg_stamp[q][2] = prof_now();
+                    G.stamp[q][2] = prof_now();
 #endif
-                    s_pg_in[q] = 2 * j + 1;
+                    ((volatile int*)G.in)[q] = 2 * j + 1;
                 }
             } else if (role == 2) {
                 int ok = 1;
                 if (lane == 0)
-                    while (s_pg_in[q] != 2 * j + 1) {
-                        if (s_pg_stop) { ok = 0; break; }
+                    while (pg_ld(G.in[q]) != 2 * j + 1) {
+                        if (pg_ld(G.stop)) { ok = 0; break; }
                         __nanosleep(64);
                     }
                 ok = __shfl_sync(0xffffffffu, ok, 0);
@@ -298,40 +320,42 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             const bf16* x = reinterpret_cast<const bf16*>(smem + PI(pg_in_off) + (size_t)q * PI(pg_in_bytes));
             float* out = reinterpret_cast<float*>(smem + PI(pg_out_off)) + (size_t)q * PI(pg_out_rows);
 #if MK_PROFILE
-            if (lane == 0 && row0 == 0) s_pg_stamp[q][3] = prof_now();   // (its first page landed)
+            if (lane == 0 && row0 == 0) G.stamp[q][3] = prof_now();   // (its first page landed)
 #endif
             pg_compute(reinterpret_cast<const bf16*>(smem + (size_t)slot * MK_PAGE_BYTES), x, nr, K, out + row0);
             __syncwarp();
             int done = 0;
             if (lane == 0) {
-                mbar_arrive(&s_pg_empty[slot]);       // the page is free for the loader
+                mbar_arrive(&G.empty[slot]);          // the page is free for the loader
                 __threadfence_block();                // this page's outputs before the count
-                done = atomicAdd(&s_pg_done[q], 1) == it[8] - 1;
+                done = atomicAdd(&G.done[q], 1) == it[8] - 1;
             }
             done = __shfl_sync(0xffffffffu, done, 0);
             if (done) {                           // the item's last page: its epilogue, then its slot is free
                 __syncwarp();
                 __threadfence_block();
 #if MK_PROFILE
-                if (lane == 0) s_pg_stamp[q][4] = prof_now();
+                if (lane == 0) G.stamp[q][4] = prof_now();
 #endif
-                pg_epilogue(P, l, m, q);
+                pg_epilogue(P, G, l, m, q);
                 __syncwarp();
 #if MK_PROFILE
-                if (lane == 0) pg_prof_item(P, l, m, q);
+                if (lane == 0) pg_prof_item(P, G, l, m, q);
 #endif
-                if (lane == 0) { s_pg_done[q] = 0; mbar_arrive(&s_pg_free[q]); }
+                if (lane == 0) { G.done[q] = 0; mbar_arrive(&G.free_[q]); }
             }
         }
     }
     __syncthreads();
     // every copy issued has landed before the ring's memory is anyone else's (an aborted worker's pages included)
+    const bool ok = !G.stop;
+    __syncthreads();
     if (threadIdx.x == 0) {
-        const int S = s_pg_issued;
-        for (int s = max(0, S - npg); s < S; s++) mbar_wait(&s_pg_full[s % npg], (s / npg) & 1);
-        for (int i = 0; i < npg; i++) { mbar_inval(&s_pg_full[i]); mbar_inval(&s_pg_empty[i]); }
-        for (int q = 0; q < MK_PAGE_SLOTS; q++) mbar_inval(&s_pg_free[q]);
+        const int S = G.issued;
+        for (int s = max(0, S - npg); s < S; s++) mbar_wait(&G.full[s % npg], (s / npg) & 1);
+        for (int i = 0; i < npg; i++) { mbar_inval(&G.full[i]); mbar_inval(&G.empty[i]); }
+        for (int q = 0; q < MK_PAGE_SLOTS; q++) mbar_inval(&G.free_[q]);
     }
     __syncthreads();
-    return !s_pg_stop;
+    return ok;
 }

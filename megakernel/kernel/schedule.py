@@ -159,6 +159,11 @@ class ModelPlan:
                                          # (0: never): with 16+ (row, kv head) pairs, fewer, longer splits cost less
                                          # SM time. 8K, ms at 0 / 4 (838fd59): b4 9.495 / 9.315, b8 15.62 / 15.12,
                                          # b16 26.12 / 25.11; 1024-key splits at b1: 4.68 vs 4.17 (d00cb4d)
+    split_align: int = 64                # a long context's grown splits (over MAX_SPLITS_PER_HEAD default splits)
+                                         # are rounded up to a multiple of this many keys. At 64 they can end in
+                                         # half an ATTN_CHUNK (576 keys at 128K, 1088 at 256K: 4.5 and 8.5 chunks),
+                                         # whose last chunk runs half its warps; 1024-key splits at 256K measured
+                                         # 8.03 vs 1088's 8.24 ms (ace3ca5). 128: whole chunks; not yet measured
     short_splits: int = 4                # steps of one row whose longest range is under this many default splits
                                          # split it into this many (of >= MIN_SHORT_SPLIT keys, multiples of 64) (0:
                                          # never): at 1K a layer's attention is otherwise 2 long splits per kv head
@@ -427,6 +432,8 @@ class ModelPlan:
             raise ValueError(f"{self.g} query heads per kv head of dim {self.d} unsupported")
         if self.E > O.MAX_EXPERTS or self.topk > O.MAX_TOPK or (self.Lm and self.topk > self.E):
             raise ValueError(f"{self.E} experts / top-{self.topk} unsupported")
+        if self.split_align <= 0 or self.split_align % 64:
+            raise ValueError(f"split_align={self.split_align}: want a positive multiple of 64 keys")
         if not 2 <= self.attn_stages <= O.ATTN_MAX_STAGES:
             raise ValueError(f"attn_stages={self.attn_stages} outside 2..{O.ATTN_MAX_STAGES}")
         if self.n_groups > 2:
@@ -472,7 +479,8 @@ class ModelPlan:
             s *= 2
         need = math.ceil(max_range / O.MAX_SPLITS_PER_HEAD)
         if need > s:
-            s = (need + 63) // 64 * 64
+            a = max(64, self.split_align)
+            s = (need + a - 1) // a * a
         elif B == 1 and self.short_splits and max_range < s * self.short_splits:
             s = max(MIN_SHORT_SPLIT, (math.ceil(max_range / self.short_splits) + 63) // 64 * 64)
         return s

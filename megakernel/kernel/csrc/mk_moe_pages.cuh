@@ -1,22 +1,31 @@
 // The paged MoE worker (plans with moe_pages, one input row): the same items in the same claim order as the plain
-// worker (mk_moe.cuh), but the SM never stops loading at an item boundary. The last warp is the loader: it claims
-// items one ahead and streams each item's weight rows into a ring of pg_n pages (PAGE_BYTES each, whole rows) as
-// pages free, one bulk copy per page. The other warps compute: warp w takes pages w, w + NWC, w + 2 NWC, ... of the
-// worker's page sequence, waits for the page, makes sure the item's input row is in shared memory (the first warp
-// to reach an item waits for its dependency and loads it; the others wait for that warp's flag), multiplies the
-// page's rows by it, frees the page, and the warp that computes an item's last page writes its epilogue and frees
-// the item's slot. No block-wide barrier between pages or items.
+// worker (mk_moe.cuh), but the SM never stops loading at an item boundary. Three roles, no block-wide barrier between
+// pages or items:
+// - the loader (warp NW - 1) claims the next item just before it issues this item's last page (the claim's round trip
+//   under that page's wait, and no item held while a whole item's pages wait for the ring), publishes each item's
+//   description in one of PAGE_SLOTS item slots, and streams its weight rows into a ring of pg_n pages (PAGE_BYTES
+//   each, whole rows, one bulk copy per page) as pages free: weights never wait on a counter;
+// - the input warp (NW - 2) walks the items in order: waits for the item's dependency (a down item: its expert's
+//   gate/up items; an O item: the attention combines), loads its input row into the slot and raises the slot's flag,
+//   so inputs load while earlier pages compute instead of after the item's first page landed;
+// - the computing warps (0 .. NW - 3): warp w takes pages w, w + NWC, w + 2 NWC, ... of the worker's page sequence,
+//   waits for the page and its item's input flag, multiplies the page's rows by the input, frees the page; the warp
+//   that computes an item's last page writes the item's epilogue and frees its slot.
 //
 // Why no deadlock: items are claimed in queue order (every gate/up item before every down item; O items wait only on
-// static tasks listed before the workers), every warp handles its pages in sequence order, and a page's item was
-// claimed no later than any page after it. A warp waiting on a down item's gate/up counter waits for gate/up items
-// that are either another block's (which never wait) or this worker's earlier items, whose pages come earlier in the
-// sequence: their warps are not behind this page, and their pages were issued before this one.
+// static tasks listed before the workers). The loader waits only for pages and item slots freed by the computing
+// warps; the computing warps wait for pages (issued in sequence order) and for earlier-or-equal items' inputs; the
+// input warp waits, in item order, for counters. A down item's counter counts gate/up items that are either another
+// worker's, whose inputs need no wait (every item that worker claimed before them is a gate/up item too), or this
+// worker's earlier items, whose inputs the input warp loaded before it reached this one and whose pages come
+// earlier in the sequence than any page that waits on this item.
 #pragma once
 #include "mk_common.cuh"
 #include "mk_loader.cuh"
 
-#define PG_NWC (NW - 1)                 // computing warps; warp NW - 1 loads
+#define PG_NWC (NW - 2)                 // computing warps; warp NW - 2 loads inputs, warp NW - 1 weights
+#define PG_INPUT_WARP (NW - 2)
+#define PG_LOADER_WARP (NW - 1)
 
 // The worker's barriers and bookkeeping: in the plan's dynamic shared memory (at pg_state_off, PAGE_STATE_BYTES of
 // opcodes.py), so plans without the paged worker do not pay for them in every block's static shared memory. Set up at
@@ -32,7 +41,9 @@ struct PgState {
     float w[MK_PAGE_SLOTS];                    // a down item's routing weight
     int rank[MK_PAGE_SLOTS];                   // and its rank among its row's experts
     int done[MK_PAGE_SLOTS];                   // pages of the slot's item computed
-    int in[MK_PAGE_SLOTS];                     // 2j: item j's input row is being loaded; 2j + 1: it is loaded
+    int seq[MK_PAGE_SLOTS];                    // j: item j's description is in the slot (the loader, last)
+    int in[MK_PAGE_SLOTS];                     // j: item j's input row is in the slot (the input warp)
+    int n_items;                               // items the loader published (-1: still claiming)
     int stop;                                  // a wait failed (aborted step): every warp leaves
     int issued;                                // pages (and end markers) the loader issued
 };
@@ -133,8 +144,9 @@ __device__ __forceinline__ void pg_compute(const bf16* W, const bf16* x, int nr,
     else pg_rows<MK_PAGE_ROWS_MAX>(W, x, nr, K, out);
 }
 
-// One warp (lane 0 waits): item slot q's input row, after its dependency (a down item: its expert's gate/up items;
-// an O item: the attention combines), by plain L2 loads into the slot's input buffer. False if the wait failed.
+// The input warp (lane 0 waits): item slot q's input row, after its dependency (a down item: its expert's gate/up
+// items; an O item: the attention combines), by plain L2 loads (all of a lane's in flight at once) into the slot's
+// input buffer. False if the wait failed.
 __device__ __forceinline__ bool pg_load_inputs(const Params& P, PgState& G, int ticket, int l, int m, const int* route,
                                                int q) {
     const int lane = threadIdx.x & 31;
@@ -210,20 +222,22 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             mbar_init(&G.empty[i], 1);
             G.page[i][2] = -1;
         }
-        for (int q = 0; q < MK_PAGE_SLOTS; q++) { mbar_init(&G.free_[q], 1); G.in[q] = -1; G.done[q] = 0; }
+        for (int q = 0; q < MK_PAGE_SLOTS; q++) {
+            mbar_init(&G.free_[q], 1);
+            G.seq[q] = -1; G.in[q] = -1; G.done[q] = 0;
+        }
+        G.n_items = -1;
         G.stop = 0;
         G.issued = 0;
         fence_mbar_init();
     }
     __syncthreads();
-    if (warp == NW - 1) {                     // ---- the loader ----
+    if (warp == PG_LOADER_WARP) {             // ---- the loader ----
         const unsigned long long pol = l2_evict_first();
         int item = first_item, j = 0, s = 0;
         int* work = PP(int*, moe_work) + m;
         bool stop = false;
         while (item < n_items && !stop) {
-            int nxt = 0;                      // the next claim's round trip under this item's issue
-            if (lane == 0) nxt = atomicAdd(work, 1);
             const MoeItem it = moe_item(P, l, route, egu, edn, item, n_gu);
             const int q = j % MK_PAGE_SLOTS, K = it.T.K;
             const int rpp = min(MK_PAGE_BYTES / (K * 2), MK_PAGE_ROWS_MAX);
@@ -237,12 +251,17 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
 #if MK_PROFILE
                 G.stamp[q][0] = prof_now();
 #endif
+                __threadfence_block();        // the description before its sequence number (the input warp)
+                ((volatile int*)G.seq)[q] = j;
             }
+            int nxt = 0, p = 0;
             for (int h = 0; h < 2 && !stop; h++) {
                 const int nh = h ? n1 : n0;
                 const bf16* src = h ? it.T.w1 : it.T.w0;
-                for (int r = 0; r < nh; r += rpp) {
+                for (int r = 0; r < nh; r += rpp, p++) {
                     const int nr = min(rpp, nh - r), slot = s % npg;
+                    // the next claim just before this item's last page (its round trip under the page's wait)
+                    if (p == pages - 1 && lane == 0) nxt = atomicAdd(work, 1);
                     if (s >= npg && !pg_wait(G, &G.empty[slot], ((s / npg) - 1) & 1)) { stop = true; break; }
                     if (lane == 0) {
                         G.page[slot][0] = q;
@@ -253,7 +272,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                         bulk_load(smem + (size_t)slot * MK_PAGE_BYTES, src + (size_t)r * K, (unsigned)(nr * K * 2),
                                   &G.full[slot], pol);
 #if MK_PROFILE
-                        if (h == 0 && r == 0) G.stamp[q][1] = prof_now();
+                        if (p == 0) G.stamp[q][1] = prof_now();
 #endif
                     }
                     s++;
@@ -261,6 +280,10 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             }
             item = __shfl_sync(0xffffffffu, nxt, 0);
             j++;
+        }
+        if (lane == 0) {                      // the input warp stops at item j (after the last description)
+            __threadfence_block();
+            ((volatile int*)&G.n_items)[0] = j;
         }
         // One end marker per computing warp (consecutive sequence numbers: one each). A warp frees its marker's page
         // like any other: with fewer pages than computing warps the last markers reuse the first markers' pages.
@@ -272,6 +295,36 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
         }
         if (lane == 0) G.issued = s;          // (also after a failed wait: what has been issued must land)
         if (stop && lane == 0) ((volatile int*)&G.stop)[0] = 1;
+    } else if (warp == PG_INPUT_WARP) {       // ---- the input warp ----
+        for (int j = 0;; j++) {
+            const int q = j % MK_PAGE_SLOTS;
+            int st = 0;                       // 1: item j is published; 2: the loader published fewer; 0: stop
+            if (lane == 0) {
+                while (true) {
+                    if (pg_ld(G.seq[q]) == j) { st = 1; break; }
+                    const int n = pg_ld(G.n_items);
+                    if (n >= 0 && j >= n) { st = pg_ld(G.seq[q]) == j ? 1 : 2; break; }
+                    if (pg_ld(G.stop)) break;
+                    __nanosleep(32);
+                }
+            }
+            st = __shfl_sync(0xffffffffu, st, 0);
+            if (st != 1) break;
+            __threadfence_block();            // (the description after its sequence number)
+            const bool ok = pg_load_inputs(P, G, ticket, l, m, route, q);
+            __syncwarp();
+            if (!ok) {
+                if (lane == 0) ((volatile int*)&G.stop)[0] = 1;
+                break;
+            }
+            if (lane == 0) {
+#if MK_PROFILE
+                G.stamp[q][2] = prof_now();
+#endif
+                __threadfence_block();        // the row (every lane's stores: the warp synced above) before its flag
+                ((volatile int*)G.in)[q] = j;
+            }
+        }
     } else {                                  // ---- the computing warps ----
         for (int s = warp;; s += PG_NWC) {
             const int slot = s % npg;
@@ -284,39 +337,15 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             }
             const int* it = G.item[q];
             const int j = it[0], K = it[7], row0 = pr & 0xffff, nr = pr >> 16;
-            // the item's input row: the first warp here loads it, the others wait for its flag (lane 0 decides and
-            // waits for the warp: its lanes stay together)
-            int role = 0;                     // 0: loaded, 1: this warp loads it, 2: another warp is loading it
-            if (lane == 0 && pg_ld(G.in[q]) != 2 * j + 1) {
-                const int prev = j >= MK_PAGE_SLOTS ? 2 * (j - MK_PAGE_SLOTS) + 1 : -1;
-                role = atomicCAS(&G.in[q], prev, 2 * j) == prev ? 1 : 2;
-            }
-            role = __shfl_sync(0xffffffffu, role, 0);
-            if (role == 1) {
-                const bool ok = pg_load_inputs(P, G, ticket, l, m, route, q);
-                __syncwarp();
-                __threadfence_block();
-                if (!ok) {
-                    if (lane == 0) ((volatile int*)&G.stop)[0] = 1;
-                    break;
+            int ok = 1;                       // the item's input row (lane 0 waits for the input warp's flag)
+            if (lane == 0)
+                while (pg_ld(G.in[q]) != j) {
+                    if (pg_ld(G.stop)) { ok = 0; break; }
+                    __nanosleep(32);
                 }
-                if (lane == 0) {
-#if MK_PROFILE
-                    G.stamp[q][2] = prof_now();
-#endif
-                    ((volatile int*)G.in)[q] = 2 * j + 1;
-                }
-            } else if (role == 2) {
-                int ok = 1;
-                if (lane == 0)
-                    while (pg_ld(G.in[q]) != 2 * j + 1) {
-                        if (pg_ld(G.stop)) { ok = 0; break; }
-                        __nanosleep(64);
-                    }
-                ok = __shfl_sync(0xffffffffu, ok, 0);
-                if (!ok) break;
-                __threadfence_block();
-            }
+            ok = __shfl_sync(0xffffffffu, ok, 0);
+            if (!ok) break;
+            __threadfence_block();
             const bf16* x = reinterpret_cast<const bf16*>(smem + PI(pg_in_off) + (size_t)q * PI(pg_in_bytes));
             float* out = reinterpret_cast<float*>(smem + PI(pg_out_off)) + (size_t)q * PI(pg_out_rows);
 #if MK_PROFILE

@@ -96,12 +96,25 @@ __device__ __forceinline__ bool pg_wait(PgState& G, unsigned long long* bar, uns
 __device__ __forceinline__ bool pg_wait_page(PgState& G, int slot, int s, int npg) {
     const unsigned parity = (unsigned)(s / npg) & 1u;
     int ok = 1;
-    if ((threadIdx.x & 31) == 0)
-        while (pg_ld(G.page[slot][2]) != s || !mbar_try_wait(&G.full[slot], parity))
+    if ((threadIdx.x & 31) == 0) {
+        while (pg_ld(G.page[slot][2]) != s)
             if (pg_ld(G.stop)) { ok = 0; break; }
+        // (the number observed, then the barrier: what the loader waited for before writing it, the page's previous
+        // phase, is visible to the parity test that follows)
+        __threadfence_block();
+        while (ok && !mbar_try_wait(&G.full[slot], parity))
+            if (pg_ld(G.stop)) { ok = 0; break; }
+    }
     ok = __shfl_sync(0xffffffffu, ok, 0);
     if (ok) mbar_wait(&G.full[slot], parity);
     return ok != 0;
+}
+
+// One warp, after lane 0 observed a flag another warp raised after its writes (and fenced): every lane orders its
+// reads after lane 0's observation (the fence, then the warp barrier's memory ordering among its lanes).
+__device__ __forceinline__ void pg_acquired() {
+    __threadfence_block();
+    __syncwarp();
 }
 
 // One warp: rows r < nr (at most RMAX) of the page at W (rows of K elements, contiguous) times x (K elements), the
@@ -157,13 +170,19 @@ __device__ __forceinline__ bool pg_load_inputs(const Params& P, PgState& G, int 
         if (kind == PG_DN) ok = wait_counter(P, l * PI(cpl) + PI(c_gu) + eslot, PI(gu_tiles), ticket) ? 1 : 0;
         else if (kind == PG_O)
             ok = wait_counter(P, l * PI(cpl) + PI(c_comb), PI(B) * PI(n_kv) * PI(combine_parts), ticket) ? 1 : 0;
-        if (ok && kind == PG_DN) {
-            G.w[q] = __int_as_float(ldcg_i(route + PI(r_pair_w) + st));
-            G.rank[q] = ldcg_i(route + PI(r_pair_rank) + st);
+        if (ok && kind == PG_DN) {            // (worker_topk: from this worker's own routing, like the plain worker:
+            if (PI(worker_topk)) {            // one worker writes the global record while the others run)
+                G.w[q] = __uint_as_float((unsigned)s_route_pw[st] << 16);
+                G.rank[q] = s_route_rank[st];
+            } else {
+                G.w[q] = __int_as_float(ldcg_i(route + PI(r_pair_w) + st));
+                G.rank[q] = ldcg_i(route + PI(r_pair_rank) + st);
+            }
         }
     }
     ok = __shfl_sync(0xffffffffu, ok, 0);
     if (!ok) return false;
+    __syncwarp();                             // (lane 0's acquire of the counter orders the lanes' loads below)
     const bf16* src = kind == PG_DN ? PP(const bf16*, eact) + ((size_t)m * PI(n_pairs) + st) * PI(I)
                     : kind == PG_O  ? PP(const bf16*, attn) + (size_t)l * PI(Bm) * PI(n_heads) * PI(head_dim)
                                     : PP(const bf16*, x) + ((size_t)l * PI(Bm) + s_route_row[st]) * PI(H);
@@ -310,7 +329,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             }
             st = __shfl_sync(0xffffffffu, st, 0);
             if (st != 1) break;
-            __threadfence_block();            // (the description after its sequence number)
+            pg_acquired();                    // (the description after its sequence number)
             const bool ok = pg_load_inputs(P, G, ticket, l, m, route, q);
             __syncwarp();
             if (!ok) {
@@ -336,7 +355,9 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                 break;
             }
             const int* it = G.item[q];
-            const int j = it[0], K = it[7], row0 = pr & 0xffff, nr = pr >> 16;
+            // (the item's page count read now, with its other fields: once this warp's count is in, another warp
+            // may finish the item and the loader publish the next item in the slot)
+            const int j = it[0], K = it[7], npages = it[8], row0 = pr & 0xffff, nr = pr >> 16;
             int ok = 1;                       // the item's input row (lane 0 waits for the input warp's flag)
             if (lane == 0)
                 while (pg_ld(G.in[q]) != j) {
@@ -345,7 +366,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                 }
             ok = __shfl_sync(0xffffffffu, ok, 0);
             if (!ok) break;
-            __threadfence_block();
+            pg_acquired();                    // (the input row and, for the epilogue, a down item's weight and rank)
             const bf16* x = reinterpret_cast<const bf16*>(smem + PI(pg_in_off) + (size_t)q * PI(pg_in_bytes));
             float* out = reinterpret_cast<float*>(smem + PI(pg_out_off)) + (size_t)q * PI(pg_out_rows);
 #if MK_PROFILE
@@ -357,12 +378,11 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             if (lane == 0) {
                 mbar_arrive(&G.empty[slot]);          // the page is free for the loader
                 __threadfence_block();                // this page's outputs before the count
-                done = atomicAdd(&G.done[q], 1) == it[8] - 1;
+                done = atomicAdd(&G.done[q], 1) == npages - 1;
             }
             done = __shfl_sync(0xffffffffu, done, 0);
             if (done) {                           // the item's last page: its epilogue, then its slot is free
-                __syncwarp();
-                __threadfence_block();
+                pg_acquired();                    // (every page's outputs: their warps fenced before counting)
 #if MK_PROFILE
                 if (lane == 0) G.stamp[q][4] = prof_now();
 #endif

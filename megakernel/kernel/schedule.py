@@ -247,6 +247,11 @@ class ModelPlan:
                                          # pages free, the other warps compute a page each, so the SM never stops
                                          # loading at an item boundary (the plain worker loads nothing for ~3.5 of a
                                          # gate/up item's 8 us at b1). Same items, same claim order. Not yet measured
+    moe_tile_kb: int = 0                 # > 0: the expert items' tiles (gate/up, down) of up to this many KiB
+                                         # instead of tile_kb's (0). For the paged worker: at 64 a gate/up item is
+                                         # 2 x 8 rows of 2048, 4 pages, so its ring of 12 holds three items (its
+                                         # item slots), not one, and the layer's tail is cut finer; at 128, 2 x 16
+                                         # rows, 8 pages. Not yet measured
     moe_pages_max: int = 0               # > 0: the paged worker's ring has at most this many pages (tests: fewer
                                          # pages than computing warps, so pages and end markers wrap the ring)
     prefetch: int = 0                    # 1: two GEMV weight buffers where they fit (prefetch_wbuf): each block
@@ -313,7 +318,8 @@ class ModelPlan:
         if self.tb <= self.moe_ring and not self.wbuf and self.Lm and not o_in_queue:
             one_row = max(2 * (self.H + O.ROW_PAD) * 2, (self.I + O.ROW_PAD) * 2)   # a gate/up pair, a down row
             self.moe_wbuf = self._two_buffers(max(self.H, self.I), one_row, fused)
-        mrows = lambda K, halves=1: tile_rows(K, halves, max_batch=self.tb, wbuf=self.moe_wbuf, tile_kb=self.tile_kb)
+        mrows = lambda K, halves=1: tile_rows(K, halves, max_batch=self.tb, wbuf=self.moe_wbuf,
+                                              tile_kb=self.moe_tile_kb or self.tile_kb)
         self.gu_rows = mrows(self.H, 2)
         self.gu_tiles = math.ceil(self.I / self.gu_rows)
         self.dn_rows = mrows(self.I)

@@ -626,6 +626,11 @@ def test_paged_worker_layout_on_north_dims():
         assert p.pg_n < O.NUM_WARPS - 1
         capped = tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=1, moe_pages_max=5)[0]
         assert capped.pg_n == 5 and capped.pg_in_off == 5 * O.PAGE_BYTES
+        # moe_tile_kb=64: gate/up items of 2 x 8 rows (4 pages of 4 rows of 2048), three times as many; down items
+        # of 40 rows of 768 (60 KB, 4 pages of 10 rows); the static tiles untouched
+        fine = tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=1, moe_tile_kb=64)[0]
+        assert (fine.gu_rows, fine.gu_tiles, fine.dn_rows) == (8, 3 * p.gu_tiles, 40) and p.gu_rows == 24
+        assert (fine.qkv_rows, fine.o_rows, fine.lm_rows) == (p.qkv_rows, p.o_rows, p.lm_rows) and fine.pg_n >= p.pg_n
         assert (p.gemv_tiles, p.gu_rows, p.dn_rows, p.o_items) == (q.gemv_tiles, q.gu_rows, q.dn_rows, q.o_items)
         assert O.PAGE_BYTES // (2 * max(p.H, p.I, p.Q)) >= 1
 

@@ -35,7 +35,7 @@ timeout ${VARIANTS_TIMEOUT:-200} python3 benchmarks/megakernel_variants.py --poi
   --variants "$(echo $VARIANTS)" --steps 40 --json "$OUT/variants.json" 2>&1 | grep -E "^b|rror"
 echo "=== trace b1 at $(($(date +%s) - t0)) s"
 MEGAKERNEL_MK_TUNING=${TRACE_TUNING:-} timeout ${TRACE_TIMEOUT:-90} python3 -m megakernel bench --random-north --backend megakernel --batch-size 1 \
-  --context 8192 --steps 20 --trace "$OUT/tl_b1.npz" 2>&1 | grep -E "critical|SM time|phases|a layer|normal build|rror"
+  --context 8192 --steps 20 --trace "$OUT/tl_b1.npz" 2>&1 | grep -E "critical|SM time|phases|a layer|MoE workers|normal build|rror"
 rm -f "$OUT/tl_b1.npz"
 echo "=== done at $(($(date +%s) - t0)) s"
 bash scripts/pack_out.sh "$OUT"

@@ -371,6 +371,38 @@ def layer_events(tl: Timeline) -> dict[str, dict[str, float]]:
     return dict(sorted(out.items(), key=lambda kv: kv[1]["last_end"]))
 
 
+def moe_worker_tails(tl: Timeline) -> dict:
+    """How the MoE workers end (us): per worker task, how long it outlived its own last item (the plain worker's
+    failed claim and signal; the paged worker's drain and end markers as well), how many items it ran, and per layer
+    how long after the layer's last item its last worker ended. Large values mean work queued behind few workers
+    (claimed ahead) or a slow exit, not HBM time. {} without item records."""
+    t, it = tl.tasks, tl.items
+    w = np.flatnonzero(t.op == O.Op.MOE_WORKER)
+    if not len(w) or not len(it):
+        return {}
+    n_layers = int(max(t.layer.max(), it.layer.max())) + 1
+    key = lambda blk, lay: blk * n_layers + lay                         # noqa: E731
+    size = (int(max(t.block.max(), it.block.max())) + 1) * n_layers
+    last = np.full(size, -np.inf)
+    count = np.zeros(size, dtype=np.int64)
+    np.maximum.at(last, key(it.block, it.layer), it.end)
+    np.add.at(count, key(it.block, it.layer), 1)
+    kw = key(t.block[w], t.layer[w])
+    ran = np.isfinite(last[kw])
+    tails = (t.end[w] - last[kw])[ran] / 1e3
+    per_layer = []
+    for lay in np.unique(t.layer[w]).tolist():
+        mi = it.layer == lay
+        if mi.any():
+            per_layer.append((t.end[w][t.layer[w] == lay].max() - it.end[mi].max()) / 1e3)
+    stat = lambda v: dict(median=round(float(np.median(v)), 2), p90=round(float(np.percentile(v, 90)), 2),  # noqa: E731
+                          max=round(float(np.max(v)), 2)) if len(v) else {}
+    return dict(tail_after_own_last_item_us=stat(tails),
+                items_per_worker=dict(mean=round(float(count[kw].mean()), 2), max=int(count[kw].max())),
+                idle_workers=int((~ran).sum()),
+                last_worker_after_layer_items_us=stat(np.asarray(per_layer)))
+
+
 def summarize(tl: Timeline) -> dict:
     """Where the step's time went. Time figures in microseconds; "SM-us" are summed over blocks, so dividing by
     the block count gives the share of the step's wall time."""
@@ -431,6 +463,7 @@ def summarize(tl: Timeline) -> dict:
         phases=phases(tl),
         phase_spans=phase_spans(tl),
         layer_events=layer_events(tl),
+        moe_workers=moe_worker_tails(tl),
         step_us=step / 1e3, n_blocks=tl.n_blocks, n_tasks=len(t), n_items=len(items),
         timer_step_ns=tl.timer_step_ns, per_op=per_op,
         last_block_start_us=float(head.max()) / 1e3,
@@ -465,6 +498,14 @@ def format_summary(s: dict) -> str:
         lines.append("a layer (medians, us after its start; first claim / first wait end / first end / last end): "
                      + ", ".join(f"{k} " + "/".join(f"{x:.1f}" for x in v.values())
                                  for k, v in s["layer_events"].items()))
+    mw = s.get("moe_workers")
+    if mw:
+        ta, la = mw["tail_after_own_last_item_us"], mw["last_worker_after_layer_items_us"]
+        lines.append(f"MoE workers: a worker ends {ta['median']:.2f} us after its own last item (p90 {ta['p90']:.2f}, "
+                     f"max {ta['max']:.2f}); {mw['items_per_worker']['mean']:.1f} items per worker (max "
+                     f"{mw['items_per_worker']['max']}), {mw['idle_workers']} workers without one; a layer's last "
+                     f"worker ends {la.get('median', 0.0):.2f} us after its last item (median over layers, max "
+                     f"{la.get('max', 0.0):.2f})")
     for name, sp in s.get("phase_spans", {}).items():
         lines.append(f"phase lengths of {name} (median / p90 us, each phase ending at): "
                      + ", ".join(f"{k} {v[0]:.2f}/{v[1]:.2f}" for k, v in sp.items()))

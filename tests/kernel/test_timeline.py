@@ -193,3 +193,28 @@ def test_layer_events_of_fused_norm_steps():
         assert v["last_end"] >= 0 and v["first_end"] <= v["last_end"], (name, v)
     nxt = ev["next layer's inputs"]["last_end"]
     assert all(v["last_end"] <= nxt + 1e-6 for k, v in ev.items() if k in ("OPROJ_ITEM", "OPROJ", "MOE_DOWN")), ev
+
+
+def _events(block, op, layer, end) -> T.Events:
+    n = len(block)
+    z = np.zeros(n)
+    a = lambda v: np.asarray(v, dtype=np.int64)   # noqa: E731
+    e = np.asarray(end, dtype=np.float64)
+    return T.Events(a(block), a(block), a(op), a(layer), a(np.arange(n)), z, z, z, z, e, e, z)
+
+
+def test_moe_worker_tails_read_each_workers_own_items():
+    """Three workers of layer 0 (blocks 0, 1, 2) ending at 10, 20 and 9 us; block 0 ran items ending at 5 and 8 us,
+    block 1 one ending at 19, block 2 none; a layer-1 worker of block 0 whose items are layer 1's, not layer 0's:
+    tails 2 / 1 / 3 us, one idle worker, and the layers' last workers 1 and 3 us after their last items."""
+    W, GU = int(O.Op.MOE_WORKER), O.PROF_ITEM_GU
+    tasks = _events([0, 1, 2, 0], [W, W, W, W], [0, 0, 0, 1], [10_000, 20_000, 9_000, 40_000])
+    items = _events([0, 0, 1, 0], [GU] * 4, [0, 0, 0, 1], [5_000, 8_000, 19_000, 37_000])
+    tl = T.Timeline(tasks, items, 3, 32.0, np.zeros(3), np.zeros((0, O.REC_INTS), np.int32), {}, {})
+    m = T.moe_worker_tails(tl)
+    assert m["tail_after_own_last_item_us"] == dict(median=2.0, p90=2.8, max=3.0)
+    assert m["idle_workers"] == 1 and m["items_per_worker"] == dict(mean=1.0, max=2)
+    assert m["last_worker_after_layer_items_us"] == dict(median=2.0, p90=2.8, max=3.0)
+    # without item records (the emulator's) there is nothing to say
+    assert T.moe_worker_tails(T.Timeline(tasks, _events([], [], [], []), 3, 32.0, np.zeros(3),
+                                         np.zeros((0, O.REC_INTS), np.int32), {}, {})) == {}

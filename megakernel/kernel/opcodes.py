@@ -174,8 +174,9 @@ PARAM_FIELDS = (
     "worker_topk",
     # the paged MoE worker's layout (ModelPlan.moe_pages; pg_n = 0: the plain worker): pages at byte 0, then
     # PAGE_SLOTS input rows of pg_in_bytes from pg_in_off, then PAGE_SLOTS x pg_out_rows fp32 outputs from pg_out_off,
-    # then its PgState (PAGE_STATE_BYTES) at pg_state_off
-    "pg_n", "pg_in_off", "pg_in_bytes", "pg_out_off", "pg_out_rows", "pg_state_off",
+    # then its PgState (PAGE_STATE_BYTES) at pg_state_off; pg_claim_late: its loader claims the next item only once
+    # this item's input row is loaded (ModelPlan.moe_pages_claim_late)
+    "pg_n", "pg_in_off", "pg_in_bytes", "pg_out_off", "pg_out_rows", "pg_state_off", "pg_claim_late",
     # route buffer layout (int32 offsets inside one MoE layer's route record)
     "r_stride", "r_slot_expert", "r_slot_start", "r_slot_cnt", "r_pair_row", "r_pair_rank", "r_pair_w",
     "r_topk_ids",

@@ -252,6 +252,11 @@ class ModelPlan:
                                          # 2 x 8 rows of 2048, 4 pages, so its ring of 12 holds three items (its
                                          # item slots), not one, and the layer's tail is cut finer; at 128, 2 x 16
                                          # rows, 8 pages. Not yet measured
+    moe_pages_claim_late: int = 0        # 1: the paged worker's loader claims its next item after this item's
+                                         # pages are issued and its input row is loaded (its dependency met), not
+                                         # before its last page: no item held behind a down item that waits on its
+                                         # counter (the layer's tail), at the price of the next item's weights not
+                                         # streaming into free pages during that wait. Not yet measured
     moe_pages_max: int = 0               # > 0: the paged worker's ring has at most this many pages (tests: fewer
                                          # pages than computing warps, so pages and end markers wrap the ring)
     prefetch: int = 0                    # 1: two GEMV weight buffers where they fit (prefetch_wbuf): each block

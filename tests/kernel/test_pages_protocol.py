@@ -51,6 +51,7 @@ class World:
     nwc: int
     slots: int = 3
     marker_frees: bool = True     # False: the pre-fix protocol (an end marker's warp did not free its page)
+    claim_late: bool = False      # pg_claim_late: the loader goes on to the next item once this one's input is in
     full: list[Mbar] = field(default_factory=list)
     empty: list[Mbar] = field(default_factory=list)
     free: list[Mbar] = field(default_factory=list)
@@ -109,6 +110,10 @@ def loader(w: World):
             w.in_flight.append(s)
             s += 1
             w.issued = s
+            yield
+        while w.claim_late and w.inp[q] != j:
+            if w.stop:
+                return
             yield
     w.n_items = len(w.items)
     for _ in range(w.nwc):
@@ -253,6 +258,15 @@ def test_paged_worker_protocol_terminates_and_keeps_its_invariants(npg, nwc):
     for trial in range(60):
         items = random_items(rng, rng.randint(0, 12))
         run(World(items, npg, nwc), random.Random(trial))
+
+
+@pytest.mark.parametrize("npg", [4, 12, 16])
+def test_paged_worker_protocol_with_the_late_claim(npg):
+    """pg_claim_late: the loader waits for each item's input (its dependency) before it goes on: still no deadlock."""
+    rng = random.Random(7 + npg)
+    for trial in range(60):
+        items = random_items(rng, rng.randint(0, 12))
+        run(World(items, npg, 14, claim_late=True), random.Random(trial))
 
 
 @pytest.mark.parametrize("npg", [4, 12])

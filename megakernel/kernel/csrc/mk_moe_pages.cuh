@@ -2,7 +2,8 @@
 // worker (mk_moe.cuh), but the SM never stops loading at an item boundary. Three roles, no block-wide barrier between
 // pages or items:
 // - the loader (warp NW - 1) claims the next item just before it issues this item's last page (the claim's round trip
-//   under that page's wait, and no item held while a whole item's pages wait for the ring), publishes each item's
+//   under that page's wait, and no item held while a whole item's pages wait for the ring; pg_claim_late: after the
+//   last page, once the input warp has this item's input row), publishes each item's
 //   description in one of PAGE_SLOTS item slots, and streams its weight rows into a ring of pg_n pages (PAGE_BYTES
 //   each, whole rows, one bulk copy per page) as pages free: weights never wait on a counter;
 // - the input warp (NW - 2) walks the items in order: waits for the item's dependency (a down item: its expert's
@@ -274,13 +275,14 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                 ((volatile int*)G.seq)[q] = j;
             }
             int nxt = 0, p = 0;
+            const bool late = PI(pg_claim_late) != 0;
             for (int h = 0; h < 2 && !stop; h++) {
                 const int nh = h ? n1 : n0;
                 const bf16* src = h ? it.T.w1 : it.T.w0;
                 for (int r = 0; r < nh; r += rpp, p++) {
                     const int nr = min(rpp, nh - r), slot = s % npg;
                     // the next claim just before this item's last page (its round trip under the page's wait)
-                    if (p == pages - 1 && lane == 0) nxt = atomicAdd(work, 1);
+                    if (!late && p == pages - 1 && lane == 0) nxt = atomicAdd(work, 1);
                     if (s >= npg && !pg_wait(G, &G.empty[slot], ((s / npg) - 1) & 1)) { stop = true; break; }
                     if (lane == 0) {
                         G.page[slot][0] = q;
@@ -296,6 +298,15 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                     }
                     s++;
                 }
+            }
+            if (late && !stop) {              // claim_late: once this item's input row is loaded (its dependency met)
+                int gone = 0;
+                if (lane == 0) {
+                    while (pg_ld(G.in[q]) != j)
+                        if (pg_ld(G.stop)) { gone = 1; break; }
+                    if (!gone) nxt = atomicAdd(work, 1);
+                }
+                stop = __shfl_sync(0xffffffffu, gone, 0) != 0;
             }
             item = __shfl_sync(0xffffffffu, nxt, 0);
             j++;

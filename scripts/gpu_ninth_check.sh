@@ -7,8 +7,10 @@
 #      and the per-layer North acceptance under $ALSO_TUNING (default router_topk=1);
 #   2. the step at $POINTS under $VARIANTS, one process (each knob's A/B in the same process);
 #   3. the SM timeline at batch 1, 8K, of the defaults (summary only).
-# Everything comes back in $OUT/bundle.tgz. DEFAULT_TESTS=0 skips stage 1's default run; TRACE_TUNING: the plan
-# overrides the timeline runs under (MEGAKERNEL_MK_TUNING's syntax).
+# Everything comes back in $OUT/bundle.tgz. DEFAULT_TESTS=0 skips stage 1's default run; ALSO_TUNING_2: a second
+# tuning for stage 1's tiny / long-split / North tests; LONG_POINTS with LONG_VARIANTS: a second variants run (e.g.
+# long contexts under other knobs) after the first; TRACE_TUNING: the plan overrides the timeline runs under
+# (MEGAKERNEL_MK_TUNING's syntax).
 #   run(command="MEGAKERNEL_COMMIT=<SHA> bash scripts/gpu_ninth_check.sh", timeout_s=600)
 set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
@@ -29,10 +31,21 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   MEGAKERNEL_MK_TUNING=$ALSO_TUNING timeout ${ALSO_TIMEOUT:-110} python3 -m pytest -q -x -m gpu -p no:cacheprovider \
     tests/kernel/test_gpu.py tests/kernel/test_gpu_north.py -k "tiny or long_splits or north" 2>&1 \
     | tee "$OUT/tests_also.log" | tail -3
+  if [ -n "${ALSO_TUNING_2:-}" ]; then
+    echo "=== tests under $ALSO_TUNING_2 at $(($(date +%s) - t0)) s"
+    MEGAKERNEL_MK_TUNING=$ALSO_TUNING_2 timeout ${ALSO_TIMEOUT:-110} python3 -m pytest -q -x -m gpu \
+      -p no:cacheprovider tests/kernel/test_gpu.py tests/kernel/test_gpu_north.py -k "tiny or long_splits or north" \
+      2>&1 | tee "$OUT/tests_also2.log" | tail -3
+  fi
 fi
 echo "=== variants at $(($(date +%s) - t0)) s"
 timeout ${VARIANTS_TIMEOUT:-200} python3 benchmarks/megakernel_variants.py --points "$POINTS" \
   --variants "$(echo $VARIANTS)" --steps 40 --json "$OUT/variants.json" 2>&1 | grep -E "^b|rror"
+if [ -n "${LONG_POINTS:-}" ]; then
+  echo "=== variants at $LONG_POINTS at $(($(date +%s) - t0)) s"
+  timeout ${LONG_TIMEOUT:-120} python3 benchmarks/megakernel_variants.py --points "$LONG_POINTS" \
+    --variants "$(echo ${LONG_VARIANTS:-default})" --steps 40 --json "$OUT/variants_long.json" 2>&1 | grep -E "^b|rror"
+fi
 echo "=== trace b1 at $(($(date +%s) - t0)) s"
 MEGAKERNEL_MK_TUNING=${TRACE_TUNING:-} timeout ${TRACE_TIMEOUT:-90} python3 -m megakernel bench --random-north --backend megakernel --batch-size 1 \
   --context 8192 --steps 20 --trace "$OUT/tl_b1.npz" 2>&1 | grep -E "critical|SM time|phases|a layer|MoE workers|normal build|rror"

@@ -198,6 +198,37 @@ def test_long_context_split_sizes_and_their_alignment():
         ModelPlan(cfg, layout, max_batch=16, n_workers=132, split_align=96).check_supported()
 
 
+def test_task_list_builder_fills_only_the_attention_splits():
+    """One TaskListBuilder serves every split count of its batch size: each list validates, its attention splits and
+    combines follow that step's nsplit, its partial slots are numbered densely, and everything else is the same
+    records in the same places relative to the layers' attention blocks."""
+    from megakernel.config import north_mini_code_config
+    from megakernel.kernel.schedule import TaskListBuilder
+    from megakernel.kv.cache import KVLayout
+
+    cfg = north_mini_code_config()
+    plan = ModelPlan(cfg, KVLayout.for_model(cfg, 64), max_batch=4, n_workers=132, combine_parts=2)
+    builder = TaskListBuilder(plan, 3)
+    rng = np.random.default_rng(5)
+    rest = None
+    for _ in range(4):
+        ns = rng.integers(1, 30, size=(3, plan.n_groups)).astype(np.int32)
+        tl = builder.build(ns)
+        validate(tl)
+        rec = tl.records
+        att = rec[:, O.R["op"]] == O.Op.ATTN
+        comb = rec[:, O.R["op"]] == O.Op.ATTN_COMBINE
+        per_layer = [int(ns[:, plan.layout.locate(l)[0]].sum()) * plan.nkv for l in range(plan.L)]
+        assert np.bincount(rec[att, O.R["layer"]], minlength=plan.L).tolist() == per_layer
+        assert comb.sum() == plan.L * 3 * plan.nkv * 2 and tl.n_partials == sum(per_layer)
+        assert sorted(rec[att, O.R["a3"]] + rec[att, O.R["a2"]]) == list(range(tl.n_partials))
+        others = rec[~(att | comb)]
+        if rest is not None:
+            assert np.array_equal(others, rest)
+        rest = others
+        assert tl.records.tobytes() == build_tasks(plan, 3, ns).records.tobytes()
+
+
 def test_step_inputs_refuse_recycled_block():
     cfg = make_cfg("north_like")
     from megakernel.kv.cache import KVLayout

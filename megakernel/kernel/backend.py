@@ -492,4 +492,11 @@ class MegakernelBackend(DecodeBackend):
             raise MegakernelFailure(
                 f"decode megakernel: task {task} ({op}) needs {ctrl[C['err_value']]} B of shared memory, the launch "
                 f"gave {ctrl[C['err_target']]} B: the plan's layout (schedule.smem_bytes) and the kernel's disagree")
+        if code == O.ERR_STALL:
+            what = list(O.STALL_WAITS.values())
+            w = ctrl[C["err_value"]]
+            raise MegakernelHang(
+                f"decode megakernel watchdog: task {task} ({op}, block {ctrl[C['err_block']]}) stalled "
+                f"{self.watchdog_ns / 1e9:.1f}s inside the paged MoE worker waiting for "
+                f"{what[w] if 0 <= w < len(what) else f'wait {w}'} (sequence {ctrl[C['err_target']]})")
         raise MegakernelFailure(f"decode megakernel error code {code} at task {task} ({op})")

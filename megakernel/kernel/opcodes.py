@@ -128,6 +128,10 @@ CTRL_INTS = len(CTRL_FIELDS)
 ERR_WATCHDOG = 1
 ERR_BAD_OPCODE = 2
 ERR_SMEM = 3          # a task's shared-memory layout needs more than the launch gave (err_value / err_target)
+ERR_STALL = 4         # a wait inside a block (the paged MoE worker's pages, slots, flags) passed the watchdog:
+                      # err_value names it (STALL_WAITS, in order: MK_STALL_PAGE ...), err_target its sequence
+STALL_WAITS = {"PAGE": "a page's copy", "EMPTY": "a ring page to free", "SLOT": "an item slot to free",
+               "ITEM": "an item's description", "INPUT": "an item's input row", "CLAIM": "an item's input (late claim)"}
 
 # ---- kernel parameters: NUM_PARAMS int64 slots passed by value ----------------------------------------------------
 PARAM_FIELDS = (
@@ -255,7 +259,7 @@ def generate_header() -> str:
                   SWZ_BOX_ROWS=SWZ_BOX_ROWS, SWZ_ALIGN=SWZ_ALIGN, SWZ_X_PAD=SWZ_X_PAD, TMAP_BYTES=TMAP_BYTES,
                   REC_INTS=REC_INTS, MAX_WAITS=MAX_WAITS, CTRL_INTS=CTRL_INTS, NUM_PARAMS=NUM_PARAMS,
                   LAYER_INFO_INTS=LAYER_INFO_INTS, WPTR_INTS=WPTR_INTS,
-                  ERR_WATCHDOG=ERR_WATCHDOG, ERR_BAD_OPCODE=ERR_BAD_OPCODE, ERR_SMEM=ERR_SMEM,
+                  ERR_WATCHDOG=ERR_WATCHDOG, ERR_BAD_OPCODE=ERR_BAD_OPCODE, ERR_SMEM=ERR_SMEM, ERR_STALL=ERR_STALL,
                   FLAG_FUSED_NORM=FLAG_FUSED_NORM, FLAG_WRITE_H=FLAG_WRITE_H, FLAG_WRITE_X=FLAG_WRITE_X,
                   MLP_NONE=MLP_NONE, MLP_DENSE=MLP_DENSE, MLP_SHARED=MLP_SHARED,
                   NORM_RMS=NORM_RMS, NORM_LAYER=NORM_LAYER, SEL_SIGMOID=SEL_SIGMOID, SEL_SOFTMAX=SEL_SOFTMAX,
@@ -281,5 +285,7 @@ def generate_header() -> str:
     lines += _defines("PS_", PROF_STAMPS)
     lines.append("")
     lines += _defines("PB_", PROF_BLOCK_FIELDS)
+    lines.append("")
+    lines += _defines("STALL_", list(STALL_WAITS))
     lines.append("")
     return "\n".join(lines) + "\n"

@@ -85,3 +85,27 @@ def test_shared_memory_error_names_the_task_and_both_sizes():
     with pytest.raises(MegakernelFailure, match=rf"task {task} \(ATTN\) needs 240000 B of shared memory, the launch "
                                                 r"gave 232448 B"):
         MegakernelBackend._wait(fake, _Done(), tl, sync)
+
+
+def test_stall_inside_the_paged_worker_names_the_wait():
+    """A wait inside the paged MoE worker (on its own warps, not a counter) that passes the watchdog stops the step
+    with ERR_STALL; the host raises MegakernelHang naming the task, its block, the wait and its sequence number."""
+    import pytest
+
+    from megakernel.kernel.backend import MegakernelBackend, MegakernelHang
+
+    si, tl = _task_list()
+    task = int(np.flatnonzero(tl.records[:, O.R["op"]] == O.Op.MOE_WORKER)[0])
+    C = {n: i for i, n in enumerate(O.CTRL_FIELDS)}
+    sync = torch.zeros(O.CTRL_INTS + len(tl.targets) + 64, dtype=torch.int32)
+    sync[C["err_code"]], sync[C["err_task"]], sync[C["err_block"]] = O.ERR_STALL, task, 7
+    sync[C["err_value"]], sync[C["err_target"]] = list(O.STALL_WAITS).index("EMPTY"), 25
+
+    class _Done:
+        def query(self) -> bool:
+            return True
+
+    fake = type("FakeBackend", (), {"watchdog_ns": int(2e9)})()
+    with pytest.raises(MegakernelHang, match=rf"task {task} \(MOE_WORKER, block 7\) stalled 2.0s inside the paged MoE "
+                                             r"worker waiting for a ring page to free \(sequence 25\)"):
+        MegakernelBackend._wait(fake, _Done(), tl, sync)

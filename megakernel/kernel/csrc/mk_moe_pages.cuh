@@ -77,14 +77,41 @@ __device__ __forceinline__ void pg_prof_item(const Params& P, PgState& G, int l,
 
 enum { PG_GU = 0, PG_DN = 1, PG_O = 2 };
 
+// Lane 0 of a spinning warp: whether to leave its spin. Every wait in the worker is on another warp of this block or
+// on a copy, so a protocol bug would spin forever where a counter wait times out: every 1024 polls the spin also reads
+// the step's abort flag (another block's watchdog) and its clock, and past the watchdog it records ERR_STALL (which
+// wait: STALL_*, and its sequence number) and aborts the step, so the host reports the stall instead of waiting on a
+// kernel that never ends. G.stop (set here or by a failed counter wait) makes every role leave.
+struct PgSpin {
+    unsigned long long t0 = 0;
+    unsigned n = 0;
+    __device__ __forceinline__ bool leave(const Params& P, PgState& G, int ticket, int what, int seq) {
+        if (pg_ld(G.stop)) return true;
+        if ((++n & 1023u) != 0) return false;
+        if (ld_volatile(PP(const int*, ctrl) + CTRL_ABORT)) { ((volatile int*)&G.stop)[0] = 1; return true; }
+        const unsigned long long now = globaltimer();
+        if (t0 == 0) {
+            t0 = now;
+        } else if (now - t0 > (unsigned long long)PL(watchdog_ns)) {
+            record_error(P, MK_ERR_STALL, ticket, -1, what, seq);
+            ((volatile int*)&G.stop)[0] = 1;
+            return true;
+        }
+        return false;
+    }
+};
+
 // One warp, uniformly: lane 0 waits for the phase of `parity` (or an abort), then every lane observes it (at once:
 // the phase cannot move on before this warp acts). Lanes must not leave a wait at different times: the warp's later
 // shuffles need every lane at the same instruction.
-__device__ __forceinline__ bool pg_wait(PgState& G, unsigned long long* bar, unsigned parity) {
+__device__ __forceinline__ bool pg_wait(const Params& P, PgState& G, int ticket, unsigned long long* bar,
+                                        unsigned parity, int what, int seq) {
     int ok = 1;
-    if ((threadIdx.x & 31) == 0)
+    if ((threadIdx.x & 31) == 0) {
+        PgSpin spin;
         while (!mbar_try_wait(bar, parity))
-            if (pg_ld(G.stop)) { ok = 0; break; }
+            if (spin.leave(P, G, ticket, what, seq)) { ok = 0; break; }
+    }
     ok = __shfl_sync(0xffffffffu, ok, 0);
     if (ok) mbar_wait(bar, parity);
     return ok != 0;
@@ -94,17 +121,18 @@ __device__ __forceinline__ bool pg_wait(PgState& G, unsigned long long* bar, uns
 // earlier lap's page not yet consumed (15 computing warps, 12 pages), and a parity wait cannot tell phase u from
 // phase u - 2. The loader writes the page's sequence number before it arms the slot's phase for it, so lane 0 waits
 // for that number first; from then on the slot is in phase u or u + 1 and the parity is unambiguous.
-__device__ __forceinline__ bool pg_wait_page(PgState& G, int slot, int s, int npg) {
+__device__ __forceinline__ bool pg_wait_page(const Params& P, PgState& G, int ticket, int slot, int s, int npg) {
     const unsigned parity = (unsigned)(s / npg) & 1u;
     int ok = 1;
     if ((threadIdx.x & 31) == 0) {
+        PgSpin spin;
         while (pg_ld(G.page[slot][2]) != s)
-            if (pg_ld(G.stop)) { ok = 0; break; }
+            if (spin.leave(P, G, ticket, STALL_PAGE, s)) { ok = 0; break; }
         // (the number observed, then the barrier: what the loader waited for before writing it, the page's previous
         // phase, is visible to the parity test that follows)
         __threadfence_block();
         while (ok && !mbar_try_wait(&G.full[slot], parity))
-            if (pg_ld(G.stop)) { ok = 0; break; }
+            if (spin.leave(P, G, ticket, STALL_PAGE, s)) { ok = 0; break; }
     }
     ok = __shfl_sync(0xffffffffu, ok, 0);
     if (ok) mbar_wait(&G.full[slot], parity);
@@ -263,7 +291,11 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             const int rpp = min(MK_PAGE_BYTES / (K * 2), MK_PAGE_ROWS_MAX);
             const int n0 = it.T.n0, n1 = it.T.n1;
             const int pages = (n0 + rpp - 1) / rpp + (n1 + rpp - 1) / rpp;
-            if (j >= MK_PAGE_SLOTS && !pg_wait(G, &G.free_[q], ((j / MK_PAGE_SLOTS) - 1) & 1)) { stop = true; break; }
+            if (j >= MK_PAGE_SLOTS
+                && !pg_wait(P, G, ticket, &G.free_[q], ((j / MK_PAGE_SLOTS) - 1) & 1, STALL_SLOT, j)) {
+                stop = true;
+                break;
+            }
             if (lane == 0) {
                 int* mt = G.item[q];
                 mt[0] = j; mt[1] = it.slot < 0 ? PG_O : it.down ? PG_DN : PG_GU; mt[2] = it.slot; mt[3] = it.e;
@@ -283,7 +315,10 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                     const int nr = min(rpp, nh - r), slot = s % npg;
                     // the next claim just before this item's last page (its round trip under the page's wait)
                     if (!late && p == pages - 1 && lane == 0) nxt = atomicAdd(work, 1);
-                    if (s >= npg && !pg_wait(G, &G.empty[slot], ((s / npg) - 1) & 1)) { stop = true; break; }
+                    if (s >= npg && !pg_wait(P, G, ticket, &G.empty[slot], ((s / npg) - 1) & 1, STALL_EMPTY, s)) {
+                        stop = true;
+                        break;
+                    }
                     if (lane == 0) {
                         G.page[slot][0] = q;
                         G.page[slot][1] = (h * n0 + r) | (nr << 16);
@@ -302,8 +337,9 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             if (late && !stop) {              // claim_late: once this item's input row is loaded (its dependency met)
                 int gone = 0;
                 if (lane == 0) {
+                    PgSpin spin;
                     while (pg_ld(G.in[q]) != j)
-                        if (pg_ld(G.stop)) { gone = 1; break; }
+                        if (spin.leave(P, G, ticket, STALL_CLAIM, j)) { gone = 1; break; }
                     if (!gone) nxt = atomicAdd(work, 1);
                 }
                 stop = __shfl_sync(0xffffffffu, gone, 0) != 0;
@@ -319,7 +355,10 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
         // like any other: with fewer pages than computing warps the last markers reuse the first markers' pages.
         for (int i = 0; i < PG_NWC && !stop; i++) {
             const int slot = s % npg;
-            if (s >= npg && !pg_wait(G, &G.empty[slot], ((s / npg) - 1) & 1)) { stop = true; break; }
+            if (s >= npg && !pg_wait(P, G, ticket, &G.empty[slot], ((s / npg) - 1) & 1, STALL_EMPTY, s)) {
+                stop = true;
+                break;
+            }
             if (lane == 0) { G.page[slot][0] = -1; ((volatile int*)G.page[slot])[2] = s; mbar_arrive(&G.full[slot]); }
             s++;
         }
@@ -330,11 +369,12 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             const int q = j % MK_PAGE_SLOTS;
             int st = 0;                       // 1: item j is published; 2: the loader published fewer; 0: stop
             if (lane == 0) {
+                PgSpin spin;
                 while (true) {
                     if (pg_ld(G.seq[q]) == j) { st = 1; break; }
                     const int n = pg_ld(G.n_items);
                     if (n >= 0 && j >= n) { st = pg_ld(G.seq[q]) == j ? 1 : 2; break; }
-                    if (pg_ld(G.stop)) break;
+                    if (spin.leave(P, G, ticket, STALL_ITEM, j)) break;
                     __nanosleep(32);
                 }
             }
@@ -358,7 +398,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
     } else {                                  // ---- the computing warps ----
         for (int s = warp;; s += PG_NWC) {
             const int slot = s % npg;
-            if (!pg_wait_page(G, slot, s, npg)) break;
+            if (!pg_wait_page(P, G, ticket, slot, s, npg)) break;
             const int q = G.page[slot][0], pr = G.page[slot][1];
             if (q < 0) {                      // its end marker
                 __syncwarp();
@@ -370,11 +410,13 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             // may finish the item and the loader publish the next item in the slot)
             const int j = it[0], K = it[7], npages = it[8], row0 = pr & 0xffff, nr = pr >> 16;
             int ok = 1;                       // the item's input row (lane 0 waits for the input warp's flag)
-            if (lane == 0)
+            if (lane == 0) {
+                PgSpin spin;
                 while (pg_ld(G.in[q]) != j) {
-                    if (pg_ld(G.stop)) { ok = 0; break; }
+                    if (spin.leave(P, G, ticket, STALL_INPUT, j)) { ok = 0; break; }
                     __nanosleep(32);
                 }
+            }
             ok = __shfl_sync(0xffffffffu, ok, 0);
             if (!ok) break;
             pg_acquired();                    // (the input row and, for the epilogue, a down item's weight and rank)

@@ -29,12 +29,12 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   fi
   echo "=== tests under $ALSO_TUNING at $(($(date +%s) - t0)) s"
   MEGAKERNEL_MK_TUNING=$ALSO_TUNING timeout ${ALSO_TIMEOUT:-110} python3 -m pytest -q -x -m gpu -p no:cacheprovider \
-    tests/kernel/test_gpu.py tests/kernel/test_gpu_north.py -k "tiny or long_splits or north" 2>&1 \
+    tests/kernel/test_gpu.py tests/kernel/test_gpu_north.py -k "tiny or long_splits or north or watchdog" 2>&1 \
     | tee "$OUT/tests_also.log" | tail -3
   if [ -n "${ALSO_TUNING_2:-}" ]; then
     echo "=== tests under $ALSO_TUNING_2 at $(($(date +%s) - t0)) s"
     MEGAKERNEL_MK_TUNING=$ALSO_TUNING_2 timeout ${ALSO_TIMEOUT:-110} python3 -m pytest -q -x -m gpu \
-      -p no:cacheprovider tests/kernel/test_gpu.py tests/kernel/test_gpu_north.py -k "tiny or long_splits or north" \
+      -p no:cacheprovider tests/kernel/test_gpu.py tests/kernel/test_gpu_north.py -k "tiny or long_splits or north or watchdog" \
       2>&1 | tee "$OUT/tests_also2.log" | tail -3
   fi
 fi

@@ -93,14 +93,17 @@ def test_long_splits_through_the_attention_ring(stages):
 
 
 @needs_sm90
-def test_watchdog_reports_and_recovers():
+@pytest.mark.parametrize("B", [1, 2])
+def test_watchdog_reports_and_recovers(B):
+    """A hung step ends with MegakernelHang and the next step is exact; one row covers the one-row plan's own MoE
+    worker (the paged worker under moe_pages, whose warps must all leave on the abort)."""
     from megakernel.kernel.backend import MegakernelBackend, MegakernelHang
 
     cfg = make_cfg("north_like")
     w = tiny_weights(cfg, device="cuda", dtype=torch.bfloat16)
-    st = prefill_state(cfg, w, [9, 4], device="cuda")
+    st = prefill_state(cfg, w, [9, 4][:B], device="cuda")
     be = MegakernelBackend(cfg, w, st.layout, max_batch=4, watchdog_s=0.5)
-    batch = decode_batch(st, [5, 6], device="cuda")
+    batch = decode_batch(st, [5, 6][:B], device="cuda")
     hang_launches(be, lambda n: n == 1)
     with pytest.raises(MegakernelHang, match="watchdog"):
         be.decode(batch, clone_cache(st.cache))

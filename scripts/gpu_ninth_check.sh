@@ -27,16 +27,14 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
     timeout ${TESTS_TIMEOUT:-170} python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/kernel 2>&1 \
       | tee "$OUT/tests_default.log" | tail -3
   fi
-  echo "=== tests under $ALSO_TUNING at $(($(date +%s) - t0)) s"
-  MEGAKERNEL_MK_TUNING=$ALSO_TUNING timeout ${ALSO_TIMEOUT:-110} python3 -m pytest -q -x -m gpu -p no:cacheprovider \
-    tests/kernel/test_gpu.py tests/kernel/test_gpu_north.py -k "tiny or long_splits or north or watchdog" 2>&1 \
-    | tee "$OUT/tests_also.log" | tail -3
-  if [ -n "${ALSO_TUNING_2:-}" ]; then
-    echo "=== tests under $ALSO_TUNING_2 at $(($(date +%s) - t0)) s"
-    MEGAKERNEL_MK_TUNING=$ALSO_TUNING_2 timeout ${ALSO_TIMEOUT:-110} python3 -m pytest -q -x -m gpu \
-      -p no:cacheprovider tests/kernel/test_gpu.py tests/kernel/test_gpu_north.py -k "tiny or long_splits or north or watchdog" \
-      2>&1 | tee "$OUT/tests_also2.log" | tail -3
-  fi
+  n=1                                   # (logs: tests_also.log, then tests_also2.log)
+  for tuning in "$ALSO_TUNING" ${ALSO_TUNING_2:+"$ALSO_TUNING_2"}; do
+    echo "=== tests under $tuning at $(($(date +%s) - t0)) s"
+    MEGAKERNEL_MK_TUNING=$tuning timeout ${ALSO_TIMEOUT:-110} python3 -m pytest -q -x -m gpu -p no:cacheprovider \
+      tests/kernel/test_gpu.py tests/kernel/test_gpu_north.py -k "tiny or long_splits or north or watchdog" 2>&1 \
+      | tee "$OUT/tests_also$([ $n = 1 ] || echo $n).log" | tail -3
+    n=$((n + 1))
+  done
 fi
 echo "=== variants at $(($(date +%s) - t0)) s"
 timeout ${VARIANTS_TIMEOUT:-200} python3 benchmarks/megakernel_variants.py --points "$POINTS" \

@@ -62,29 +62,37 @@ def test_poison_scratch_fills_every_buffer_before_each_launch():
     assert bool(logits.isnan().all())
 
 
+def _finish_with_error(tl, watchdog_s: float, **ctrl: int) -> None:
+    """MegakernelBackend._wait on a finished launch whose control block holds `ctrl` (CTRL_FIELDS names): it raises
+    what the host makes of the kernel's error."""
+    from megakernel.kernel.backend import MegakernelBackend
+
+    C = {n: i for i, n in enumerate(O.CTRL_FIELDS)}
+    sync = torch.zeros(O.CTRL_INTS + len(tl.targets) + 64, dtype=torch.int32)
+    for name, value in ctrl.items():
+        sync[C[name]] = value
+
+    class _Done:
+        def query(self) -> bool:
+            return True
+
+    fake = type("FakeBackend", (), {"watchdog_ns": int(watchdog_s * 1e9)})()
+    MegakernelBackend._wait(fake, _Done(), tl, sync)
+
+
 def test_shared_memory_error_names_the_task_and_both_sizes():
     """A task whose layout needs more shared memory than the launch gave stops the step with ERR_SMEM; the host
     turns the control block into an error naming the task, its opcode and both sizes (the check the kernel makes
     before any task touches shared memory)."""
     import pytest
 
-    from megakernel.kernel.backend import MegakernelBackend, MegakernelFailure
+    from megakernel.kernel.backend import MegakernelFailure
 
     si, tl = _task_list()
     task = int(np.flatnonzero(tl.records[:, O.R["op"]] == O.Op.ATTN)[0])
-    C = {n: i for i, n in enumerate(O.CTRL_FIELDS)}
-    sync = torch.zeros(O.CTRL_INTS + len(tl.targets) + 64, dtype=torch.int32)
-    sync[C["err_code"]], sync[C["err_task"]] = O.ERR_SMEM, task
-    sync[C["err_value"]], sync[C["err_target"]] = 240000, 232448
-
-    class _Done:
-        def query(self) -> bool:
-            return True
-
-    fake = type("FakeBackend", (), {"watchdog_ns": int(1e9)})()
     with pytest.raises(MegakernelFailure, match=rf"task {task} \(ATTN\) needs 240000 B of shared memory, the launch "
                                                 r"gave 232448 B"):
-        MegakernelBackend._wait(fake, _Done(), tl, sync)
+        _finish_with_error(tl, 1.0, err_code=O.ERR_SMEM, err_task=task, err_value=240000, err_target=232448)
 
 
 def test_stall_inside_the_paged_worker_names_the_wait():
@@ -92,20 +100,11 @@ def test_stall_inside_the_paged_worker_names_the_wait():
     with ERR_STALL; the host raises MegakernelHang naming the task, its block, the wait and its sequence number."""
     import pytest
 
-    from megakernel.kernel.backend import MegakernelBackend, MegakernelHang
+    from megakernel.kernel.backend import MegakernelHang
 
     si, tl = _task_list()
     task = int(np.flatnonzero(tl.records[:, O.R["op"]] == O.Op.MOE_WORKER)[0])
-    C = {n: i for i, n in enumerate(O.CTRL_FIELDS)}
-    sync = torch.zeros(O.CTRL_INTS + len(tl.targets) + 64, dtype=torch.int32)
-    sync[C["err_code"]], sync[C["err_task"]], sync[C["err_block"]] = O.ERR_STALL, task, 7
-    sync[C["err_value"]], sync[C["err_target"]] = list(O.STALL_WAITS).index("EMPTY"), 25
-
-    class _Done:
-        def query(self) -> bool:
-            return True
-
-    fake = type("FakeBackend", (), {"watchdog_ns": int(2e9)})()
     with pytest.raises(MegakernelHang, match=rf"task {task} \(MOE_WORKER, block 7\) stalled 2.0s inside the paged MoE "
                                              r"worker waiting for a ring page to free \(sequence 25\)"):
-        MegakernelBackend._wait(fake, _Done(), tl, sync)
+        _finish_with_error(tl, 2.0, err_code=O.ERR_STALL, err_task=task, err_block=7,
+                           err_value=list(O.STALL_WAITS).index("EMPTY"), err_target=25)

@@ -84,26 +84,34 @@ class World:
         self.done = [0] * self.slots
 
 
+def until(w: World, cond):
+    """A role's wait (pg_wait / pg_spin_until): yield until cond() holds; False if the step stopped first, when the
+    role returns (`if not (yield from until(...)): return`)."""
+    while not cond():
+        if w.stop:
+            return False
+        yield
+    return True
+
+
+def _ring_page(w: World, s: int):
+    """The loader's wait for sequence s's ring page: its previous lap's page freed."""
+    slot = s % w.npg
+    return (yield from until(w, lambda: s < w.npg or w.empty[slot].done((s // w.npg - 1) & 1)))
+
+
 def loader(w: World):
     s = 0
     for j, it in enumerate(w.items):
         q = j % w.slots
-        if j >= w.slots:
-            par = (j // w.slots - 1) & 1
-            while not w.free[q].done(par):
-                if w.stop:
-                    return
-                yield
+        if not (yield from until(w, lambda: j < w.slots or w.free[q].done((j // w.slots - 1) & 1))):
+            return
         w.item_of[q] = j
         w.seq[q] = j                                   # (after the description: the input warp)
         for p in range(it.pages):
             slot = s % w.npg
-            if s >= w.npg:
-                par = (s // w.npg - 1) & 1
-                while not w.empty[slot].done(par):
-                    if w.stop:
-                        return
-                    yield
+            if not (yield from _ring_page(w, s)):
+                return
             assert w.reading[slot] == 0, "the loader reuses a page a warp is reading"
             w.page[slot] = (q, p, s)
             w.full[slot].pending_tx = True
@@ -111,19 +119,13 @@ def loader(w: World):
             s += 1
             w.issued = s
             yield
-        while w.claim_late and w.inp[q] != j:
-            if w.stop:
-                return
-            yield
+        if not (yield from until(w, lambda: not w.claim_late or w.inp[q] == j)):
+            return
     w.n_items = len(w.items)
     for _ in range(w.nwc):
         slot = s % w.npg
-        if s >= w.npg:
-            par = (s // w.npg - 1) & 1
-            while not w.empty[slot].done(par):
-                if w.stop:
-                    return
-                yield
+        if not (yield from _ring_page(w, s)):
+            return
         w.page[slot] = (-1, 0, s)
         w.full[slot].complete()                        # an end marker: a plain arrive
         s += 1
@@ -140,10 +142,8 @@ def input_warp(w: World):
                 return
             yield
         it = w.items[w.item_of[q]]
-        while not all(d in w.finished for d in it.deps):   # a down item's gate/up counter
-            if w.stop:
-                return
-            yield
+        if not (yield from until(w, lambda: all(d in w.finished for d in it.deps))):   # its gate/up counter
+            return
         assert w.in_readers[q] == 0, "an input row overwritten while a warp reads it"
         w.inp[q] = j
         yield
@@ -155,20 +155,16 @@ def computing_warp(w: World, warp: int):
     while True:
         slot = s % w.npg
         par = (s // w.npg) & 1
-        while w.page[slot][2] != s or not w.full[slot].done(par):
-            if w.stop:
-                return
-            yield
+        if not (yield from until(w, lambda: w.page[slot][2] == s and w.full[slot].done(par))):
+            return
         q, p, _ = w.page[slot]
         if q < 0:
             if w.marker_frees:
                 w.empty[slot].complete()
             return
         j = w.item_of[q]
-        while w.inp[q] != j:
-            if w.stop:
-                return
-            yield
+        if not (yield from until(w, lambda: w.inp[q] == j)):
+            return
         assert w.data[slot] == s, f"page {s} read before its copy landed (holds {w.data[slot]})"
         w.reading[slot] += 1
         w.in_readers[q] += 1

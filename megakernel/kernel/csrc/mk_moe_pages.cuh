@@ -101,6 +101,18 @@ struct PgSpin {
     }
 };
 
+// Lane 0: spin until `flag` (another warp's) holds `value`; false if the step stopped first (`spin` names the wait
+// and keeps its watchdog clock). SLEEP: back off between polls (waits that may last an item's dependency).
+template <bool SLEEP>
+__device__ __forceinline__ bool pg_spin_until(const Params& P, PgState& G, int ticket, PgSpin& spin, const int& flag,
+                                              int value, int what, int seq) {
+    while (pg_ld(flag) != value) {
+        if (spin.leave(P, G, ticket, what, seq)) return false;
+        if (SLEEP) __nanosleep(32);
+    }
+    return true;
+}
+
 // One warp, uniformly: lane 0 waits for the phase of `parity` (or an abort), then every lane observes it (at once:
 // the phase cannot move on before this warp acts). Lanes must not leave a wait at different times: the warp's later
 // shuffles need every lane at the same instruction.
@@ -126,8 +138,7 @@ __device__ __forceinline__ bool pg_wait_page(const Params& P, PgState& G, int ti
     int ok = 1;
     if ((threadIdx.x & 31) == 0) {
         PgSpin spin;
-        while (pg_ld(G.page[slot][2]) != s)
-            if (spin.leave(P, G, ticket, STALL_PAGE, s)) { ok = 0; break; }
+        ok = pg_spin_until<false>(P, G, ticket, spin, G.page[slot][2], s, STALL_PAGE, s) ? 1 : 0;
         // (the number observed, then the barrier: what the loader waited for before writing it, the page's previous
         // phase, is visible to the parity test that follows)
         __threadfence_block();
@@ -338,8 +349,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                 int gone = 0;
                 if (lane == 0) {
                     PgSpin spin;
-                    while (pg_ld(G.in[q]) != j)
-                        if (spin.leave(P, G, ticket, STALL_CLAIM, j)) { gone = 1; break; }
+                    gone = pg_spin_until<false>(P, G, ticket, spin, G.in[q], j, STALL_CLAIM, j) ? 0 : 1;
                     if (!gone) nxt = atomicAdd(work, 1);
                 }
                 stop = __shfl_sync(0xffffffffu, gone, 0) != 0;
@@ -412,10 +422,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             int ok = 1;                       // the item's input row (lane 0 waits for the input warp's flag)
             if (lane == 0) {
                 PgSpin spin;
-                while (pg_ld(G.in[q]) != j) {
-                    if (spin.leave(P, G, ticket, STALL_INPUT, j)) { ok = 0; break; }
-                    __nanosleep(32);
-                }
+                ok = pg_spin_until<true>(P, G, ticket, spin, G.in[q], j, STALL_INPUT, j) ? 1 : 0;
             }
             ok = __shfl_sync(0xffffffffu, ok, 0);
             if (!ok) break;

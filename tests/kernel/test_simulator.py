@@ -181,15 +181,15 @@ def test_north_task_list_shape():
 
 def test_long_context_split_sizes_and_their_alignment():
     """Past MAX_SPLITS_PER_HEAD default splits a split grows to cover the range in at most that many: rounded up to 64
-    keys (the default; 576 at 128K, 1088 at 256K: half an attention chunk at the end) or to split_align (128: whole
+    keys (576 at 128K, 1088 at 256K: half an attention chunk at the end) or to split_align's default 128 (whole
     ATTN_CHUNKs, 640 and 1152); the count never exceeds the cap, and a bad alignment is refused."""
     from megakernel.config import north_mini_code_config
     from megakernel.kv.cache import KVLayout
 
     cfg = north_mini_code_config()
     layout = KVLayout.for_model(cfg, 64)
-    plain = ModelPlan(cfg, layout, max_batch=16, n_workers=132)
-    whole = ModelPlan(cfg, layout, max_batch=16, n_workers=132, split_align=128)
+    plain = ModelPlan(cfg, layout, max_batch=16, n_workers=132, split_align=64)
+    whole = ModelPlan(cfg, layout, max_batch=16, n_workers=132)
     for ctx, s64, s128 in ((131072 + 50, 576, 640), (262144 + 50, 1088, 1152), (8192, 512, 512)):
         assert plain.split_size(ctx) == s64 and whole.split_size(ctx) == s128
         assert math.ceil(ctx / s128) <= O.MAX_SPLITS_PER_HEAD and s128 % O.ATTN_CHUNK == 0

@@ -85,7 +85,7 @@ TUNING_KEYS = ("split_tokens", "attn_stages", "n_workers", "oproj_first", "qkv_b
                "claim_ahead", "router_tile_rows", "moe_claim_late", "o_after",
                "combine_parts", "worker_topk", "tile_kb", "topk_warp", "router_topk", "wide_split_batch",
                "short_splits", "fused_qkv", "moe_pages", "moe_pages_max", "split_align",
-               "moe_tile_kb", "moe_pages_claim_late", "l2_prefetch")
+               "moe_tile_kb", "moe_pages_claim_late")
 DEFAULT_TUNING = {"batch_tiles": 1}     # per-batch tilings: measured ahead (b1 8K 5.44 vs 5.52 ms), and the prefetch
                                         # and expert-ring layouts size their buffers by the launch's rows
 
@@ -432,7 +432,7 @@ class MegakernelBackend(DecodeBackend):
             wbuf=p.wbuf, moe_wbuf=p.moe_wbuf, lm_wbuf=p.lm_wbuf, claim_ahead=p.claim_ahead,
             moe_claim_late=p.moe_claim_late, topk_warp=p.topk_warp, o_items=p.o_items, o_after=p.o_after,
             o_rows=p.o_rows, c_comb=p.c_comb,
-            combine_parts=p.combine_parts, worker_topk=p.worker_topk, l2pf=p.l2_prefetch,
+            combine_parts=p.combine_parts, worker_topk=p.worker_topk,
             pg_n=p.pg_n, pg_in_off=p.pg_in_off, pg_in_bytes=p.pg_in_bytes, pg_out_off=p.pg_out_off,
             pg_out_rows=p.pg_out_rows, pg_state_off=p.pg_state_off, pg_claim_late=p.moe_pages_claim_late,
             n_pairs=p.n_pairs, r_stride=p.r_stride, r_slot_expert=p.r_slot_expert, r_slot_start=p.r_slot_start,

@@ -111,10 +111,8 @@ class Op(IntEnum):
 #   LM_HEAD      a0=first row, a1=rows, a2=index of its maxima, a3=rows per tile of a streaming run (0: one tile)
 #   ARGMAX       a0=number of LM-head tiles
 # sig: counter incremented (release) when the task is done (-1: none). Waits: (counter, target) pairs, -1 unused.
-# pf_part / pf_parts (the `l2_prefetch` plan knob; 0 / 0: none): once its wait is over, the task issues L2 prefetches
-# of part pf_part - 1 of pf_parts equal parts of a byte range its kind and layer name (L2PF_* below).
 REC_FIELDS = ("op", "layer", "a0", "a1", "a2", "a3", "sig", "w0c", "w0t", "w1c", "w1t", "w2c", "w2t",
-              "flags", "pf_part", "pf_parts")
+              "flags", "pad1", "pad2")
 REC_INTS = len(REC_FIELDS)
 MAX_WAITS = 3
 # flags of a QKV / ROUTER / MLP_GU record (the `fused_norm` plan knob): the tile computes its own input rows (the
@@ -122,14 +120,6 @@ MAX_WAITS = 3
 # next layer and one ROUTER tile the normed rows x the MoE items read.
 FLAG_FUSED_NORM, FLAG_WRITE_H, FLAG_WRITE_X = 1, 2, 4
 R = {name: i for i, name in enumerate(REC_FIELDS)}
-# Bits of the `l2_prefetch` plan knob (param l2pf): weights a task prefetches into L2 (cp.async.bulk.prefetch.L2) while
-# the HBM would otherwise idle, so their later loads hit L2. A layer's QKV tiles (after their wait: the layer's input
-# is ready, the routing has just begun) take equal parts of the layer's O projection, the next layer's QKV and its
-# router; a MoE layer's workers (once the routing is known) equal parts of its routed experts' gate/up and down.
-L2PF_O, L2PF_QKV_NEXT, L2PF_ROUTER_NEXT, L2PF_EVICT_LAST, L2PF_EXPERT_GU, L2PF_EXPERT_DOWN = 1, 2, 4, 8, 16, 32
-L2PF_STATIC = L2PF_O | L2PF_QKV_NEXT | L2PF_ROUTER_NEXT          # (the QKV tiles' share)
-L2PF_EXPERTS = L2PF_EXPERT_GU | L2PF_EXPERT_DOWN                  # (the workers')
-L2PF_PIECE = 64 * 1024       # bytes of one prefetch instruction at most
 
 # ---- control block (int32, zeroed before every step together with the counters) --------------------------------
 CTRL_FIELDS = ("ticket", "abort", "err_code", "err_task", "err_counter", "err_value", "err_target", "err_block",
@@ -186,8 +176,6 @@ PARAM_FIELDS = (
     "combine_parts",
     # 1: no TOPK tasks; every MoE worker routes its layer itself (ModelPlan.worker_topk)
     "worker_topk",
-    # the L2 prefetches' bits (ModelPlan.l2_prefetch, L2PF_*; 0: none)
-    "l2pf",
     # the paged MoE worker's layout (ModelPlan.moe_pages; pg_n = 0: the plain worker): pages at byte 0, then
     # PAGE_SLOTS input rows of pg_in_bytes from pg_in_off, then PAGE_SLOTS x pg_out_rows fp32 outputs from pg_out_off,
     # then its PgState (PAGE_STATE_BYTES) at pg_state_off; pg_claim_late: its loader claims the next item only once
@@ -272,9 +260,6 @@ def generate_header() -> str:
                   REC_INTS=REC_INTS, MAX_WAITS=MAX_WAITS, CTRL_INTS=CTRL_INTS, NUM_PARAMS=NUM_PARAMS,
                   LAYER_INFO_INTS=LAYER_INFO_INTS, WPTR_INTS=WPTR_INTS,
                   ERR_WATCHDOG=ERR_WATCHDOG, ERR_BAD_OPCODE=ERR_BAD_OPCODE, ERR_SMEM=ERR_SMEM, ERR_STALL=ERR_STALL,
-                  L2PF_O=L2PF_O, L2PF_QKV_NEXT=L2PF_QKV_NEXT, L2PF_ROUTER_NEXT=L2PF_ROUTER_NEXT,
-                  L2PF_EVICT_LAST=L2PF_EVICT_LAST, L2PF_EXPERT_GU=L2PF_EXPERT_GU, L2PF_EXPERT_DOWN=L2PF_EXPERT_DOWN,
-                  L2PF_PIECE=L2PF_PIECE,
                   FLAG_FUSED_NORM=FLAG_FUSED_NORM, FLAG_WRITE_H=FLAG_WRITE_H, FLAG_WRITE_X=FLAG_WRITE_X,
                   MLP_NONE=MLP_NONE, MLP_DENSE=MLP_DENSE, MLP_SHARED=MLP_SHARED,
                   NORM_RMS=NORM_RMS, NORM_LAYER=NORM_LAYER, SEL_SIGMOID=SEL_SIGMOID, SEL_SOFTMAX=SEL_SOFTMAX,

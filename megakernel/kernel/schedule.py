@@ -260,11 +260,6 @@ class ModelPlan:
                                          # streaming into free pages during that wait. Not yet measured
     moe_pages_max: int = 0               # > 0: the paged worker's ring has at most this many pages (tests: fewer
                                          # pages than computing warps, so pages and end markers wrap the ring)
-    l2_prefetch: int = 0                 # bits (opcodes.L2PF_*): weights pulled into L2 while the HBM idles during
-                                         # the routing (~15 us per layer at b1): 1 the layer's O projection, 2 the
-                                         # next layer's QKV, 4 its router (by the QKV tiles, once the layer's input
-                                         # is ready), 16 / 32 the routed experts' gate/up / down (by the workers,
-                                         # once the routing is known), 8 with an evict-last hint. Not yet measured
     prefetch: int = 0                    # 1: two GEMV weight buffers where they fit (prefetch_wbuf): each block
                                          # issues its next task's tile before it waits for and computes this one
                                          # (measured slower so far: SPEED_NOTES.md)
@@ -273,8 +268,6 @@ class ModelPlan:
         cfg = self.cfg
         if not 1 <= self.max_batch <= O.MAX_BATCH:
             raise ValueError(f"max_batch must be in 1..{O.MAX_BATCH}, got {self.max_batch}")
-        if not 0 <= self.l2_prefetch < 64:
-            raise ValueError(f"l2_prefetch={self.l2_prefetch}: want a sum of opcodes.L2PF_* bits (0..63)")
         if self.router_topk and self.worker_topk:
             raise ValueError("router_topk and worker_topk both replace the TOPK task: pick one")
         self.L = cfg.num_layers
@@ -616,8 +609,7 @@ def _records(op: int, layer, n: int = 1, sig=-1, waits=(), **args) -> np.ndarray
         rec[:, O.R[f"w{i}c"]] = c
         rec[:, O.R[f"w{i}t"]] = t
     rec[:, O.R["flags"]:] = 0
-    for k in ("flags", "pf_part", "pf_parts"):
-        rec[:, O.R[k]] = args.get(k, 0)
+    rec[:, O.R["flags"]] = args.get("flags", 0)
     return rec
 
 
@@ -771,12 +763,8 @@ def _template(plan: ModelPlan, B: int) -> tuple[list, dict[int, int], dict[int, 
             r0, nr, head = r0[order], nr[order], head[order]
         qkv_c = [ctr(l, plan.c_qkv + h, f"qkv (kv head {h})", int((head == h).sum())) for h in range(nkv)]
         # fused: the tile of row 0 writes the residual rows the next layer's tiles (and the final norm) read
-        # (l2_prefetch: once the layer's input is ready, each QKV tile prefetches its part of the layer's O
-        # projection and the next layer's QKV and router into L2, while the routing leaves the HBM idle)
-        pf = plan.l2_prefetch & O.L2PF_STATIC
         em.emit(Op.QKV, l, len(r0), sig=np.asarray(qkv_c, np.int32)[head], waits=x_waits, a0=r0, a1=nr,
-                flags=fl | np.where(fuse_qkv & (r0 == 0), O.FLAG_WRITE_H, 0),
-                pf_part=np.arange(1, len(r0) + 1) if pf else 0, pf_parts=len(r0) if pf else 0)
+                flags=fl | np.where(fuse_qkv & (r0 == 0), O.FLAG_WRITE_H, 0))
         if moe and not plan.router_first:
             route_wait = emit_routing()
         # 4. static MLP gate/up tiles
@@ -811,9 +799,7 @@ def _template(plan: ModelPlan, B: int) -> tuple[list, dict[int, int], dict[int, 
         mlp_target = 0
         c_mlp = l * cpl + plan.c_mlp
         if moe:
-            pf = plan.l2_prefetch & O.L2PF_EXPERTS     # (each worker prefetches its part of the routed experts)
-            em.emit(Op.MOE_WORKER, l, plan.n_workers, sig=c_mlp, waits=[route_wait] + norm_waits, a0=m,
-                    pf_part=np.arange(1, plan.n_workers + 1) if pf else 0, pf_parts=plan.n_workers if pf else 0)
+            em.emit(Op.MOE_WORKER, l, plan.n_workers, sig=c_mlp, waits=[route_wait] + norm_waits, a0=m)
             mlp_target += plan.n_workers
         # 8. static MLP down tiles
         if kind != O.MLP_NONE:

@@ -384,61 +384,6 @@ __device__ __forceinline__ const long long* layer_wptr(const Params& P, int l) {
 }
 __device__ __forceinline__ const int* step_in(const Params& P) { return PP(const int*, step); }
 
-// ---- L2 prefetches (the `l2_prefetch` plan knob, opcodes.L2PF_*) --------------------------------------------------
-// Weights a later load reads, pulled into L2 while the HBM would otherwise idle (the routing's ~15 us per layer at
-// batch 1). A prefetch writes nothing the kernel reads and completes on its own: no barrier, nothing to drain.
-__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes, bool evict_last) {
-    if (evict_last) {
-        unsigned long long pol;
-        asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
-        asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;\n" ::"l"(p), "r"(bytes), "l"(pol)
-                     : "memory");
-    } else {
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-    }
-}
-
-// Thread 0: part `part` of `parts` equal parts (multiples of 16 bytes) of the concatenation of n_seg segments,
-// seg(i, &bytes) giving segment i's base (16-byte aligned) and size (a multiple of 16), in L2_PIECE pieces.
-template <class Seg>
-__device__ __forceinline__ void l2_prefetch_part(int n_seg, Seg seg, unsigned long long total, int part, int parts,
-                                                 bool evict_last) {
-    const unsigned long long per = ((total + parts - 1) / parts + 15) & ~15ull;
-    const unsigned long long lo = per * part, hi = min(total, lo + per);
-    unsigned long long off = 0;
-    for (int i = 0; i < n_seg && off < hi; i++) {
-        unsigned long long nb;
-        const char* base = seg(i, &nb);
-        const unsigned long long a = max(lo, off), e = min(hi, off + nb);
-        for (unsigned long long x = a; x < e; x += MK_L2PF_PIECE)
-            prefetch_l2(base + (x - off), (unsigned)min(e - x, (unsigned long long)MK_L2PF_PIECE), evict_last);
-        off += nb;
-    }
-}
-
-// Thread 0 of a QKV tile of layer l (record fields pf_part, pf_parts), once the layer's input is ready: its part of
-// the layer's O projection, the next layer's QKV and router, as the plan's bits say.
-__device__ __noinline__ void l2_prefetch_static(const Params& P, int l, int part, int parts) {
-    const int mode = PI(l2pf), L = PI(L);
-    const unsigned long long H = PI(H), Q = (unsigned long long)PI(n_heads) * PI(head_dim);
-    const unsigned long long KVs = (unsigned long long)PI(n_kv) * PI(head_dim);
-    const long long* wp = layer_wptr(P, l);
-    const long long* wn = l + 1 < L ? layer_wptr(P, l + 1) : nullptr;
-    const char* base[3];
-    unsigned long long bytes[3], total = 0;
-    int n = 0;
-    if ((mode & MK_L2PF_O) && wp[WP_O]) { base[n] = reinterpret_cast<const char*>(wp[WP_O]); bytes[n++] = H * Q * 2; }
-    if ((mode & MK_L2PF_QKV_NEXT) && wn && wn[WP_QKV]) {
-        base[n] = reinterpret_cast<const char*>(wn[WP_QKV]); bytes[n++] = (Q + 2 * KVs) * H * 2;
-    }
-    if ((mode & MK_L2PF_ROUTER_NEXT) && wn && wn[WP_ROUTER]) {
-        base[n] = reinterpret_cast<const char*>(wn[WP_ROUTER]); bytes[n++] = (unsigned long long)PI(E) * H * 2;
-    }
-    for (int i = 0; i < n; i++) total += bytes[i];
-    l2_prefetch_part(n, [&](int i, unsigned long long* nb) { *nb = bytes[i]; return base[i]; }, total, part, parts,
-                     (mode & MK_L2PF_EVICT_LAST) != 0);
-}
-
 // Waits of the record (thread 0 spins; everyone gets the verdict).
 __device__ __forceinline__ bool wait_rec(const Params& P, const int* rec, int ticket) {
     int ok = 1;

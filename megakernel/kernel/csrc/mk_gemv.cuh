@@ -209,7 +209,6 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
     prefetch_next(P, buf ^ 1);
     if (!fused && threadIdx.x < B) s_xrow[threadIdx.x] = xin + (size_t)threadIdx.x * xpitch;
     if (!wait_rec(P, rec, ticket)) { drain_weights(); return false; }
-    if (threadIdx.x == 0 && rec[RF_PF_PART] > 0) l2_prefetch_static(P, l, rec[RF_PF_PART] - 1, rec[RF_PF_PARTS]);
     if (fused) {       // the rows' residual and norm straight into sX (the weights keep landing meanwhile)
         bf16* sX = reinterpret_cast<bf16*>(smem + sm_x(P, R, T.K));
 #if MK_SMALL_VEC >= 2

@@ -374,29 +374,6 @@ __device__ __forceinline__ void issue_item(const Params& P, const Tile& T, int b
 // the claim after the last item prefetches the block's next ticket instead. Claiming ahead keeps the induction of
 // schedule.py: items run in claim order, every gate/up item precedes every down item, so a worker never holds a
 // gate/up item behind the down item it is waiting on.
-// Thread 0 of a MoE worker (record fields pf_part, pf_parts), once its layer's routing is known: its part of the
-// routed experts' gate/up and down matrices, slot by slot, as the plan's L2PF_EXPERT_* bits say.
-__device__ __noinline__ void l2_prefetch_experts(const Params& P, const int* route, const bf16* egu, const bf16* edn,
-                                                 int n_active, int part, int parts) {
-    const int mode = PI(l2pf);
-    const unsigned long long HI = (unsigned long long)PI(H) * PI(I);
-    const int n_gu = (mode & MK_L2PF_EXPERT_GU) ? n_active : 0;
-    const int n_dn = (mode & MK_L2PF_EXPERT_DOWN) ? n_active : 0;
-    auto seg = [&](int i, unsigned long long* nb) -> const char* {
-        const bool down = i >= n_gu;
-        const int slot = down ? i - n_gu : i;
-#if MK_MOE_LOCAL
-        const int e = s_route_slot[slot] & 511;
-#else
-        const int e = ldcg_i(route + PI(r_slot_expert) + slot);
-#endif
-        *nb = (down ? 1 : 2) * HI * 2;
-        return down ? reinterpret_cast<const char*>(edn + (size_t)e * HI)
-                    : reinterpret_cast<const char*>(egu + (size_t)e * 2 * HI);
-    };
-    l2_prefetch_part(n_gu + n_dn, seg, (2 * n_gu + n_dn) * HI * 2, part, parts, (mode & MK_L2PF_EVICT_LAST) != 0);
-}
-
 __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
     if (!wait_rec(P, rec, ticket)) return false;
 #if MK_PROFILE
@@ -434,8 +411,6 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
     }
     const int n_active = s_w[0], n_items = s_w[1];
     const int n_gu = n_active * PI(gu_tiles);
-    if (threadIdx.x == 0 && rec[RF_PF_PART] > 0)   // (its routing is known: s_route_slot after the barrier above)
-        l2_prefetch_experts(P, route, egu, edn, n_active, rec[RF_PF_PART] - 1, rec[RF_PF_PARTS]);
     int* work = PP(int*, moe_work) + m;
 #if MK_MOE_LOCAL
     if (PI(pg_n) && PI(B) == 1) {            // the plan's paged layout (one input row)

@@ -194,76 +194,10 @@ __device__ __forceinline__ void gemv_core_b1(const bf16* sW, const bf16* sX, int
     group_sync<NWC>();
 }
 
-// One input row on tensor cores (MK_GEMV_B1=2): few instructions per weight byte and no shared-memory bank
-// conflict. Warp w takes K slice w (pairs of 32-element steps) of every 16-row block. The m16n8k16 MMAs use the
-// permuted k order of gemv_core (lane (g, t) loads 16 bytes at k offset 8t of a step and feeds words 0-1 to one MMA,
-// 2-3 to the other), and odd fragment rows g load the pair's steps in the other order: a quarter warp's lanes (rows
-// g = 2i, 2i + 1, 4096 bytes apart at K = 2048) then read 128 contiguous bank-bytes where they would read the same 64
-// twice. The B operand follows: column n = g holds x in row g's order, so even rows' dot products come out in
-// column 0 and odd rows' in column 1 (lane (g, 0)'s c[g & 1] and c[2 + (g & 1)]). x's slice sits in registers
-// (at most MAXP pairs per warp); the slices' sums meet in sRed and are added in slice order (deterministic).
-template <int MAXP, int NWC>
-__device__ __forceinline__ void gemv_core_b1mma(const bf16* sW, const bf16* sX, int R, int K) {
-    float* sRed = reinterpret_cast<float*>(smem + SM_RED);
-    float* sOut = reinterpret_cast<float*>(smem + SM_OUT);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, odd = g & 1;
-    const int pairs = K >> 6, p0 = (warp * pairs) / NWC, p1 = ((warp + 1) * pairs) / NWC, np = p1 - p0;
-    const int pitch = row_pitch(K);
-    // this lane's x: per pair, the step it loads first (s + odd) and second (s + 1 - odd), 8 elements at 8t each
-    uint4 X1[MAXP], X2[MAXP];
-#pragma unroll
-    for (int i = 0; i < MAXP; i++) {
-        const int s = np > 0 ? 2 * (p0 + min(i, np - 1)) : 0;     // (a warp without pairs: any valid step)
-        X1[i] = *reinterpret_cast<const uint4*>(sX + (s + odd) * 32 + 8 * t);
-        X2[i] = *reinterpret_cast<const uint4*>(sX + (s + 1 - odd) * 32 + 8 * t);
-    }
-    const int RB = (R + 15) >> 4;
-    for (int rb = 0; rb < RB; rb++) {
-        const bf16* wa = sW + (size_t)min(rb * 16 + g, R - 1) * pitch + 8 * t;
-        const bf16* wc = sW + (size_t)min(rb * 16 + g + 8, R - 1) * pitch + 8 * t;
-        float c[4] = {0.f, 0.f, 0.f, 0.f}, d[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int i = 0; i < MAXP; i++) {
-            if (i < np) {
-                const int s = 2 * (p0 + i);
-                const int k1 = (s + odd) * 32, k2 = (s + 1 - odd) * 32;
-                const uint4 A1 = *reinterpret_cast<const uint4*>(wa + k1);
-                const uint4 C1 = *reinterpret_cast<const uint4*>(wc + k1);
-                const uint4 A2 = *reinterpret_cast<const uint4*>(wa + k2);
-                const uint4 C2 = *reinterpret_cast<const uint4*>(wc + k2);
-                mma_bf16(c, A1.x, C1.x, A1.y, C1.y, X1[i].x, X1[i].y);
-                mma_bf16(d, A1.z, C1.z, A1.w, C1.w, X1[i].z, X1[i].w);
-                mma_bf16(c, A2.x, C2.x, A2.y, C2.y, X2[i].x, X2[i].y);
-                mma_bf16(d, A2.z, C2.z, A2.w, C2.w, X2[i].z, X2[i].w);
-            }
-        }
-        if (t == 0) {
-            const int r = rb * 16 + g;
-            sRed[warp * MK_MAX_TILE_ROWS + r] = (odd ? c[1] : c[0]) + (odd ? d[1] : d[0]);
-            if (r + 8 < R) sRed[warp * MK_MAX_TILE_ROWS + r + 8] = (odd ? c[3] : c[2]) + (odd ? d[3] : d[2]);
-        }
-    }
-    group_sync<NWC>();
-    for (int r = threadIdx.x; r < R; r += NWC * 32) {
-        float sum = 0.f;
-        for (int k = 0; k < NWC; k++) sum += sRed[k * MK_MAX_TILE_ROWS + r];
-        sOut[r * MB] = sum;
-    }
-    group_sync<NWC>();
-}
-
 // One input row on all NW warps: the K slicing and the instantiation for the slice's chunks per lane; a K too long
 // for 16 slices of 4 chunks per lane, or a warp count that is not NW, takes the loop above.
 template <int NWC>
 __device__ __forceinline__ void gemv_one_row(const bf16* sW, const bf16* sX, int R, int K) {
-#if MK_GEMV_B1 == 2
-    // (a warp's pairs of 32-element steps: at most 4 in registers, so K <= 128 * NWC; R within sRed's rows)
-    if (K % 64 == 0 && (K >> 6) <= 4 * NWC && R <= MK_MAX_TILE_ROWS && NWC * MK_MAX_TILE_ROWS <= MK_GEMV_RED_FLOATS) {
-        if ((K >> 6) <= 2 * NWC) gemv_core_b1mma<2, NWC>(sW, sX, R, K);
-        else gemv_core_b1mma<4, NWC>(sW, sX, R, K);
-        return;
-    }
-#endif
 #if MK_GEMV_B1
     if constexpr (NWC == NW) {
         const int KC = K >> 3;

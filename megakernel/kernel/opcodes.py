@@ -225,6 +225,9 @@ PROF_MARKS = {
                      "a second, warm pass (MK_REPEAT_SMALL=2)"),
     "MOE_GATE_UP": ("next item claimed", "next tile issued (two buffers)", "inputs loaded"),
     "MOE_DOWN": ("next item claimed", "next tile issued (two buffers)", "inputs loaded"),
+    # (the paged worker only: its roles' exits, to place its tail after its last item)
+    "MOE_WORKER": ("an item's epilogue written (the last one's)", "input warp done", "end markers placed",
+                   "every role done (barrier)"),
 }
 
 # ---- per-layer info (int32) and weight pointers (int64) ------------------------------------------------------------

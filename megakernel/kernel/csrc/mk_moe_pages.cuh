@@ -77,6 +77,14 @@ __device__ __forceinline__ void pg_prof_item(const Params& P, PgState& G, int l,
 
 enum { PG_GU = 0, PG_DN = 1, PG_O = 2 };
 
+// (MK_PROFILE) mark k of the worker's task record (opcodes.PROF_MARKS["MOE_WORKER"]), stamped by whichever thread
+// gets there: where a worker's time goes between its last item and its signal.
+__device__ __forceinline__ void pg_mark(int k) {
+#if MK_PROFILE
+    s_pmark[k] = prof_now();
+#endif
+}
+
 // Lane 0 of a spinning warp: whether to leave its spin. Every wait in the worker is on another warp of this block or
 // on a copy, so a protocol bug would spin forever where a counter wait times out: every 1024 polls the spin also reads
 // the step's abort flag (another block's watchdog) and its clock, and past the watchdog it records ERR_STALL (which
@@ -372,7 +380,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             if (lane == 0) { G.page[slot][0] = -1; ((volatile int*)G.page[slot])[2] = s; mbar_arrive(&G.full[slot]); }
             s++;
         }
-        if (lane == 0) G.issued = s;          // (also after a failed wait: what has been issued must land)
+        if (lane == 0) { G.issued = s; pg_mark(2); }   // (also after a failed wait: what was issued must land)
         if (stop && lane == 0) ((volatile int*)&G.stop)[0] = 1;
     } else if (warp == PG_INPUT_WARP) {       // ---- the input warp ----
         for (int j = 0;; j++) {
@@ -389,7 +397,10 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                 }
             }
             st = __shfl_sync(0xffffffffu, st, 0);
-            if (st != 1) break;
+            if (st != 1) {
+                if (lane == 0) pg_mark(1);
+                break;
+            }
             pg_acquired();                    // (the description after its sequence number)
             const bool ok = pg_load_inputs(P, G, ticket, l, m, route, q);
             __syncwarp();
@@ -451,11 +462,12 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
 #if MK_PROFILE
                 if (lane == 0) pg_prof_item(P, G, l, m, q);
 #endif
-                if (lane == 0) { G.done[q] = 0; mbar_arrive(&G.free_[q]); }
+                if (lane == 0) { G.done[q] = 0; mbar_arrive(&G.free_[q]); pg_mark(0); }
             }
         }
     }
     __syncthreads();
+    if (threadIdx.x == 0) pg_mark(3);
     // every copy issued has landed before the ring's memory is anyone else's (an aborted worker's pages included)
     const bool ok = !G.stop;
     __syncthreads();

@@ -382,6 +382,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
         }
         if (lane == 0) { G.issued = s; pg_mark(2); }   // (also after a failed wait: what was issued must land)
         if (stop && lane == 0) ((volatile int*)&G.stop)[0] = 1;
+        __syncwarp();                         // (each role's warp meets the block barrier below converged)
     } else if (warp == PG_INPUT_WARP) {       // ---- the input warp ----
         for (int j = 0;; j++) {
             const int q = j % MK_PAGE_SLOTS;
@@ -416,6 +417,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                 ((volatile int*)G.in)[q] = j;
             }
         }
+        __syncwarp();
     } else {                                  // ---- the computing warps ----
         for (int s = warp;; s += PG_NWC) {
             const int slot = s % npg;
@@ -465,6 +467,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                 if (lane == 0) { G.done[q] = 0; mbar_arrive(&G.free_[q]); pg_mark(0); }
             }
         }
+        __syncwarp();
     }
     __syncthreads();
     if (threadIdx.x == 0) pg_mark(3);

@@ -226,8 +226,8 @@ PROF_MARKS = {
     "MOE_GATE_UP": ("next item claimed", "next tile issued (two buffers)", "inputs loaded"),
     "MOE_DOWN": ("next item claimed", "next tile issued (two buffers)", "inputs loaded"),
     # (the paged worker only: its roles' exits, to place its tail after its last item)
-    "MOE_WORKER": ("an item's epilogue written (the last one's)", "input warp done", "end markers placed",
-                   "every role done (barrier)"),
+    "MOE_WORKER": ("paged worker entered", "its barriers set up", "its first item decoded (loader)",
+                   "every role done (closing barrier)"),
 }
 
 # ---- per-layer info (int32) and weight pointers (int64) ------------------------------------------------------------

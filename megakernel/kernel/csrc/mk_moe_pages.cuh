@@ -78,7 +78,7 @@ __device__ __forceinline__ void pg_prof_item(const Params& P, PgState& G, int l,
 enum { PG_GU = 0, PG_DN = 1, PG_O = 2 };
 
 // (MK_PROFILE) mark k of the worker's task record (opcodes.PROF_MARKS["MOE_WORKER"]), stamped by whichever thread
-// gets there: where a worker's time goes between its last item and its signal.
+// gets there: where a worker's time goes before its first item and after its closing barrier.
 __device__ __forceinline__ void pg_mark(int k) {
 #if MK_PROFILE
     s_pmark[k] = prof_now();
@@ -284,6 +284,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
     if (!smem_fits(P, (size_t)PI(pg_state_off) + sizeof(PgState), ticket)) return false;
     PgState& G = pg_state(P);
     if (threadIdx.x == 0) {
+        pg_mark(0);
         for (int i = 0; i < npg; i++) {
             mbar_init(&G.full[i], 1);
             mbar_init(&G.empty[i], 1);
@@ -299,6 +300,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
         fence_mbar_init();
     }
     __syncthreads();
+    if (threadIdx.x == 0) pg_mark(1);
     if (warp == PG_LOADER_WARP) {             // ---- the loader ----
         const unsigned long long pol = l2_evict_first();
         int item = first_item, j = 0, s = 0;
@@ -321,6 +323,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                 mt[4] = it.st; mt[5] = it.r0; mt[6] = it.nr; mt[7] = K; mt[8] = pages; mt[9] = n0; mt[10] = item;
 #if MK_PROFILE
                 G.stamp[q][0] = prof_now();
+                if (j == 0) pg_mark(2);
 #endif
                 __threadfence_block();        // the description before its sequence number (the input warp)
                 ((volatile int*)G.seq)[q] = j;
@@ -380,7 +383,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             if (lane == 0) { G.page[slot][0] = -1; ((volatile int*)G.page[slot])[2] = s; mbar_arrive(&G.full[slot]); }
             s++;
         }
-        if (lane == 0) { G.issued = s; pg_mark(2); }   // (also after a failed wait: what was issued must land)
+        if (lane == 0) G.issued = s;          // (also after a failed wait: what has been issued must land)
         if (stop && lane == 0) ((volatile int*)&G.stop)[0] = 1;
         __syncwarp();                         // (each role's warp meets the block barrier below converged)
     } else if (warp == PG_INPUT_WARP) {       // ---- the input warp ----
@@ -398,10 +401,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                 }
             }
             st = __shfl_sync(0xffffffffu, st, 0);
-            if (st != 1) {
-                if (lane == 0) pg_mark(1);
-                break;
-            }
+            if (st != 1) break;
             pg_acquired();                    // (the description after its sequence number)
             const bool ok = pg_load_inputs(P, G, ticket, l, m, route, q);
             __syncwarp();
@@ -464,7 +464,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
 #if MK_PROFILE
                 if (lane == 0) pg_prof_item(P, G, l, m, q);
 #endif
-                if (lane == 0) { G.done[q] = 0; mbar_arrive(&G.free_[q]); pg_mark(0); }
+                if (lane == 0) { G.done[q] = 0; mbar_arrive(&G.free_[q]); }
             }
         }
         __syncwarp();

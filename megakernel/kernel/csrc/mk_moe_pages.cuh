@@ -49,7 +49,6 @@ struct PgState {
     int issued;                                // pages (and end markers) the loader issued
 };
 static_assert(sizeof(PgState) <= MK_PAGE_STATE_BYTES, "opcodes.PAGE_STATE_BYTES is too small for PgState");
-static_assert(MK_PAGE_MAX <= NW && MK_PAGE_SLOTS <= NW, "a warp per page and per item slot sets up their barriers");
 
 __device__ __forceinline__ PgState& pg_state(const Params& P) {
     return *reinterpret_cast<PgState*>(smem + PI(pg_state_off));
@@ -285,18 +284,19 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
     if (!smem_fits(P, (size_t)PI(pg_state_off) + sizeof(PgState), ticket)) return false;
     PgState& G = pg_state(P);
     if (threadIdx.x == 0) pg_mark(0);
-    // Lane 0 of warp w sets up page w's barriers and item slot w's, in parallel across warps: by thread 0 alone the
-    // 27 inits (and at the end the 27 invalidations) ran in series, and the trace put ~2.4 us between a paged
-    // worker's wait and its first item (1.3 for the plain worker) and ~2.6 us after its closing barrier
+    // Lane 0 of warp w sets up the barriers of pages w, w + NW, ... and of item slots w, w + NW, ..., in parallel
+    // across warps: by thread 0 alone the 27 inits (and at the end the 27 invalidations) ran in series, and the
+    // trace put ~2.4 us between a paged worker's wait and its first item (1.3 for the plain worker) and ~2.6 us after
+    // its closing barrier
     if (lane == 0) {
-        if (warp < npg) {
-            mbar_init(&G.full[warp], 1);
-            mbar_init(&G.empty[warp], 1);
-            G.page[warp][2] = -1;
+        for (int i = warp; i < npg; i += NW) {
+            mbar_init(&G.full[i], 1);
+            mbar_init(&G.empty[i], 1);
+            G.page[i][2] = -1;
         }
-        if (warp < MK_PAGE_SLOTS) {
-            mbar_init(&G.free_[warp], 1);
-            G.seq[warp] = -1; G.in[warp] = -1; G.done[warp] = 0;
+        for (int q = warp; q < MK_PAGE_SLOTS; q += NW) {
+            mbar_init(&G.free_[q], 1);
+            G.seq[q] = -1; G.in[q] = -1; G.done[q] = 0;
         }
         if (warp == 0) { G.n_items = -1; G.stop = 0; G.issued = 0; }
         fence_mbar_init();
@@ -476,17 +476,17 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
     // every copy issued has landed before the ring's memory is anyone else's (an aborted worker's pages included)
     const bool ok = !G.stop;
     __syncthreads();
-    if (lane == 0) {                          // (warp w: page w's last phase, then its barriers, as set up above)
+    if (lane == 0) {                          // (each page's last phase, then its barriers, by the warp that set them up)
         const int S = G.issued;
-        if (warp < npg) {
-            if (S > warp) {                   // page w's last sequence number: the largest s < S with s % npg == w
-                const int s = warp + npg * ((S - 1 - warp) / npg);
-                mbar_wait(&G.full[warp], (s / npg) & 1);
+        for (int i = warp; i < npg; i += NW) {
+            if (S > i) {                      // page i's last sequence number: the largest s < S with s % npg == i
+                const int s = i + npg * ((S - 1 - i) / npg);
+                mbar_wait(&G.full[i], (s / npg) & 1);
             }
-            mbar_inval(&G.full[warp]);
-            mbar_inval(&G.empty[warp]);
+            mbar_inval(&G.full[i]);
+            mbar_inval(&G.empty[i]);
         }
-        if (warp < MK_PAGE_SLOTS) mbar_inval(&G.free_[warp]);
+        for (int q = warp; q < MK_PAGE_SLOTS; q += NW) mbar_inval(&G.free_[q]);
     }
     __syncthreads();
     return ok;

@@ -225,7 +225,7 @@ PROF_MARKS = {
                      "a second, warm pass (MK_REPEAT_SMALL=2)"),
     "MOE_GATE_UP": ("next item claimed", "next tile issued (two buffers)", "inputs loaded"),
     "MOE_DOWN": ("next item claimed", "next tile issued (two buffers)", "inputs loaded"),
-    # (the paged worker only: its roles' exits, to place its tail after its last item)
+    # (the paged worker only: where its time goes before its first item and after its closing barrier)
     "MOE_WORKER": ("paged worker entered", "its barriers set up", "its first item decoded (loader)",
                    "every role done (closing barrier)"),
 }

@@ -285,9 +285,9 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
     PgState& G = pg_state(P);
     if (threadIdx.x == 0) pg_mark(0);
     // Lane 0 of warp w sets up the barriers of pages w, w + NW, ... and of item slots w, w + NW, ..., in parallel
-    // across warps: by thread 0 alone the 27 inits (and at the end the 27 invalidations) ran in series, and the
-    // trace put ~2.4 us between a paged worker's wait and its first item (1.3 for the plain worker) and ~2.6 us after
-    // its closing barrier
+    // across warps: by thread 0 alone the inits (and at the end the invalidations; 27 each at 12 pages) ran in series,
+    // and the trace put ~3.7 us between a paged worker's wait and its first item (1.3 for the plain worker) and ~2.6
+    // us after its closing barrier
     if (lane == 0) {
         for (int i = warp; i < npg; i += NW) {
             mbar_init(&G.full[i], 1);

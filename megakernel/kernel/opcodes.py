@@ -58,6 +58,8 @@ DEFAULT_ATTN_STAGES = 2
 ATTN_MAX_GROUP = 8           # query heads per kv head the attention's 16-row MMA tile serves (rows 8-15 pad)
 ATTN_MAX_HEAD_DIM = 128      # head_dim of the tensor-core attention, at most (a multiple of 16)
 ATTN_OUT_PER_THREAD = 4      # (query heads per kv head) * head_dim <= NUM_THREADS * this
+ATTN_TABLE_SLOTS = 512       # KV blocks of one attention split at most: attention reads their block-table entries
+                             # into shared memory up front (step_inputs checks a step's splits fit)
 MAX_HEAD_DIM = 256
 MAX_GROUP = 16               # query heads per kv head
 MAX_EXPERTS = 256
@@ -257,6 +259,7 @@ def generate_header() -> str:
                   GEMV_RED_FLOATS=GEMV_RED_FLOATS,
                   ATTN_CHUNK=ATTN_CHUNK, ATTN_WARPS=ATTN_WARPS, ATTN_MAX_STAGES=ATTN_MAX_STAGES,
                   ATTN_MAX_GROUP=ATTN_MAX_GROUP, ATTN_MAX_HEAD_DIM=ATTN_MAX_HEAD_DIM, ATTN_OUT_PER_THREAD=ATTN_OUT_PER_THREAD,
+                  ATTN_TABLE_SLOTS=ATTN_TABLE_SLOTS,
                   MAX_HEAD_DIM=MAX_HEAD_DIM, MAX_GROUP=MAX_GROUP, MAX_EXPERTS=MAX_EXPERTS, MAX_TOPK=MAX_TOPK,
                   MAX_PAIRS=MAX_PAIRS, MAX_SLOTS=MAX_SLOTS, SMEM_RESERVE=SMEM_RESERVE,
                   SWZ_BOX_ROWS=SWZ_BOX_ROWS, SWZ_ALIGN=SWZ_ALIGN, SWZ_X_PAD=SWZ_X_PAD, TMAP_BYTES=TMAP_BYTES,

@@ -92,8 +92,9 @@ def gemv_smem_bytes(K: int, rows: int, max_batch: int, elt: int = 2) -> int:
 
 def attn_smem_bytes(d: int, g: int) -> int:
     """Shared memory of one ATTN task (`task_attn`): a ring of ATTN_MAX_STAGES chunks of K and of V (rows padded by
-    8 elements) and q in bf16; after the key loop the ring holds each computing warp's partial output, max and sum."""
-    ring = O.ATTN_MAX_STAGES * 2 * O.ATTN_CHUNK * (d + 8) * 2 + g * d * 2
+    8 elements), q in bf16 and the split's block-table entries; after the key loop the ring holds each computing
+    warp's partial output, max and sum."""
+    ring = O.ATTN_MAX_STAGES * 2 * O.ATTN_CHUNK * (d + 8) * 2 + g * d * 2 + O.ATTN_TABLE_SLOTS * 4
     merge = O.ATTN_WARPS * g * d * 4 + 2 * O.ATTN_WARPS * O.ATTN_MAX_GROUP * 4
     return max(ring, merge)
 
@@ -569,6 +570,9 @@ def step_inputs(plan: ModelPlan, input_ids: list[int], positions: list[int],
     ranges = pos[:, None] + 1 - los
     S = plan.split_size(int(ranges.max()), B)
     nsplit = ((ranges + S - 1) // S).astype(np.int32)
+    if S // bs + 2 > O.ATTN_TABLE_SLOTS:
+        raise ValueError(f"attention splits of {S} keys over {bs}-token KV blocks span up to {S // bs + 2} blocks; "
+                         f"the kernel holds {O.ATTN_TABLE_SLOTS} (use larger KV blocks or a smaller split_tokens)")
     step = np.zeros(2 * Bm + 2 * Bm * G, dtype=np.int32)
     step[:B] = input_ids
     step[Bm:Bm + B] = positions

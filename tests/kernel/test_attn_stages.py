@@ -27,7 +27,7 @@ def test_three_stage_plans_fit_and_the_header_carries_them():
         assert O.ATTN_MAX_STAGES == 3 and "MK_ATTN_MAX_STAGES 3" in O.generate_header()
         cfg = north_mini_code_config()
         layout = KVLayout.for_model(cfg, 64)
-        assert attn_smem_bytes(128, 8) == 3 * 2 * 128 * 136 * 2 + 8 * 128 * 2
+        assert attn_smem_bytes(128, 8) == 3 * 2 * 128 * 136 * 2 + 8 * 128 * 2 + O.ATTN_TABLE_SLOTS * 4
         for p in tiling_plans(cfg, layout, 16, True, n_workers=132, attn_stages=3):
             p.check_supported()
             assert p.attn_stages == 3 and attn_smem_bytes(p.d, p.g) <= p.smem_bytes()

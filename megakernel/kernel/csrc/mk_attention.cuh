@@ -46,6 +46,23 @@ __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
     return *reinterpret_cast<const unsigned*>(&v);
 }
 
+#if MK_ATTN_BULK
+// The attention ring's mbarriers (one per stage) and their phases (bit st: the parity of stage st's next
+// completion), kept across tasks: initialised once per launch (init_attention_ring), every copy waited for before
+// its task ends, so each barrier's phase is known at the next attention task's start.
+__shared__ __align__(8) unsigned long long s_abar[AST];
+__shared__ unsigned s_aphase;
+
+// Thread 0, once per launch before the first barrier.
+__device__ __forceinline__ void init_attention_ring() {
+    for (int st = 0; st < AST; st++) mbar_init(&s_abar[st], 1);
+    s_aphase = 0;
+    fence_mbar_init();
+}
+#else
+__device__ __forceinline__ void init_attention_ring() {}
+#endif
+
 // KS = head_dim / 16: the MMA k-steps of Q K^T and the 16-dim pairs of P V, fixed per instantiation.
 template <int KS>
 __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ticket) {
@@ -62,20 +79,69 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
     bf16* sK = reinterpret_cast<bf16*>(smem);
     bf16* sV = sK + AST * CH * rowp;
     const float scale = PF(attn_scale);
-    const size_t ring = (size_t)2 * AST * CH * rowp * 2 + (size_t)gq * d * 2;
+    const size_t ring = (size_t)2 * AST * CH * rowp * 2 + (size_t)gq * d * 2 + MK_ATTN_TABLE_SLOTS * 4;
     const size_t merge = (size_t)AWARPS * gq * d * 4 + (size_t)2 * AWARPS * MK_ATTN_MAX_GROUP * 4;
     if (!smem_fits(P, ring > merge ? ring : merge, ticket)) return false;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t4 = lane & 3;     // MMA fragment coordinates: row group and thread in group
 
+    // The split's block-table entries, read once (one L2 round trip for all of them) instead of per chunk segment
+    // (kv_slot: two dependent global loads in front of each segment's copies). step_inputs keeps a split's blocks
+    // within MK_ATTN_TABLE_SLOTS.
+    bf16* sQ = sV + AST * CH * rowp;           // [gq][d], after the ring
+    int* sBlk = reinterpret_cast<int*>(sQ + gq * d);
+    const int blk0 = k0 / bs, nblk = k1 > k0 ? (k1 - 1) / bs - blk0 + 1 : 0;
+    if (nblk > MK_ATTN_TABLE_SLOTS) {
+        if (threadIdx.x == 0) record_error(P, MK_ERR_SMEM, ticket, -1, nblk, MK_ATTN_TABLE_SLOTS);
+        return false;
+    }
+    {
+        const int* tab = PP(const int*, tables) + kv_table_off(P, grp, s) + blk0;
+        for (int i = threadIdx.x; i < nblk; i += NT) sBlk[i] = tab[i];
+        __syncthreads();
+    }
+    const bf16* kv_base = kv_layer_base(P, grp, lig) + kvh * d;
+    auto key_row = [&](int ts) -> const bf16* {     // key ts's K row of this kv head (V: bs * KVs further)
+        return kv_base + ((size_t)sBlk[ts / bs - blk0] * 2 * bs + ts % bs) * KVs;
+    };
+
     auto chunk_len = [&](int t0) { return min(k1 - t0, CH); };
+#if MK_ATTN_BULK
+    // Keys t0 .. t0+n-1 into `stage`: one bulk copy (TMA) per K row and per V row, spread over the block's threads,
+    // completing on the stage's mbarrier (thread 0 arms it with the chunk's bytes; copies that land before the arm
+    // only take the count below zero, and the phase cannot complete before thread 0's arrival). 16-byte cp.async
+    // held an SM's attention to ~10 GB/s under the expert streams (the bulk copies' SMs get ~30). V rows n .. n+15
+    // of a short chunk are zeroed (P is 0 there, but stale shared memory could hold NaN bit patterns).
+    unsigned ph = s_aphase;                    // bit st: the parity of stage st's next completion
+    auto load_chunk = [&](int t0, int n, int stage) {
+        unsigned long long* bar = &s_abar[stage];
+        if (threadIdx.x == 0) mbar_expect_tx(bar, (unsigned)(2 * n * d * 2));
+        fence_proxy_async();                   // this stage's earlier generic reads (before the last barrier) first
+        for (int i = threadIdx.x; i < 2 * n; i += NT) {
+            const bool v = i >= n;
+            const int r = v ? i - n : i;
+            const bf16* src = key_row(t0 + r) + (v ? (size_t)bs * KVs : 0);
+            bulk_load((v ? sV : sK) + (size_t)(stage * CH + r) * rowp, src, (unsigned)d * 2, bar, l2_evict_first());
+        }
+        const int per = d >> 3, pad = min(CH, (n + 15) / 16 * 16) - n;
+        for (int u = threadIdx.x; u < pad * per; u += NT) {
+            const int r = n + u / per, c = u % per;
+            *reinterpret_cast<uint4*>(sV + (size_t)(stage * CH + r) * rowp + c * 8) = make_uint4(0, 0, 0, 0);
+        }
+    };
+    auto wait_chunk = [&](int c) {             // every thread: chunk c's copies landed
+        const int st = c % nst;
+        mbar_wait(&s_abar[st], (ph >> st) & 1u);
+        ph ^= 1u << st;
+    };
+#else
     // Keys t0 .. t0+n-1 into `stage`, one KV block segment at a time; V rows n .. n+15 of a short chunk are zeroed
     // (P is 0 there, but stale shared memory could hold NaN bit patterns and 0 * NaN is NaN).
     auto load_chunk = [&](int t0, int n, int stage) {
         const int per = d >> 3;
         for (int t = 0; t < n;) {
             const int ts = t0 + t, len = min(n - t, bs - ts % bs);
-            const bf16* kb = kv_slot(P, grp, lig, s, ts) + kvh * d;
+            const bf16* kb = key_row(ts);
             const bf16* vb = kb + (size_t)bs * KVs;
             for (int u = threadIdx.x; u < len * per; u += NT) {
                 const int r = u / per, c = u - r * per;
@@ -91,6 +157,7 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
         }
         cp_async_commit();                     // every thread commits: the group counts stay uniform
     };
+#endif
     int t_issue = k0, n_issued = 0;            // the next chunk to load, and how many were issued
     auto issue_next = [&]() {
         const int n = chunk_len(t_issue);
@@ -102,11 +169,21 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
     while (n_issued < nst - 1 && t_issue < k1 && t_issue + chunk_len(t_issue) <= p) issue_next();
     const bool pre = n_issued > 0;
     if (pre) prof_mark(PS_ISSUED);
+#if MK_ATTN_BULK
+    if (!wait_rec(P, rec, ticket)) {           // no copy may outlive the task: wait for the ones issued
+        for (int c2 = 0; c2 < n_issued; c2++) wait_chunk(c2);
+        if (threadIdx.x == 0) s_aphase = ph;
+        return false;
+    }
+    // this step's own keys (position p) were written by the QKV tiles' generic stores: order them (acquired by the
+    // wait) before the bulk copies' async-proxy reads
+    fence_proxy_async_global();
+#else
     if (!wait_rec(P, rec, ticket)) { cp_async_wait_all(); return false; }
+#endif
     while (n_issued < nst - 1 && t_issue < k1) issue_next();
     if (!pre) prof_mark(PS_ISSUED);
     // Q of the kv head's query heads, bf16 [gq][d], after the ring: row g of the MMA's A operand
-    bf16* sQ = sV + AST * CH * rowp;
     const bf16* qg = PP(const bf16*, q) + ((size_t)l * Bm + s) * Q + (size_t)kvh * gq * d;
     for (int i = threadIdx.x; i < gq * d / 2; i += NT)
         reinterpret_cast<unsigned*>(sQ)[i] = __ldcg(reinterpret_cast<const unsigned*>(qg) + i);
@@ -119,7 +196,11 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
         const int n = chunk_len(t0), stage = c % nst;
         // the next chunk goes into the stage chunk c - 1 used: every thread left it at the barrier ending c - 1
         if (t_issue < k1) issue_next();
+#if MK_ATTN_BULK
+        wait_chunk(c);
+#else
         cp_async_wait_pending(n_issued - c - 1);
+#endif
         __syncthreads();
         if (c == 0) prof_mark(PS_LANDED);      // the first chunk of K/V is in shared memory
         const int kb = warp * 16;              // this warp's slice of the chunk
@@ -200,6 +281,9 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
         po[i] = acc / L;
         if (dd == 0) PP(float*, part_lse)[(size_t)(pbase + j) * gq + h] = M + logf(L);
     }
+#if MK_ATTN_BULK
+    if (threadIdx.x == 0) s_aphase = ph;
+#endif
     task_signal(P, rec[RF_SIG]);
     return true;
 }

@@ -97,6 +97,13 @@ typedef __nv_bfloat16 bf16;
 #define MK_POLL_OVERLAP 0
 #endif
 
+// MK_ATTN_BULK: attention's K/V chunks by one bulk copy (TMA) per 256-byte K or V row, completing on an mbarrier per
+// ring stage (1), or by 16-byte cp.async from every thread (0: ~10 GB/s per SM while the expert tiles' bulk copies
+// stream, against their ~30: tl_b1 traces, 2036 ATTN tasks per step at 10.5 GB/s per SM).
+#ifndef MK_ATTN_BULK
+#define MK_ATTN_BULK 1
+#endif
+
 // MK_REPEAT_SMALL: an experiment, not a speed-up. The NORM, TOPK and attention-combine tasks run their (idempotent)
 // work this many times before they signal: the second run finds the task's code in the SM's instruction cache, so a trace of the build
 // with 2 against the default's 1 measures how much of a single-block task's ~5-10 us is its first, cold pass.
@@ -151,6 +158,8 @@ __device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned coun
 __device__ __forceinline__ void fence_mbar_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
 // orders this thread's earlier generic-proxy shared-memory accesses before later async-proxy (bulk copy) writes
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// orders the generic-proxy global writes this thread observed (through an acquire) before its later bulk copies' reads
+__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 __device__ __forceinline__ void mbar_expect_tx(unsigned long long* bar, unsigned bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
 }
@@ -397,17 +406,28 @@ __device__ __forceinline__ bool wait_rec(const Params& P, const int* rec, int ti
     return __syncthreads_and(ok) != 0;
 }
 
-// Slot of sequence s's token at key position kp in group g: pointer to its K row (V is bs*KVs further).
-__device__ __forceinline__ bf16* kv_slot(const Params& P, int g, int lig, int s, int kp) {
-    const int Bm = PI(Bm), G = PI(n_groups), bs = PI(block_size);
-    const int KVs = PI(n_kv) * PI(head_dim);
-    const int* st = step_in(P);
-    const int toff = st[2 * Bm + s * G + g], tbase = st[2 * Bm + Bm * G + s * G + g];
-    const int blk = PP(const int*, tables)[toff + kp / bs - tbase];
+// The KV pool of layer `lig` of KV group g: block blk's K rows start at + blk * 2 * bs * KVs, its V rows bs * KVs later.
+__device__ __forceinline__ bf16* kv_layer_base(const Params& P, int g, int lig) {
+    const size_t KVs = (size_t)PI(n_kv) * PI(head_dim), bs = PI(block_size);
     bf16* base = g == 0 ? PP(bf16*, kv0) : PP(bf16*, kv1);
     const long long nblk = g == 0 ? PL(nblk0) : PL(nblk1);
-    const size_t lstride = (size_t)nblk * 2 * bs * KVs;
-    return base + lig * lstride + ((size_t)blk * 2 * bs + (kp % bs)) * KVs;
+    return base + lig * ((size_t)nblk * 2 * bs * KVs);
+}
+
+// Where row s's block-table entries of KV group g start: its entry for logical block i is tables[kv_table_off + i]
+// (the table holds the row's blocks from tbase on; windowed groups drop the ones that left the window).
+__device__ __forceinline__ int kv_table_off(const Params& P, int g, int s) {
+    const int Bm = PI(Bm), G = PI(n_groups);
+    const int* st = step_in(P);
+    return st[2 * Bm + s * G + g] - st[2 * Bm + Bm * G + s * G + g];
+}
+
+// Key position kp of row s in layer lig's pool of KV group g: its K row (its V row is block_size * KVs later).
+__device__ __forceinline__ bf16* kv_slot(const Params& P, int g, int lig, int s, int kp) {
+    const int bs = PI(block_size);
+    const size_t KVs = (size_t)PI(n_kv) * PI(head_dim);
+    const int blk = PP(const int*, tables)[kv_table_off(P, g, s) + kp / bs];
+    return kv_layer_base(P, g, lig) + ((size_t)blk * 2 * bs + (kp % bs)) * KVs;
 }
 
 // ---- profiling records (thread 0) -----------------------------------------------------------------------------

@@ -37,6 +37,7 @@ extern "C" __global__ void __launch_bounds__(NT, MK_BLOCKS_PER_SM) mk_decode(con
         s_pf_ticket = -1;
         s_pf_buf = 0;
         init_weight_buffers();
+        init_attention_ring();
     }
     __syncthreads();
     while (true) {

@@ -171,6 +171,11 @@ def test_north_task_list_shape():
     assert step_inputs(plan, [5], [2047], tables[:1]).split_tokens == 512
     assert step_inputs(plan, [5, 5], [1023, 1023], tables[:2]).split_tokens == 512
     assert step_inputs(plan, [5], [199], tables[:1]).split_tokens == 256      # never below MIN_SHORT_SPLIT
+    # a split whose KV blocks the attention's shared-memory table cannot hold is refused with a clear error
+    small = KVLayout.for_model(cfg, 4)
+    tiny_blocks = ModelPlan(cfg, small, max_batch=1, n_workers=132, split_tokens=4 * O.ATTN_TABLE_SLOTS)
+    with pytest.raises(ValueError, match="larger KV blocks"):
+        step_inputs(tiny_blocks, [5], [8191], [[list(range(2048)), list(range(2048))]])
     tl = build_tasks(plan, si.B, si.nsplit)
     validate(tl)
     ops = np.bincount(tl.records[:, 0], minlength=13)

@@ -125,6 +125,9 @@ class MegakernelBackend(DecodeBackend):
         self.lib = build.load(arch)
         # MK_SWZ builds: the expert tiles by swizzled tensor copies (tensor maps encoded below, shared-memory slack)
         self.swz = build.switch_value("MK_SWZ") != 0
+        # MK_ATTN_BULK=2 builds: attention's K/V by tensor copies through maps of the KV pools (_kv_tensor_maps)
+        self.attn_tensor = build.switch_value("MK_ATTN_BULK") == 2
+        self._kv_maps: tuple | None = None   # (the pools' pointers and sizes, the maps on the device)
         self._lib_prof = None                # the profiling build, loaded on first use
         self._profile_next = False
         self.last_profile = None             # timeline.RawProfile of the last profiled launch
@@ -222,6 +225,28 @@ class MegakernelBackend(DecodeBackend):
                     raise MegakernelFailure(f"tensor map of layer {l}'s {field} ({rows} x {K}) failed: {rc}"
                                             + (" (a 3D map: try MK_SWZ_3D=0)" if three_d else ""))
         return torch.from_numpy(host).to(self.device)
+
+    def _kv_tensor_maps(self, kv) -> int:
+        """MK_ATTN_BULK=2: the device address of one tensor map per KV group's pool (16-token boxes of one kv head,
+        128-byte swizzle; csrc/mk_tmap.h mk_tmap_encode_kv), encoded again only when a pool moves; 0 where the
+        tensor path does not apply (head_dim not 64 or 128, blocks not a multiple of 16 tokens): attention then
+        loads its chunks by cp.async."""
+        p = self.plan
+        if not self.attn_tensor or p.d not in (64, 128) or p.layout.block_size % 16:
+            return 0
+        row_elems = p.nkv * p.d
+        key = tuple((t.data_ptr(), t.numel()) if t is not None else (0, 0) for t in kv)
+        if self._kv_maps is None or self._kv_maps[0] != key:
+            host = np.zeros((2, O.TMAP_BYTES), dtype=np.uint8)
+            for g, t in enumerate(kv[:2]):
+                if t is None:
+                    continue
+                rc = self.lib.mk_encode_kv(host[g].ctypes.data, t.data_ptr(), t.numel() // row_elems, row_elems,
+                                           16, p.d // 64)
+                if rc:
+                    raise MegakernelFailure(f"tensor map of KV group {g}'s pool failed: {rc}")
+            self._kv_maps = (key, torch.from_numpy(host).to(self.device))
+        return self._kv_maps[1].data_ptr()
 
     def _smem_of(self, plan: ModelPlan) -> int:
         return launch_smem_bytes(plan, self.swz)
@@ -448,6 +473,7 @@ class MegakernelBackend(DecodeBackend):
             prof_items_per_layer=int(prof["per_layer"]) if prof else 0,
             prof_blocks=prof["blocks"].data_ptr() if prof else 0,
             tmaps=self.tmaps.data_ptr() if self.tmaps is not None else 0,
+            kv_tmaps=self._kv_tensor_maps(kv),
         )
         for name, t in self.buf.items():
             vals[name] = t.data_ptr()

@@ -112,7 +112,8 @@ PROFILE_FLAGS = ("-DMK_PROFILE=1",)     # the profiling build: every task stampe
 # does). $MEGAKERNEL_KERNEL_DEFINES="MK_SIGNAL_FENCE=0" overrides them; they are nvcc flags, so part of the hash.
 KERNEL_SWITCHES = {"MK_SIGNAL_FENCE": 1, "MK_GEMV_TC": 1, "MK_GEMV_B1": 1, "MK_SMALL_VEC": 2, "MK_WS_MOE": 0, "MK_MOE_LOCAL": 1,
                    "MK_REPEAT_SMALL": 1, "MK_TOPK_PACKED": 1, "MK_SWZ": 0,
-                   "MK_SWZ_3D": 0, "MK_MOE_EARLY_ISSUE": 0, "MK_POLL_OVERLAP": 0}
+                   "MK_SWZ_3D": 0, "MK_MOE_EARLY_ISSUE": 0, "MK_POLL_OVERLAP": 0,
+                   "MK_ATTN_BULK": 0}
 
 
 def switch_value(name: str) -> int:
@@ -158,6 +159,9 @@ def load(arch: str = "sm_90a", profile: bool = False) -> ctypes.CDLL:
         lib.mk_encode_swizzled.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_int,
                                            ctypes.c_int]
         lib.mk_encode_swizzled.restype = ctypes.c_int
+        lib.mk_encode_kv.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_int, ctypes.c_int,
+                                     ctypes.c_int]
+        lib.mk_encode_kv.restype = ctypes.c_int
         lib.mk_occupancy.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
         lib.mk_occupancy.restype = ctypes.c_int
         if lib.mk_num_params() != opcodes.NUM_PARAMS:

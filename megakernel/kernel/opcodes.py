@@ -195,6 +195,8 @@ PARAM_FIELDS = (
     "prof", "prof_items", "prof_items_per_layer", "prof_blocks",
     # MK_SWZ builds: the expert matrices' tensor maps, two per MoE layer (gate/up, down; TMAP_BYTES each), or 0
     "tmaps",
+    # attention's K/V tensor maps (MK_ATTN_BULK=2): one per KV group, TMAP_BYTES each, or 0
+    "kv_tmaps",
 )
 NUM_PARAMS = len(PARAM_FIELDS)
 P = {name: i for i, name in enumerate(PARAM_FIELDS)}

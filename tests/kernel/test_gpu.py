@@ -93,6 +93,28 @@ def test_long_splits_through_the_attention_ring(stages):
 
 
 @needs_sm90
+def test_attention_over_16_token_blocks_at_head_dim_64():
+    """head_dim 64 over 16-token KV blocks, the shape an MK_ATTN_BULK=2 build loads by tensor copies (16-key boxes
+    of one kv head, swizzled; chunks start on 16-key boundaries and the keys outside the split are masked): splits
+    of 48 keys and a window of 40 start inside a box. Each step matches the oracle as in test_tiny_matches_torch."""
+    from megakernel.config import ModelConfig
+    from megakernel.kernel import build
+    from megakernel.kernel.backend import MegakernelBackend
+    from tiny_models import config_kwargs
+
+    cfg = ModelConfig.from_dict({"model_type": "cohere2_moe", **config_kwargs("north_like"), "head_dim": 64,
+                                 "sliding_window": 40})
+    w = tiny_weights(cfg, device="cuda", dtype=torch.bfloat16, seed=11, scale=1.0)
+    st = prefill_state(cfg, w, [300, 170], block_size=16, device="cuda", seed=11, chunk=64)
+    model = Cohere2MoeModel(cfg, w, fast_prefill=False)
+    be = MegakernelBackend(cfg, w, st.layout, max_batch=4, split_tokens=48, watchdog_s=5)
+    poison_scratch(be)
+    exempt, mismatched = _decode_against_oracle(be, model, cfg, st, [5, 6], 3)
+    assert exempt <= 1 and mismatched <= 1, (exempt, mismatched)
+    assert (be._kv_maps is not None) == (build.switch_value("MK_ATTN_BULK") == 2)   # the path this build takes
+
+
+@needs_sm90
 @pytest.mark.parametrize("B", [1, 2])
 def test_watchdog_reports_and_recovers(B):
     """A hung step ends with MegakernelHang and the next step is exact; one row covers the one-row plan's own MoE

@@ -46,26 +46,74 @@ __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
     return *reinterpret_cast<const unsigned*>(&v);
 }
 
-#if MK_ATTN_BULK
-// The attention ring's mbarriers (one per stage) and their phases (bit st: the parity of stage st's next
-// completion), kept across tasks: initialised once per launch (init_attention_ring), every copy waited for before
-// its task ends, so each barrier's phase is known at the next attention task's start.
+// The attention ring's mbarriers (one per stage; the bulk-copy paths, MK_ATTN_BULK >= 1) and their phases (bit st: the
+// parity of stage st's next completion), kept across tasks: initialised once per launch (init_attention_ring), every
+// copy waited for before its task ends, so each barrier's phase is known at the next attention task's start.
 __shared__ __align__(8) unsigned long long s_abar[AST];
 __shared__ unsigned s_aphase;
+__device__ __forceinline__ unsigned long long& s_abar_at(int st) { return s_abar[st]; }
+__device__ __forceinline__ unsigned s_aphase_read() { return s_aphase; }
+__device__ __forceinline__ void s_aphase_write(unsigned ph) { s_aphase = ph; }
 
-// Thread 0, once per launch before the first barrier.
+// Thread 0, once per launch before the first barrier (builds whose attention loads by cp.async never use them).
 __device__ __forceinline__ void init_attention_ring() {
+#if MK_ATTN_BULK
     for (int st = 0; st < AST; st++) mbar_init(&s_abar[st], 1);
     s_aphase = 0;
     fence_mbar_init();
-}
-#else
-__device__ __forceinline__ void init_attention_ring() {}
 #endif
+}
 
-// KS = head_dim / 16: the MMA k-steps of Q K^T and the 16-dim pairs of P V, fixed per instantiation.
-template <int KS>
+// The offset from the dynamic shared memory's start of the first 1024-byte aligned address at or after `off` (the
+// 128-byte swizzle's period: a tensor copy's image is laid out by absolute address bits).
+__device__ __forceinline__ size_t swz_align_attn(size_t off) {
+    const unsigned base = smem_addr(smem);
+    return (size_t)((((unsigned)(base + off) + 1023u) & ~1023u) - base);
+}
+
+// A host-written tensor map (128 bytes in global memory) acquired by the tensor-map proxy before this thread's first
+// copy through it (the CUDA programming guide's rule for maps the host copies in).
+__device__ __forceinline__ void tensormap_acquire_attn(const void* map) {
+    asm volatile("fence.proxy.tensormap::generic.acquire.sys [%0], 128;\n" ::"l"(reinterpret_cast<unsigned long long>(map))
+                 : "memory");
+}
+
+// ldmatrix x4 transposed from a shared-memory address (the TM layout's swizzled rows)
+__device__ __forceinline__ void ldsm_x4_trans_s(unsigned* r, unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
+}
+
+#define ATM_BOX 16   // keys per tensor copy (MK_ATTN_BULK=2): the host encodes the KV maps with boxes of 16 rows
+
+// One 3D tensor copy (mk_gemv_swz.cuh's bulk_tensor_3d, repeated here so attention does not depend on the GEMV's
+// headers): box (x, y, z) of `map` into dst, completing on bar.
+__device__ __forceinline__ void attn_tensor_3d(void* dst, const void* map, int x, int y, int z,
+                                               unsigned long long* bar, unsigned long long policy) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1, {%2, %3, %4}], [%5], %6;\n"
+        ::"r"(smem_addr(dst)), "l"(reinterpret_cast<unsigned long long>(map)), "r"(x), "r"(y), "r"(z),
+        "r"(smem_addr(bar)), "l"(policy) : "memory");
+}
+
+// Byte offset of (row r, column c) in a tensor-copied K or V chunk (TM layout): 16-row boxes, each [column block of
+// 64][16 rows][64 columns] with the 128-byte swizzle (16-byte chunk j of a 128-byte line stored at j ^ (line & 7);
+// the chunk's base is 1024-byte aligned and a box is 16 lines per column block, so line & 7 = r & 7). NCB = d / 64.
+template <int NCB>
+__device__ __forceinline__ int tm_off(int r, int c) {
+    const int line = ((r >> 4) * NCB + (c >> 6)) * ATM_BOX + (r & 15);
+    return line * 128 + ((((c & 63) >> 3) ^ (r & 7)) << 4) + (c & 7) * 2;
+}
+
+// KS = head_dim / 16: the MMA k-steps of Q K^T and the 16-dim pairs of P V, fixed per instantiation. TM: K/V chunks
+// by tensor copies of 16-key boxes through the host's KV maps (MK_ATTN_BULK=2, head_dim a multiple of 64, blocks
+// of a multiple of 16 keys), into the swizzled layout above; else rows padded by 8 elements (d + 8), loaded by one
+// bulk copy per row (MK_ATTN_BULK=1) or 16-byte cp.async (0).
+template <int KS, bool TM>
 __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ticket) {
+    constexpr bool BULK = TM || MK_ATTN_BULK == 1;
+    constexpr int NCB = KS / 4;                // TM: 64-column blocks of a row
     const int l = rec[RF_LAYER], s = rec[RF_A0], kvh = rec[RF_A1], j = rec[RF_A2], pbase = rec[RF_A3];
     const int* li = layer_info(P, l);
     const int grp = li[LI_GROUP], lig = li[LI_LIG], W = li[LI_WINDOW];
@@ -84,6 +132,9 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
     if (!smem_fits(P, ring > merge ? ring : merge, ticket)) return false;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t4 = lane & 3;     // MMA fragment coordinates: row group and thread in group
+    // TM: the tensor-copied chunks (1024-byte aligned, unpadded: inside the padded ring's footprint)
+    const unsigned tm_k = TM ? (unsigned)swz_align_attn(0) : 0u;
+    const unsigned tm_v = tm_k + (unsigned)(AST * CH * d * 2);
 
     // The split's block-table entries, read once (one L2 round trip for all of them) instead of per chunk segment
     // (kv_slot: two dependent global loads in front of each segment's copies). step_inputs keeps a split's blocks
@@ -98,6 +149,8 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
     {
         const int* tab = PP(const int*, tables) + kv_table_off(P, grp, s) + blk0;
         for (int i = threadIdx.x; i < nblk; i += NT) sBlk[i] = tab[i];
+        if (TM && threadIdx.x < 32)            // host-written maps: acquired by the tensor-map proxy
+            tensormap_acquire_attn(PP(const unsigned char*, kv_tmaps) + (size_t)grp * MK_TMAP_BYTES);
         __syncthreads();
     }
     const bf16* kv_base = kv_layer_base(P, grp, lig) + kvh * d;
@@ -105,82 +158,98 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
         return kv_base + ((size_t)sBlk[ts / bs - blk0] * 2 * bs + ts % bs) * KVs;
     };
 
+    // TM chunks start on 16-key boundaries (a box never crosses a KV block): keys before k0 in the first chunk and
+    // from k1 on in the last are loaded but masked, their V rows zeroed after landing.
+    const int a0 = TM ? k0 & ~(ATM_BOX - 1) : k0;
     auto chunk_len = [&](int t0) { return min(k1 - t0, CH); };
-#if MK_ATTN_BULK
-    // Keys t0 .. t0+n-1 into `stage`: one bulk copy (TMA) per K row and per V row, spread over the block's threads,
-    // completing on the stage's mbarrier (thread 0 arms it with the chunk's bytes; copies that land before the arm
-    // only take the count below zero, and the phase cannot complete before thread 0's arrival). 16-byte cp.async
-    // held an SM's attention to ~10 GB/s under the expert streams (the bulk copies' SMs get ~30). V rows n .. n+15
-    // of a short chunk are zeroed (P is 0 there, but stale shared memory could hold NaN bit patterns).
-    unsigned ph = s_aphase;                    // bit st: the parity of stage st's next completion
+    unsigned ph = BULK ? s_aphase_read() : 0u; // bit st: the parity of stage st's next completion
     auto load_chunk = [&](int t0, int n, int stage) {
-        unsigned long long* bar = &s_abar[stage];
-        if (threadIdx.x == 0) mbar_expect_tx(bar, (unsigned)(2 * n * d * 2));
-        fence_proxy_async();                   // this stage's earlier generic reads (before the last barrier) first
-        for (int i = threadIdx.x; i < 2 * n; i += NT) {
-            const bool v = i >= n;
-            const int r = v ? i - n : i;
-            const bf16* src = key_row(t0 + r) + (v ? (size_t)bs * KVs : 0);
-            bulk_load((v ? sV : sK) + (size_t)(stage * CH + r) * rowp, src, (unsigned)d * 2, bar, l2_evict_first());
-        }
-        const int per = d >> 3, pad = min(CH, (n + 15) / 16 * 16) - n;
-        for (int u = threadIdx.x; u < pad * per; u += NT) {
-            const int r = n + u / per, c = u % per;
-            *reinterpret_cast<uint4*>(sV + (size_t)(stage * CH + r) * rowp + c * 8) = make_uint4(0, 0, 0, 0);
+        if constexpr (TM) {
+            // warp 0: lane 0 arms the stage with the boxes' bytes, lanes 0 .. 2 * nbox - 1 copy a box each
+            if (warp == 0) {
+                unsigned long long* bar = &s_abar_at(stage);
+                const int nbox = (n + ATM_BOX - 1) / ATM_BOX;
+                if (lane == 0) mbar_expect_tx(bar, (unsigned)(2 * nbox * ATM_BOX * d * 2));
+                fence_proxy_async();
+                const void* map = PP(const unsigned char*, kv_tmaps) + (size_t)grp * MK_TMAP_BYTES;
+                const long long nb = grp == 0 ? PL(nblk0) : PL(nblk1);
+                for (int i = lane; i < 2 * nbox; i += 32) {
+                    const int v = i >= nbox, q = v ? i - nbox : i, ts = t0 + q * ATM_BOX;
+                    const long long row = (((long long)lig * nb + sBlk[ts / bs - blk0]) * 2 + v) * bs + ts % bs;
+                    attn_tensor_3d(smem + (v ? tm_v : tm_k) + (size_t)stage * CH * d * 2 + (size_t)q * ATM_BOX * d * 2,
+                                   map, 0, (int)row, kvh * NCB, bar, l2_evict_first());
+                }
+            }
+        } else if constexpr (BULK) {
+            // one bulk copy (TMA) per K row and per V row, spread over the block's threads, completing on the
+            // stage's mbarrier (thread 0 arms it; copies that land before the arm take the count below zero, and
+            // the phase cannot complete before thread 0's arrival). V rows n .. n+15 of a short chunk are zeroed (P
+            // is 0 there, but stale shared memory could hold NaN bit patterns).
+            unsigned long long* bar = &s_abar_at(stage);
+            if (threadIdx.x == 0) mbar_expect_tx(bar, (unsigned)(2 * n * d * 2));
+            fence_proxy_async();
+            for (int i = threadIdx.x; i < 2 * n; i += NT) {
+                const bool v = i >= n;
+                const int r = v ? i - n : i;
+                const bf16* src = key_row(t0 + r) + (v ? (size_t)bs * KVs : 0);
+                bulk_load((v ? sV : sK) + (size_t)(stage * CH + r) * rowp, src, (unsigned)d * 2, bar, l2_evict_first());
+            }
+            const int per = d >> 3, pad = min(CH, (n + 15) / 16 * 16) - n;
+            for (int u = threadIdx.x; u < pad * per; u += NT) {
+                const int r = n + u / per, c = u % per;
+                *reinterpret_cast<uint4*>(sV + (size_t)(stage * CH + r) * rowp + c * 8) = make_uint4(0, 0, 0, 0);
+            }
+        } else {
+            // 16-byte cp.async, one KV block segment at a time; V rows n .. n+15 of a short chunk zeroed (as above)
+            const int per = d >> 3;
+            for (int t = 0; t < n;) {
+                const int ts = t0 + t, len = min(n - t, bs - ts % bs);
+                const bf16* kb = key_row(ts);
+                const bf16* vb = kb + (size_t)bs * KVs;
+                for (int u = threadIdx.x; u < len * per; u += NT) {
+                    const int r = u / per, c = u - r * per;
+                    cp_async16(sK + (size_t)(stage * CH + t + r) * rowp + c * 8, kb + (size_t)r * KVs + c * 8);
+                    cp_async16(sV + (size_t)(stage * CH + t + r) * rowp + c * 8, vb + (size_t)r * KVs + c * 8);
+                }
+                t += len;
+            }
+            const int pad = min(CH, (n + 15) / 16 * 16) - n;
+            for (int u = threadIdx.x; u < pad * per; u += NT) {
+                const int r = n + u / per, c = u % per;
+                *reinterpret_cast<uint4*>(sV + (size_t)(stage * CH + r) * rowp + c * 8) = make_uint4(0, 0, 0, 0);
+            }
+            cp_async_commit();                 // every thread commits: the group counts stay uniform
         }
     };
-    auto wait_chunk = [&](int c) {             // every thread: chunk c's copies landed
+    auto wait_chunk = [&](int c) {             // every thread: chunk c's copies landed (bulk paths)
         const int st = c % nst;
-        mbar_wait(&s_abar[st], (ph >> st) & 1u);
+        mbar_wait(&s_abar_at(st), (ph >> st) & 1u);
         ph ^= 1u << st;
     };
-#else
-    // Keys t0 .. t0+n-1 into `stage`, one KV block segment at a time; V rows n .. n+15 of a short chunk are zeroed
-    // (P is 0 there, but stale shared memory could hold NaN bit patterns and 0 * NaN is NaN).
-    auto load_chunk = [&](int t0, int n, int stage) {
-        const int per = d >> 3;
-        for (int t = 0; t < n;) {
-            const int ts = t0 + t, len = min(n - t, bs - ts % bs);
-            const bf16* kb = key_row(ts);
-            const bf16* vb = kb + (size_t)bs * KVs;
-            for (int u = threadIdx.x; u < len * per; u += NT) {
-                const int r = u / per, c = u - r * per;
-                cp_async16(sK + (size_t)(stage * CH + t + r) * rowp + c * 8, kb + (size_t)r * KVs + c * 8);
-                cp_async16(sV + (size_t)(stage * CH + t + r) * rowp + c * 8, vb + (size_t)r * KVs + c * 8);
-            }
-            t += len;
-        }
-        const int pad = min(CH, (n + 15) / 16 * 16) - n;
-        for (int u = threadIdx.x; u < pad * per; u += NT) {
-            const int r = n + u / per, c = u % per;
-            *reinterpret_cast<uint4*>(sV + (size_t)(stage * CH + r) * rowp + c * 8) = make_uint4(0, 0, 0, 0);
-        }
-        cp_async_commit();                     // every thread commits: the group counts stay uniform
-    };
-#endif
-    int t_issue = k0, n_issued = 0;            // the next chunk to load, and how many were issued
+    int t_issue = a0, n_issued = 0;            // the next chunk to load, and how many were issued
     auto issue_next = [&]() {
         const int n = chunk_len(t_issue);
         load_chunk(t_issue, n, n_issued % nst);
         t_issue += n;
         n_issued++;
     };
-    // Keys before this step's position were written by earlier launches: load them before waiting.
+    // Keys before this step's position were written by earlier launches: load them before waiting (a TM chunk's
+    // masked rows past k1 may be this step's; their values are never used).
     while (n_issued < nst - 1 && t_issue < k1 && t_issue + chunk_len(t_issue) <= p) issue_next();
     const bool pre = n_issued > 0;
     if (pre) prof_mark(PS_ISSUED);
-#if MK_ATTN_BULK
     if (!wait_rec(P, rec, ticket)) {           // no copy may outlive the task: wait for the ones issued
-        for (int c2 = 0; c2 < n_issued; c2++) wait_chunk(c2);
-        if (threadIdx.x == 0) s_aphase = ph;
+        if constexpr (BULK) {
+            for (int c2 = 0; c2 < n_issued; c2++) wait_chunk(c2);
+            if (threadIdx.x == 0) s_aphase_write(ph);
+        } else {
+            cp_async_wait_all();
+        }
         return false;
     }
     // this step's own keys (position p) were written by the QKV tiles' generic stores: order them (acquired by the
     // wait) before the bulk copies' async-proxy reads
-    fence_proxy_async_global();
-#else
-    if (!wait_rec(P, rec, ticket)) { cp_async_wait_all(); return false; }
-#endif
+    if constexpr (BULK) fence_proxy_async_global();
     while (n_issued < nst - 1 && t_issue < k1) issue_next();
     if (!pre) prof_mark(PS_ISSUED);
     // Q of the kv head's query heads, bf16 [gq][d], after the ring: row g of the MMA's A operand
@@ -191,21 +260,29 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
     float o[2 * KS][2];                        // row g, dims nt*8 + 2t4 (+1)
 #pragma unroll
     for (int nt = 0; nt < 2 * KS; nt++) o[nt][0] = o[nt][1] = 0.f;
-    int t0 = k0, c = 0;
+    int t0 = a0, c = 0;
     while (t0 < k1) {
         const int n = chunk_len(t0), stage = c % nst;
+        const int lo_off = TM ? max(k0 - t0, 0) : 0;   // keys of this chunk before the split (TM's first chunk)
         // the next chunk goes into the stage chunk c - 1 used: every thread left it at the barrier ending c - 1
         if (t_issue < k1) issue_next();
-#if MK_ATTN_BULK
-        wait_chunk(c);
-#else
-        cp_async_wait_pending(n_issued - c - 1);
-#endif
+        if constexpr (BULK) wait_chunk(c);
+        else cp_async_wait_pending(n_issued - c - 1);
+        if constexpr (TM) {
+            // rows the boxes brought that are not the split's keys, and rows of the last 16-key slice no box
+            // covered: V zeroed (P is 0 there; 0 * NaN would not be)
+            const int rows = (n + 15) & ~15, per = NCB * 8;
+            for (int u = threadIdx.x; u < rows * per; u += NT) {
+                const int r = u / per, cc = u - r * per;
+                if (r < lo_off || r >= n)
+                    *reinterpret_cast<uint4*>(smem + tm_v + (size_t)stage * CH * d * 2 + tm_off<NCB>(r, cc * 8)) =
+                        make_uint4(0, 0, 0, 0);
+            }
+        }
         __syncthreads();
         if (c == 0) prof_mark(PS_LANDED);      // the first chunk of K/V is in shared memory
         const int kb = warp * 16;              // this warp's slice of the chunk
-        if (warp < AWARPS && kb < n) {
-            const bf16* kst = sK + (size_t)(stage * CH + kb) * rowp;
+        if (warp < AWARPS && kb < n && kb + 16 > lo_off) {
             float sc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};   // keys kb + nt*8 + 2t4 (+1)
 #pragma unroll 2
             for (int ks = 0; ks < KS; ks++) {
@@ -214,21 +291,30 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
                 const unsigned qa2 = g < gq ? *reinterpret_cast<const unsigned*>(qr + 8) : 0u;
 #pragma unroll
                 for (int nt = 0; nt < 2; nt++) {
-                    const bf16* kr = kst + (size_t)(nt * 8 + g) * rowp + ks * 16 + 2 * t4;
-                    mma_rows8(sc[nt], qa0, qa2, *reinterpret_cast<const unsigned*>(kr),
-                              *reinterpret_cast<const unsigned*>(kr + 8));
+                    unsigned kb0, kb1;
+                    if constexpr (TM) {
+                        const unsigned char* kst = smem + tm_k + (size_t)stage * CH * d * 2;
+                        const int r = kb + nt * 8 + g, cidx = ks * 16 + 2 * t4;
+                        kb0 = *reinterpret_cast<const unsigned*>(kst + tm_off<NCB>(r, cidx));
+                        kb1 = *reinterpret_cast<const unsigned*>(kst + tm_off<NCB>(r, cidx + 8));
+                    } else {
+                        const bf16* kr = sK + (size_t)(stage * CH + kb + nt * 8 + g) * rowp + ks * 16 + 2 * t4;
+                        kb0 = *reinterpret_cast<const unsigned*>(kr);
+                        kb1 = *reinterpret_cast<const unsigned*>(kr + 8);
+                    }
+                    mma_rows8(sc[nt], qa0, qa2, kb0, kb1);
                 }
             }
             float v[4], mx = -INFINITY;
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int key = kb + (e >> 1) * 8 + 2 * t4 + (e & 1);
-                v[e] = key < n ? sc[e >> 1][e & 1] * scale : -INFINITY;
+                v[e] = key < n && key >= lo_off ? sc[e >> 1][e & 1] * scale : -INFINITY;
                 mx = fmaxf(mx, v[e]);
             }
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(m_run, mx);           // finite: key kb < n is in the slice
+            const float m_new = fmaxf(m_run, mx);           // finite: the slice holds one of the split's keys
             const float alpha = expf(m_run - m_new);
             float pr[4];
 #pragma unroll
@@ -236,11 +322,16 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
             l_run = l_run * alpha + (pr[0] + pr[1] + pr[2] + pr[3]);
             m_run = m_new;
             const unsigned pa0 = pack_bf16x2(pr[0], pr[1]), pa2 = pack_bf16x2(pr[2], pr[3]);
-            const bf16* vrow = sV + (size_t)(stage * CH + kb + (lane & 7) + ((lane >> 3) & 1) * 8) * rowp + (lane >> 4) * 8;
+            const int vr = kb + (lane & 7) + ((lane >> 3) & 1) * 8;   // this lane's ldmatrix row
+            const bf16* vrow = sV + (size_t)(stage * CH + vr) * rowp + (lane >> 4) * 8;
 #pragma unroll
             for (int np = 0; np < KS; np++) {
                 unsigned bv[4];
-                ldsm_x4_trans(bv, vrow + np * 16);
+                if constexpr (TM)
+                    ldsm_x4_trans_s(bv, (unsigned)(smem_addr(smem) + tm_v + stage * CH * d * 2 +
+                                                   tm_off<NCB>(vr, np * 16 + (lane >> 4) * 8)));
+                else
+                    ldsm_x4_trans(bv, vrow + np * 16);
                 o[2 * np][0] *= alpha; o[2 * np][1] *= alpha;
                 o[2 * np + 1][0] *= alpha; o[2 * np + 1][1] *= alpha;
                 mma_rows8(o[2 * np], pa0, pa2, bv[0], bv[1]);
@@ -281,24 +372,30 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
         po[i] = acc / L;
         if (dd == 0) PP(float*, part_lse)[(size_t)(pbase + j) * gq + h] = M + logf(L);
     }
-#if MK_ATTN_BULK
-    if (threadIdx.x == 0) s_aphase = ph;
-#endif
+    if constexpr (BULK)
+        if (threadIdx.x == 0) s_aphase_write(ph);
     task_signal(P, rec[RF_SIG]);
     return true;
 }
 
 __device__ bool task_attn(const Params& P, const int* rec, int ticket) {
     static_assert(MK_ATTN_MAX_HEAD_DIM == 128, "one instantiation per 16 dims up to 128");
+#if MK_ATTN_BULK == 2
+    // the tensor-copy path where the host encoded KV maps (head_dim 64 or 128, blocks a multiple of 16 keys)
+    if (PP(const void*, kv_tmaps) != nullptr) {
+        if (PI(head_dim) == 128) return task_attn_d<8, true>(P, rec, ticket);
+        if (PI(head_dim) == 64) return task_attn_d<4, true>(P, rec, ticket);
+    }
+#endif
     switch (PI(head_dim) >> 4) {           // check_supported: head_dim a multiple of 16, <= 128
-        case 1: return task_attn_d<1>(P, rec, ticket);
-        case 2: return task_attn_d<2>(P, rec, ticket);
-        case 3: return task_attn_d<3>(P, rec, ticket);
-        case 4: return task_attn_d<4>(P, rec, ticket);
-        case 5: return task_attn_d<5>(P, rec, ticket);
-        case 6: return task_attn_d<6>(P, rec, ticket);
-        case 7: return task_attn_d<7>(P, rec, ticket);
-        default: return task_attn_d<8>(P, rec, ticket);
+        case 1: return task_attn_d<1, false>(P, rec, ticket);
+        case 2: return task_attn_d<2, false>(P, rec, ticket);
+        case 3: return task_attn_d<3, false>(P, rec, ticket);
+        case 4: return task_attn_d<4, false>(P, rec, ticket);
+        case 5: return task_attn_d<5, false>(P, rec, ticket);
+        case 6: return task_attn_d<6, false>(P, rec, ticket);
+        case 7: return task_attn_d<7, false>(P, rec, ticket);
+        default: return task_attn_d<8, false>(P, rec, ticket);
     }
 }
 

@@ -97,11 +97,12 @@ typedef __nv_bfloat16 bf16;
 #define MK_POLL_OVERLAP 0
 #endif
 
-// MK_ATTN_BULK: attention's K/V chunks by one bulk copy (TMA) per 256-byte K or V row, completing on an mbarrier per
-// ring stage (1), or by 16-byte cp.async from every thread (0: ~10 GB/s per SM while the expert tiles' bulk copies
-// stream, against their ~30: tl_b1 traces, 2036 ATTN tasks per step at 10.5 GB/s per SM).
+// MK_ATTN_BULK: how attention's K/V chunks reach shared memory: 16-byte cp.async from every thread (0); one bulk copy
+// (TMA) per 256-byte K or V row, on an mbarrier per ring stage (1); tensor copies of 16 keys x one kv head through
+// the host's maps of the KV pools, swizzled, where head_dim is 64 or 128 and KV blocks a multiple of 16 keys (2).
+// Today's attention moves ~10-12 GB/s per SM (tl_b1 traces: ~3 us per 128-key chunk, a third stage no faster).
 #ifndef MK_ATTN_BULK
-#define MK_ATTN_BULK 1
+#define MK_ATTN_BULK 0
 #endif
 
 // MK_REPEAT_SMALL: an experiment, not a speed-up. The NORM, TOPK and attention-combine tasks run their (idempotent)
@@ -424,10 +425,15 @@ __device__ __forceinline__ int kv_table_off(const Params& P, int g, int s) {
 
 // Key position kp of row s in layer lig's pool of KV group g: its K row (its V row is block_size * KVs later).
 __device__ __forceinline__ bf16* kv_slot(const Params& P, int g, int lig, int s, int kp) {
-    const int bs = PI(block_size);
-    const size_t KVs = (size_t)PI(n_kv) * PI(head_dim);
-    const int blk = PP(const int*, tables)[kv_table_off(P, g, s) + kp / bs];
-    return kv_layer_base(P, g, lig) + ((size_t)blk * 2 * bs + (kp % bs)) * KVs;
+    const int Bm = PI(Bm), G = PI(n_groups), bs = PI(block_size);
+    const int KVs = PI(n_kv) * PI(head_dim);
+    const int* st = step_in(P);
+    const int toff = st[2 * Bm + s * G + g], tbase = st[2 * Bm + Bm * G + s * G + g];
+    const int blk = PP(const int*, tables)[toff + kp / bs - tbase];
+    bf16* base = g == 0 ? PP(bf16*, kv0) : PP(bf16*, kv1);
+    const long long nblk = g == 0 ? PL(nblk0) : PL(nblk1);
+    const size_t lstride = (size_t)nblk * 2 * bs * KVs;
+    return base + lig * lstride + ((size_t)blk * 2 * bs + (kp % bs)) * KVs;
 }
 
 // ---- profiling records (thread 0) -----------------------------------------------------------------------------

@@ -138,6 +138,15 @@ extern "C" int mk_encode_swizzled(void* out, const void* base, unsigned long lon
     return rc;
 }
 
+// Attention's K/V tensor map of one KV group's pool (128 bytes into out; csrc/mk_tmap.h mk_tmap_encode_kv).
+extern "C" int mk_encode_kv(void* out, const void* base, unsigned long long rows, int row_elems, int box_rows,
+                            int col_blocks) {
+    CUtensorMap map;
+    const int rc = mk_tmap_encode_kv(&map, base, rows, row_elems, box_rows, col_blocks);
+    if (rc == 0) memcpy(out, &map, sizeof(map));
+    return rc;
+}
+
 // Zeroes the control block and counters, then launches the step, all on `stream`.
 extern "C" int mk_launch(int device, const long long* params, int grid, int smem_bytes, void* sync_ptr,
                          long long sync_bytes, void* stream) {

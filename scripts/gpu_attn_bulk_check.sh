@@ -28,10 +28,12 @@ for b in $BUILDS; do
     --points "$POINTS" --variants "default default" --steps 40 --json "$OUT/variants_bulk$b.json" 2>&1 \
     | grep -E "^b|rror"
 done
-echo "=== trace b1 8K, MK_ATTN_BULK=$TEST_BUILD, at $(($(date +%s) - t0)) s"
-MEGAKERNEL_KERNEL_DEFINES=MK_ATTN_BULK=$TEST_BUILD timeout ${TRACE_TIMEOUT:-90} python3 -m megakernel bench \
-  --random-north --backend megakernel --batch-size 1 --context 8192 --steps 20 --trace "$OUT/tl_b1.npz" 2>&1 \
-  | grep -E "critical|SM time|a layer|normal build|rror"
-rm -f "$OUT/tl_b1.npz"
+if [ "${SKIP_TRACE:-0}" != 1 ]; then
+  echo "=== trace b1 8K, MK_ATTN_BULK=$TEST_BUILD, at $(($(date +%s) - t0)) s"
+  MEGAKERNEL_KERNEL_DEFINES=MK_ATTN_BULK=$TEST_BUILD timeout ${TRACE_TIMEOUT:-90} python3 -m megakernel bench \
+    --random-north --backend megakernel --batch-size 1 --context 8192 --steps 20 --trace "$OUT/tl_b1.npz" 2>&1 \
+    | grep -E "critical|SM time|a layer|normal build|rror"
+  rm -f "$OUT/tl_b1.npz"
+fi
 echo "=== done at $(($(date +%s) - t0)) s"
 bash scripts/pack_out.sh "$OUT"

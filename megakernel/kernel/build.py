@@ -111,7 +111,7 @@ PROFILE_FLAGS = ("-DMK_PROFILE=1",)     # the profiling build: every task stampe
 # Compile-time switches of the kernel sources a measurement may flip, with their defaults (the sources say what each
 # does). $MEGAKERNEL_KERNEL_DEFINES="MK_SIGNAL_FENCE=0" overrides them; they are nvcc flags, so part of the hash.
 KERNEL_SWITCHES = {"MK_SIGNAL_FENCE": 1, "MK_GEMV_TC": 1, "MK_GEMV_B1": 1, "MK_SMALL_VEC": 2, "MK_WS_MOE": 0, "MK_MOE_LOCAL": 1,
-                   "MK_REPEAT_SMALL": 1, "MK_TOPK_PACKED": 1, "MK_SWZ": 0,
+                   "MK_REPEAT_SMALL": 1, "MK_SWZ": 0,
                    "MK_SWZ_3D": 0, "MK_MOE_EARLY_ISSUE": 0, "MK_POLL_OVERLAP": 0,
                    "MK_ATTN_BULK": 0}
 

@@ -35,7 +35,7 @@ typedef __nv_bfloat16 bf16;
 // 4.85 vs 5.08 ms, b8 16.03 vs 16.33 (SPEED_NOTES.md, 2026-12-01 night).
 // 2: as 1, and NORM issues all of a thread's loads (h, attention, MLP, the experts' outputs, its norm weights)
 // at once and normalises in registers (one L2 round trip instead of three or four). 2 is the default: with
-// MK_TOPK_PACKED=1 measured b1 8K 3.82 vs 3.92 ms, b8 14.66 vs 14.66 (separate processes, 7c5f6f7; SPEED_NOTES.md).
+// the packed TOPK measured b1 8K 3.82 vs 3.92 ms, b8 14.66 vs 14.66 (separate processes, 7c5f6f7; SPEED_NOTES.md).
 // 3: as 2, and the attention combine of up to 16 splits issues its partials' loads with its log-sum-exps' (one L2
 // round trip where it waits for two; a round trip costs ~3 us under the experts' load). Off until it has run on
 // the GPU.
@@ -57,13 +57,9 @@ typedef __nv_bfloat16 bf16;
 #define MK_MOE_LOCAL 1
 #endif
 
-// MK_TOPK_PACKED: TOPK picks each row's experts with one 32-bit warp max per round, the bf16 logit's 16-bit
-// order-preserving key above 0xffff - expert, and computes the routing weights a lane per expert (1; mk_routing.cuh);
-// or with a ballot per word of experts per round and one lane's serial loop (0). The same picks and weights, bit for
-// bit. On (with MK_SMALL_VEC=2): TOPK's share of the critical path 504 -> 386 us at b1 8K (7c5f6f7).
-#ifndef MK_TOPK_PACKED
-#define MK_TOPK_PACKED 1
-#endif
+// (MK_TOPK_PACKED, removed in the fourteenth session: TOPK's one 32-bit warp max per round, the bf16 logit's 16-bit
+// order-preserving key above 0xffff - expert, is the only selection; its ballot-per-word alternative measured
+// slower (b1 8K 3.82 vs 3.92 ms, 7c5f6f7) and its build kept tipping the persistent loop into spills.)
 
 // MK_SWZ: the plain MoE worker's expert tiles by TMA tensor copies with the 128-byte swizzle, multiplied by the
 // swizzled tensor-core core (csrc/mk_gemv_swz.cuh; the backend encodes two tensor maps per MoE layer), where the

@@ -167,7 +167,7 @@ __device__ __noinline__ void fused_inputs(const Params& P, int l, int flags, bf1
 #if MK_SMALL_VEC >= 2
 // fused_inputs where FUSED_NORM_IN_REGS(H): each row's residual in registers (residual_norm_fused), the block sum
 // in the GEMV's reduction scratch (idle until gemv()). A function of its own: folded into fused_inputs, its
-// registers made the persistent loop spill in the MK_TOPK_PACKED=0 build.
+// registers made the persistent loop spill in the (since removed) MK_TOPK_PACKED=0 build.
 __device__ __noinline__ void fused_inputs_regs(const Params& P, int l, int flags, bf16* sX, int pitch) {
     const int H = PI(H), Bm = PI(Bm), B = PI(B);
     float* red = reinterpret_cast<float*>(smem + SM_RED);

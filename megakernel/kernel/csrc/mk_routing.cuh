@@ -21,8 +21,8 @@ __device__ __forceinline__ unsigned topk_key(float f) {
 }
 
 // One warp, one row: lane's logits raw[q] of experts q * 32 + lane (all in flight), their keys, and the row's ranks
-// reset to -1. PACKED: the bf16 logit's 16-bit key above 0xffff - expert (MK_TOPK_PACKED's one-max selection; NaN
-// keeps 1), else topk_key; 0 for experts past E.
+// reset to -1. PACKED: the bf16 logit's 16-bit key above 0xffff - expert (TOPK's one-max selection; NaN keeps 1),
+// else topk_key; 0 for experts past E.
 template <bool PACKED>
 __device__ __forceinline__ void topk_load_row(const float* logits, int E, int nq, int* rank, float* raw,
                                               unsigned* key) {
@@ -120,7 +120,6 @@ __device__ __noinline__ void topk_route(const Params& P, int m, int* route, bool
     int* sTot = reinterpret_cast<int*>(sBal + MB * nq);            // [2][nq] per-warp totals of the scan
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int sel = PI(sel_fn), norm = PI(norm_topk);
-#if MK_TOPK_PACKED
     // 1. a warp per row: k rounds of the largest remaining key, one warp-wide max each. The router's logits are
     //    bf16 values (its epilogue rounds them; the simulator reads them as such), so the top 16 bits of their
     //    order-preserving key are the whole key, and the low 16 bits carry 0xffff - expert: one 32-bit max picks
@@ -171,53 +170,6 @@ __device__ __noinline__ void topk_route(const Params& P, int m, int* route, bool
         }
         if (own) sSc[b * MK_MAX_TOPK + lane] = wgt;
     }
-#else
-    // 1. a warp per row: k rounds of the largest remaining key; ties go to the smaller expert
-    for (int b = warp; b < B; b += NW) {
-        float raw[TOPK_WORDS];
-        unsigned key[TOPK_WORDS];
-        topk_load_row<false>(rl + (size_t)b * E, E, nq, sRank + b * e32, raw, key);
-        for (int kk = 0; kk < k; kk++) {
-            unsigned mx = 0u;
-#pragma unroll
-            for (int q = 0; q < TOPK_WORDS; q++) mx = max(mx, key[q]);
-            mx = __reduce_max_sync(0xffffffffu, mx);
-            if (kk == 0) topk_phase(stamp, 0);
-            int pick = -1;
-#pragma unroll
-            for (int q = 0; q < TOPK_WORDS; q++) {
-                const unsigned bal = __ballot_sync(0xffffffffu, pick < 0 && mx != 0u && key[q] == mx);
-                if (pick < 0 && bal) {
-                    pick = q * 32 + __ffs(bal) - 1;
-                    if (lane == (pick & 31)) {
-                        key[q] = 0u;
-                        sId[b * MK_MAX_TOPK + kk] = pick;
-                        sSc[b * MK_MAX_TOPK + kk] = raw[q];
-                        sRank[b * e32 + pick] = kk;
-                    }
-                }
-            }
-        }
-        __syncwarp();
-        if (lane == 0) {                        // the routing weights, in the order the reference computes them
-            float* sc = sSc + b * MK_MAX_TOPK;
-            if (sel == MK_SEL_SOFTMAX) {
-                float mxv = sc[0];
-                for (int kk = 1; kk < k; kk++) mxv = fmaxf(mxv, sc[kk]);
-                float sum = 0.f;
-                for (int kk = 0; kk < k; kk++) sum += expf(sc[kk] - mxv);
-                for (int kk = 0; kk < k; kk++) sc[kk] = rbf(expf(sc[kk] - mxv) / sum);
-            } else {
-                float sum = 0.f;
-                for (int kk = 0; kk < k; kk++) { sc[kk] = rbf(1.f / (1.f + expf(-sc[kk]))); sum += sc[kk]; }
-                if (norm) {
-                    sum = rbf(sum);
-                    for (int kk = 0; kk < k; kk++) sc[kk] = rbf(sc[kk] / sum);
-                }
-            }
-        }
-    }
-#endif
     __syncthreads();
     topk_phase(stamp, 1);
     if (PI(topk_warp) && B * k <= 32) {       // every pair in one warp's lanes: no further block barrier

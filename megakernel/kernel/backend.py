@@ -226,11 +226,6 @@ class MegakernelBackend(DecodeBackend):
                                             + (" (a 3D map: try MK_SWZ_3D=0)" if three_d else ""))
         return torch.from_numpy(host).to(self.device)
 
-    # MK_ATTN_BULK=2 builds take the tensor-copy attention only for steps whose longest row has at least this many
-    # keys: measured against the cp.async build (speed_20261203f, 692abb9), it is 5.3% faster at 128K but 5.2%
-    # slower at 8K and 2.9% at batch 8 x 8K, where faster attention reads compete with the routing chain.
-    ATTN_TENSOR_MIN_KEYS = 32768
-
     def _kv_tensor_maps(self, kv) -> int:
         """MK_ATTN_BULK=2: the device address of one tensor map per KV group's pool (16-token boxes of one kv head,
         128-byte swizzle; csrc/mk_tmap.h mk_tmap_encode_kv), encoded again only when a pool moves; 0 where the
@@ -478,8 +473,7 @@ class MegakernelBackend(DecodeBackend):
             prof_items_per_layer=int(prof["per_layer"]) if prof else 0,
             prof_blocks=prof["blocks"].data_ptr() if prof else 0,
             tmaps=self.tmaps.data_ptr() if self.tmaps is not None else 0,
-            kv_tmaps=(self._kv_tensor_maps(kv) if max(si.positions, default=0) + 1 >= self.ATTN_TENSOR_MIN_KEYS
-                      else 0),
+            kv_tmaps=self._kv_tensor_maps(kv),
         )
         for name, t in self.buf.items():
             vals[name] = t.data_ptr()

@@ -228,7 +228,7 @@ class MegakernelBackend(DecodeBackend):
 
     def _kv_tensor_maps(self, kv) -> int:
         """MK_ATTN_BULK=2: the device address of one tensor map per KV group's pool (16-token boxes of one kv head,
-        128-byte swizzle; csrc/mk_tmap.h mk_tmap_encode_kv), encoded again only when a pool moves; 0 where the
+        128-byte swizzle; csrc/mk_tmap.h mk_tmap_encode_swizzled_3d), encoded again only when a pool moves; 0 where the
         tensor path does not apply (head_dim not 64 or 128, blocks not a multiple of 16 tokens): attention then
         loads its chunks by cp.async."""
         p = self.plan

@@ -35,11 +35,13 @@ __device__ __forceinline__ void mma_rows8(float* c, unsigned a0, unsigned a2, un
         : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ void ldsm_x4_trans(unsigned* r, const bf16* p) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+
+// ldmatrix x4 transposed: 4 8x8 tiles whose rows start at the lanes' shared-memory addresses
+__device__ __forceinline__ void ldsm_x4_trans_s(unsigned* r, unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
 }
+__device__ __forceinline__ void ldsm_x4_trans(unsigned* r, const bf16* p) { ldsm_x4_trans_s(r, smem_addr(p)); }
 
 __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -51,9 +53,6 @@ __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
 // copy waited for before its task ends, so each barrier's phase is known at the next attention task's start.
 __shared__ __align__(8) unsigned long long s_abar[AST];
 __shared__ unsigned s_aphase;
-__device__ __forceinline__ unsigned long long& s_abar_at(int st) { return s_abar[st]; }
-__device__ __forceinline__ unsigned s_aphase_read() { return s_aphase; }
-__device__ __forceinline__ void s_aphase_write(unsigned ph) { s_aphase = ph; }
 
 // Thread 0, once per launch before the first barrier (builds whose attention loads by cp.async never use them).
 __device__ __forceinline__ void init_attention_ring() {
@@ -64,38 +63,8 @@ __device__ __forceinline__ void init_attention_ring() {
 #endif
 }
 
-// The offset from the dynamic shared memory's start of the first 1024-byte aligned address at or after `off` (the
-// 128-byte swizzle's period: a tensor copy's image is laid out by absolute address bits).
-__device__ __forceinline__ size_t swz_align_attn(size_t off) {
-    const unsigned base = smem_addr(smem);
-    return (size_t)((((unsigned)(base + off) + 1023u) & ~1023u) - base);
-}
-
-// A host-written tensor map (128 bytes in global memory) acquired by the tensor-map proxy before this thread's first
-// copy through it (the CUDA programming guide's rule for maps the host copies in).
-__device__ __forceinline__ void tensormap_acquire_attn(const void* map) {
-    asm volatile("fence.proxy.tensormap::generic.acquire.sys [%0], 128;\n" ::"l"(reinterpret_cast<unsigned long long>(map))
-                 : "memory");
-}
-
-// ldmatrix x4 transposed from a shared-memory address (the TM layout's swizzled rows)
-__device__ __forceinline__ void ldsm_x4_trans_s(unsigned* r, unsigned addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
-}
 
 #define ATM_BOX 16   // keys per tensor copy (MK_ATTN_BULK=2): the host encodes the KV maps with boxes of 16 rows
-
-// One 3D tensor copy (mk_gemv_swz.cuh's bulk_tensor_3d, repeated here so attention does not depend on the GEMV's
-// headers): box (x, y, z) of `map` into dst, completing on bar.
-__device__ __forceinline__ void attn_tensor_3d(void* dst, const void* map, int x, int y, int z,
-                                               unsigned long long* bar, unsigned long long policy) {
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
-        " [%0], [%1, {%2, %3, %4}], [%5], %6;\n"
-        ::"r"(smem_addr(dst)), "l"(reinterpret_cast<unsigned long long>(map)), "r"(x), "r"(y), "r"(z),
-        "r"(smem_addr(bar)), "l"(policy) : "memory");
-}
 
 // Byte offset of (row r, column c) in a tensor-copied K or V chunk (TM layout): 16-row boxes, each [column block of
 // 64][16 rows][64 columns] with the 128-byte swizzle (16-byte chunk j of a 128-byte line stored at j ^ (line & 7);
@@ -133,7 +102,7 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t4 = lane & 3;     // MMA fragment coordinates: row group and thread in group
     // TM: the tensor-copied chunks (1024-byte aligned, unpadded: inside the padded ring's footprint)
-    const unsigned tm_k = TM ? (unsigned)swz_align_attn(0) : 0u;
+    const unsigned tm_k = TM ? (unsigned)swz_align(0) : 0u;
     const unsigned tm_v = tm_k + (unsigned)(AST * CH * d * 2);
 
     // The split's block-table entries, read once (one L2 round trip for all of them) instead of per chunk segment
@@ -150,7 +119,7 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
         const int* tab = PP(const int*, tables) + kv_table_off(P, grp, s) + blk0;
         for (int i = threadIdx.x; i < nblk; i += NT) sBlk[i] = tab[i];
         if (TM && threadIdx.x < 32)            // host-written maps: acquired by the tensor-map proxy
-            tensormap_acquire_attn(PP(const unsigned char*, kv_tmaps) + (size_t)grp * MK_TMAP_BYTES);
+            tensormap_acquire(PP(const unsigned char*, kv_tmaps) + (size_t)grp * MK_TMAP_BYTES);
         __syncthreads();
     }
     const bf16* kv_base = kv_layer_base(P, grp, lig) + kvh * d;
@@ -162,12 +131,12 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
     // from k1 on in the last are loaded but masked, their V rows zeroed after landing.
     const int a0 = TM ? k0 & ~(ATM_BOX - 1) : k0;
     auto chunk_len = [&](int t0) { return min(k1 - t0, CH); };
-    unsigned ph = BULK ? s_aphase_read() : 0u; // bit st: the parity of stage st's next completion
+    unsigned ph = BULK ? s_aphase : 0u; // bit st: the parity of stage st's next completion
     auto load_chunk = [&](int t0, int n, int stage) {
         if constexpr (TM) {
             // warp 0: lane 0 arms the stage with the boxes' bytes, lanes 0 .. 2 * nbox - 1 copy a box each
             if (warp == 0) {
-                unsigned long long* bar = &s_abar_at(stage);
+                unsigned long long* bar = &s_abar[stage];
                 const int nbox = (n + ATM_BOX - 1) / ATM_BOX;
                 if (lane == 0) mbar_expect_tx(bar, (unsigned)(2 * nbox * ATM_BOX * d * 2));
                 fence_proxy_async();
@@ -176,7 +145,7 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
                 for (int i = lane; i < 2 * nbox; i += 32) {
                     const int v = i >= nbox, q = v ? i - nbox : i, ts = t0 + q * ATM_BOX;
                     const long long row = (((long long)lig * nb + sBlk[ts / bs - blk0]) * 2 + v) * bs + ts % bs;
-                    attn_tensor_3d(smem + (v ? tm_v : tm_k) + (size_t)stage * CH * d * 2 + (size_t)q * ATM_BOX * d * 2,
+                    bulk_tensor_3d(smem + (v ? tm_v : tm_k) + (size_t)stage * CH * d * 2 + (size_t)q * ATM_BOX * d * 2,
                                    map, 0, (int)row, kvh * NCB, bar, l2_evict_first());
                 }
             }
@@ -185,7 +154,7 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
             // stage's mbarrier (thread 0 arms it; copies that land before the arm take the count below zero, and
             // the phase cannot complete before thread 0's arrival). V rows n .. n+15 of a short chunk are zeroed (P
             // is 0 there, but stale shared memory could hold NaN bit patterns).
-            unsigned long long* bar = &s_abar_at(stage);
+            unsigned long long* bar = &s_abar[stage];
             if (threadIdx.x == 0) mbar_expect_tx(bar, (unsigned)(2 * n * d * 2));
             fence_proxy_async();
             for (int i = threadIdx.x; i < 2 * n; i += NT) {
@@ -223,7 +192,7 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
     };
     auto wait_chunk = [&](int c) {             // every thread: chunk c's copies landed (bulk paths)
         const int st = c % nst;
-        mbar_wait(&s_abar_at(st), (ph >> st) & 1u);
+        mbar_wait(&s_abar[st], (ph >> st) & 1u);
         ph ^= 1u << st;
     };
     int t_issue = a0, n_issued = 0;            // the next chunk to load, and how many were issued
@@ -241,7 +210,7 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
     if (!wait_rec(P, rec, ticket)) {           // no copy may outlive the task: wait for the ones issued
         if constexpr (BULK) {
             for (int c2 = 0; c2 < n_issued; c2++) wait_chunk(c2);
-            if (threadIdx.x == 0) s_aphase_write(ph);
+            if (threadIdx.x == 0) s_aphase = ph;
         } else {
             cp_async_wait_all();
         }
@@ -271,7 +240,7 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
         if constexpr (TM) {
             // rows the boxes brought that are not the split's keys, and rows of the last 16-key slice no box
             // covered: V zeroed (P is 0 there; 0 * NaN would not be)
-            const int rows = (n + 15) & ~15, per = NCB * 8;
+            const int rows = lo_off > 0 || n < CH ? (n + 15) & ~15 : 0, per = NCB * 8;   // (first / last chunk)
             for (int u = threadIdx.x; u < rows * per; u += NT) {
                 const int r = u / per, cc = u - r * per;
                 if (r < lo_off || r >= n)
@@ -373,7 +342,7 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
         if (dd == 0) PP(float*, part_lse)[(size_t)(pbase + j) * gq + h] = M + logf(L);
     }
     if constexpr (BULK)
-        if (threadIdx.x == 0) s_aphase_write(ph);
+        if (threadIdx.x == 0) s_aphase = ph;
     task_signal(P, rec[RF_SIG]);
     return true;
 }

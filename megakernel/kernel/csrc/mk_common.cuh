@@ -172,6 +172,24 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned b
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n"
                  ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy) : "memory");
 }
+// Before a block's first copy through a tensor map that the host wrote into global memory (MK_SWZ's expert maps, MK_ATTN_BULK=2's KV maps): its
+// 128 bytes acquired by the tensor-map proxy (the CUDA programming guide's rule for maps copied in by the host).
+__device__ __forceinline__ void tensormap_acquire(const void* map) {
+    asm volatile("fence.proxy.tensormap::generic.acquire.sys [%0], 128;\n" ::"l"(reinterpret_cast<unsigned long long>(map))
+                 : "memory");
+}
+
+// One 3D tensor copy of box (x = first column in a block, y = first row, z = first column block) of a 3D map
+// (csrc/mk_tmap.h mk_tmap_encode_swizzled_3d) into dst, completing on bar.
+__device__ __forceinline__ void bulk_tensor_3d(void* dst, const void* map, int x, int y, int z,
+                                               unsigned long long* bar, unsigned long long policy) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1, {%2, %3, %4}], [%5], %6;\n"
+        ::"r"(smem_addr(dst)), "l"(reinterpret_cast<unsigned long long>(map)), "r"(x), "r"(y), "r"(z),
+        "r"(smem_addr(bar)), "l"(policy) : "memory");
+}
+
 __device__ __forceinline__ void mbar_inval(unsigned long long* bar) {
     asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
@@ -337,6 +355,13 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
 
 extern __shared__ __align__(16) unsigned char smem[];
 
+// The offset from the dynamic shared memory's start of the first MK_SWZ_ALIGN-aligned address at or after `off`
+// (a swizzled tile's buffer: every box lands at a multiple of 1024 bytes, the 128-byte swizzle's period).
+__device__ __forceinline__ size_t swz_align(size_t off) {
+    const unsigned base = smem_addr(smem);
+    return (size_t)((((unsigned)(base + off) + (MK_SWZ_ALIGN - 1u)) & ~(MK_SWZ_ALIGN - 1u)) - base);
+}
+
 // The barrier of the warps that run a task: the whole block (NWC == NW), or warps 0..NWC-1 on named barrier 1 (a
 // warp-specialised task whose other warps load).
 template <int NWC>
@@ -421,15 +446,9 @@ __device__ __forceinline__ int kv_table_off(const Params& P, int g, int s) {
 
 // Key position kp of row s in layer lig's pool of KV group g: its K row (its V row is block_size * KVs later).
 __device__ __forceinline__ bf16* kv_slot(const Params& P, int g, int lig, int s, int kp) {
-    const int Bm = PI(Bm), G = PI(n_groups), bs = PI(block_size);
-    const int KVs = PI(n_kv) * PI(head_dim);
-    const int* st = step_in(P);
-    const int toff = st[2 * Bm + s * G + g], tbase = st[2 * Bm + Bm * G + s * G + g];
-    const int blk = PP(const int*, tables)[toff + kp / bs - tbase];
-    bf16* base = g == 0 ? PP(bf16*, kv0) : PP(bf16*, kv1);
-    const long long nblk = g == 0 ? PL(nblk0) : PL(nblk1);
-    const size_t lstride = (size_t)nblk * 2 * bs * KVs;
-    return base + lig * lstride + ((size_t)blk * 2 * bs + (kp % bs)) * KVs;
+    const int bs = PI(block_size);
+    const int blk = PP(const int*, tables)[kv_table_off(P, g, s) + kp / bs];
+    return kv_layer_base(P, g, lig) + ((size_t)blk * 2 * bs + (kp % bs)) * ((size_t)PI(n_kv) * PI(head_dim));
 }
 
 // ---- profiling records (thread 0) -----------------------------------------------------------------------------

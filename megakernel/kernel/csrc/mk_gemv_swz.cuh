@@ -15,13 +15,6 @@
 #include <cuda.h>
 #include "mk_gemv.cuh"
 
-// Before a block's first copy through a tensor map that the host wrote into global memory (MK_SWZ's maps): its
-// 128 bytes acquired by the tensor-map proxy (the CUDA programming guide's rule for maps copied in by the host).
-__device__ __forceinline__ void tensormap_acquire(const CUtensorMap* map) {
-    asm volatile("fence.proxy.tensormap::generic.acquire.sys [%0], 128;\n" ::"l"(reinterpret_cast<unsigned long long>(map))
-                 : "memory");
-}
-
 // One 2D tensor copy of box (x = first column, y = first row) of the map's matrix into dst, completing on bar.
 __device__ __forceinline__ void bulk_tensor_2d(void* dst, const CUtensorMap* map, int x, int y, unsigned long long* bar,
                                                unsigned long long policy) {
@@ -30,17 +23,6 @@ __device__ __forceinline__ void bulk_tensor_2d(void* dst, const CUtensorMap* map
         " [%0], [%1, {%2, %3}], [%4], %5;\n"
         ::"r"(smem_addr(dst)), "l"(reinterpret_cast<unsigned long long>(map)), "r"(x), "r"(y), "r"(smem_addr(bar)),
         "l"(policy) : "memory");
-}
-
-// One 3D tensor copy of box (x = first column in a block, y = first row, z = first column block) of a 3D map
-// (mk_tmap_encode_swizzled_3d) into dst, completing on bar.
-__device__ __forceinline__ void bulk_tensor_3d(void* dst, const CUtensorMap* map, int x, int y, int z,
-                                               unsigned long long* bar, unsigned long long policy) {
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
-        " [%0], [%1, {%2, %3, %4}], [%5], %6;\n"
-        ::"r"(smem_addr(dst)), "l"(reinterpret_cast<unsigned long long>(map)), "r"(x), "r"(y), "r"(z),
-        "r"(smem_addr(bar)), "l"(policy) : "memory");
 }
 
 // One warp: a tile of R = n0 + n1 rows (halves y0.. and y1.., multiples of bh rows) of a 3D map whose box is bh
@@ -91,13 +73,6 @@ __device__ __noinline__ void issue_tile_swz(bf16* sW, const CUtensorMap* map, in
         const int y = j < b0 ? y0 + j * box_rows : y1 + (j - b0) * box_rows;  // and in the matrix
         bulk_tensor_2d(reinterpret_cast<char*>(sW) + ((size_t)kb * R + r) * 128, map, kb * 64, y, &s_wbar[buf], pol);
     }
-}
-
-// The offset from the dynamic shared memory's start of the first MK_SWZ_ALIGN-aligned address at or after `off`
-// (a swizzled tile's buffer: every box lands at a multiple of 1024 bytes, the 128-byte swizzle's period).
-__device__ __forceinline__ size_t swz_align(size_t off) {
-    const unsigned base = smem_addr(smem);
-    return (size_t)((((unsigned)(base + off) + (MK_SWZ_ALIGN - 1u)) & ~(MK_SWZ_ALIGN - 1u)) - base);
 }
 
 // Fragment row g (0..7) of a 16-row block reads local row swz_perm(g) (and that + 8). The 8 lanes of a quarter warp

@@ -138,11 +138,12 @@ extern "C" int mk_encode_swizzled(void* out, const void* base, unsigned long lon
     return rc;
 }
 
-// Attention's K/V tensor map of one KV group's pool (128 bytes into out; csrc/mk_tmap.h mk_tmap_encode_kv).
+// Attention's K/V tensor map of one KV group's pool: rows of row_elems (every kv head's K or V of one token), boxes
+// of box_rows tokens x col_blocks 64-column blocks (128 bytes into out; csrc/mk_tmap.h mk_tmap_encode_swizzled_3d).
 extern "C" int mk_encode_kv(void* out, const void* base, unsigned long long rows, int row_elems, int box_rows,
                             int col_blocks) {
     CUtensorMap map;
-    const int rc = mk_tmap_encode_kv(&map, base, rows, row_elems, box_rows, col_blocks);
+    const int rc = mk_tmap_encode_swizzled_3d(&map, base, rows, row_elems, box_rows, col_blocks);
     if (rc == 0) memcpy(out, &map, sizeof(map));
     return rc;
 }

@@ -41,16 +41,17 @@ static inline int mk_tmap_encode_swizzled(CUtensorMap* map, const void* base, un
 }
 
 // The same matrix seen as 3D, (64 columns, rows, K / 64 column blocks) with strides (K * 2, 128) bytes, and one box
-// of (64, box_rows, K / 64): a single tensor copy then brings box_rows whole rows, and its shared-memory image
-// [column block][row][64 columns] is the 2D boxes' layout (column block kb at kb * box_rows * 128). 0 on success,
-// else as above.
+// of (64, box_rows, box_blocks column blocks; 0: K / 64): a single tensor copy then brings box_rows rows (whole, by
+// default), and its shared-memory image [column block][row][64 columns] is the 2D boxes' layout (column block kb at
+// kb * box_rows * 128). Attention's KV maps (MK_ATTN_BULK=2) view a pool's token rows of every kv head this way,
+// with box_blocks = head_dim / 64: one copy brings box_rows tokens of one kv head. 0 on success, else as above.
 static inline int mk_tmap_encode_swizzled_3d(CUtensorMap* map, const void* base, unsigned long long rows, int K,
-                                             int box_rows) {
+                                             int box_rows, int box_blocks = 0) {
     const MkEncodeTiled fn = mk_tmap_encoder();
     if (!fn) return -1;
     const cuuint64_t dims[3] = {64, rows, (cuuint64_t)(K / 64)};
     const cuuint64_t strides[2] = {(cuuint64_t)K * 2, 128};
-    const cuuint32_t box[3] = {64, (cuuint32_t)box_rows, (cuuint32_t)(K / 64)};
+    const cuuint32_t box[3] = {64, (cuuint32_t)box_rows, (cuuint32_t)(box_blocks ? box_blocks : K / 64)};
     const cuuint32_t estr[3] = {1, 1, 1};
     memset(map, 0, sizeof(*map));
     const CUresult r = fn(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), dims, strides, box, estr,
@@ -59,21 +60,3 @@ static inline int mk_tmap_encode_swizzled_3d(CUtensorMap* map, const void* base,
     return r == CUDA_SUCCESS ? 0 : 1000 + (int)r;
 }
 
-// Attention's paged K/V (MK_ATTN_BULK=2): the pool of one KV group seen as 3D, (64 columns, rows, row_elems / 64
-// column blocks) with strides (row_elems * 2, 128) bytes, where a row is one token's K or V of every kv head
-// (row_elems = kv heads x head_dim); boxes of (64, box_rows, col_blocks): one copy brings box_rows tokens of one kv
-// head (col_blocks = head_dim / 64 column blocks, z = its first), swizzled by 128 bytes. 0 on success, else as above.
-static inline int mk_tmap_encode_kv(CUtensorMap* map, const void* base, unsigned long long rows, int row_elems,
-                                    int box_rows, int col_blocks) {
-    const MkEncodeTiled fn = mk_tmap_encoder();
-    if (!fn) return -1;
-    const cuuint64_t dims[3] = {64, rows, (cuuint64_t)(row_elems / 64)};
-    const cuuint64_t strides[2] = {(cuuint64_t)row_elems * 2, 128};
-    const cuuint32_t box[3] = {64, (cuuint32_t)box_rows, (cuuint32_t)col_blocks};
-    const cuuint32_t estr[3] = {1, 1, 1};
-    memset(map, 0, sizeof(*map));
-    const CUresult r = fn(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(base), dims, strides, box, estr,
-                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    return r == CUDA_SUCCESS ? 0 : 1000 + (int)r;
-}

@@ -243,7 +243,7 @@ class ModelPlan:
                                          # 1 (a third fewer items, each paying a claim, its inputs and a signal
                                          # once); 0: the old tiles. 8K, ms at 0 / 192 (646056b): b1 3.791 / 3.683, b2 5.633 /
                                          # 5.419; b1 32K 4.261 / 4.151, 128K 6.091 / 6.002
-    moe_pages: int = 0                   # plans of at most this many rows (tile_batch; the kernel supports 1) run
+    moe_pages: int = 0                   # plans of at most this many rows (tile_batch) run
                                          # their MoE items on the paged worker (csrc/mk_moe_pages.cuh): one loader
                                          # warp streams the items' weight rows into a ring of PAGE_BYTES pages as
                                          # pages free, the other warps compute a page each, so the SM never stops
@@ -383,27 +383,32 @@ class ModelPlan:
         self.sync_ints = O.CTRL_INTS + self.n_counters + max(1, self.Lm)
 
     def _page_layout(self, o_in_queue: bool) -> None:
-        """The paged MoE worker's shared memory (pg_n = 0: not used by this plan): PAGE_SLOTS items in flight, each
-        with one input row (a gate/up item's x, a down item's activations, an O item's attention output) and its
-        fp32 outputs, after as many pages as fit the usable shared memory (at most PAGE_MAX, at most moe_pages_max
-        where that is set), then its barriers and bookkeeping (PAGE_STATE_BYTES)."""
+        """The paged MoE worker's shared memory (pg_n = 0: not used by this plan), for up to pg_rows = tile_batch
+        input rows per item: PAGE_SLOTS items in flight, each with an input buffer (a down item's activation rows,
+        an O item's attention rows; a gate/up item reads the layer's x rows, loaded once per worker into their own
+        buffer) and its fp32 outputs (pg_rows x pg_out_rows), after as many pages as fit the usable shared memory
+        (at most PAGE_MAX, at most moe_pages_max where that is set), then its barriers and bookkeeping
+        (PAGE_STATE_BYTES)."""
         self.pg_n = self.pg_in_off = self.pg_in_bytes = self.pg_out_off = self.pg_out_rows = self.pg_state_off = 0
-        if not (self.moe_pages and self.tb <= min(self.moe_pages, 1) and self.Lm and not self.wbuf
-                and not self.moe_wbuf):
+        self.pg_rows = self.pg_x_off = 0
+        if not (self.moe_pages and self.tb <= self.moe_pages and self.Lm and not self.wbuf and not self.moe_wbuf):
             return
-        k_in = max(self.H, self.I, self.Q if o_in_queue else 0)
-        in_bytes = (k_in * 2 + 15) // 16 * 16
+        R = self.tb
+        k_in = max(self.I, self.Q if o_in_queue else 0)
+        in_bytes = (R * k_in * 2 + 15) // 16 * 16
         out_rows = max(2 * self.gu_rows, self.dn_rows, self.o_rows if o_in_queue else 0)
-        slots = O.PAGE_SLOTS * (in_bytes + out_rows * 4) + 16 + O.PAGE_STATE_BYTES
-        n = min(O.PAGE_MAX, self.moe_pages_max or O.PAGE_MAX, (O.SMEM_LIMIT - O.SMEM_RESERVE - slots) // O.PAGE_BYTES)
+        x_bytes = (R * self.H * 2 + 15) // 16 * 16
+        fixed = O.PAGE_SLOTS * (in_bytes + R * out_rows * 4) + x_bytes + 32 + O.PAGE_STATE_BYTES
+        n = min(O.PAGE_MAX, self.moe_pages_max or O.PAGE_MAX, (O.SMEM_LIMIT - O.SMEM_RESERVE - fixed) // O.PAGE_BYTES)
         if n < 4 or max(self.H, self.I, self.Q) * 2 > O.PAGE_BYTES:
             return                           # (a page holds at least one row of every item kind)
-        self.pg_n = n
+        self.pg_n, self.pg_rows = n, R
         self.pg_in_off = n * O.PAGE_BYTES
         self.pg_in_bytes = in_bytes
         self.pg_out_off = self.pg_in_off + O.PAGE_SLOTS * in_bytes
         self.pg_out_rows = out_rows
-        self.pg_state_off = (self.pg_out_off + O.PAGE_SLOTS * out_rows * 4 + 15) // 16 * 16
+        self.pg_x_off = (self.pg_out_off + O.PAGE_SLOTS * R * out_rows * 4 + 15) // 16 * 16
+        self.pg_state_off = (self.pg_x_off + x_bytes + 15) // 16 * 16
 
     def pages_smem_bytes(self) -> int:
         """End of the paged worker's layout (0 without it)."""
@@ -521,7 +526,7 @@ def tiling_plans(cfg: ModelConfig, layout: KVLayout, max_batch: int, per_batch: 
     # the streaming LM head's tiles shrink with every row of input; they do not split plans (the plan of the largest
     # tile_batch with the same other tiles serves the smaller launches, its LM tiles sized for its rows)
     key = lambda p: (tuple(t for t in p.gemv_tiles if t is not p.lm_tile), p.wbuf, p.moe_wbuf > 0,   # noqa: E731
-                     p.lm_wbuf > 0, p.o_items > 0)
+                     p.lm_wbuf > 0, p.o_items > 0, p.pg_n > 0)
     by_tiles: dict[tuple, ModelPlan] = {}
     shrinking = knobs.get("prefetch", ModelPlan.prefetch) or knobs.get("moe_ring", ModelPlan.moe_ring)
     cands = [1 << i for i in range(max_batch.bit_length()) if 1 << i < max_batch] if shrinking else range(1, max_batch)

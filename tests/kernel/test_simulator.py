@@ -651,10 +651,11 @@ def test_paged_worker_layout_on_north_dims():
             assert p.pg_n == 0 and p.pages_smem_bytes() == 0 and p.smem_bytes() == q.smem_bytes()
             continue
         assert 4 <= p.pg_n <= O.PAGE_MAX and p.pg_in_off == p.pg_n * O.PAGE_BYTES
-        assert p.pg_in_bytes >= 2 * max(p.H, p.I, p.Q) and p.pg_in_bytes % 16 == 0
+        assert p.pg_rows == 1 and p.pg_in_bytes >= 2 * max(p.I, p.Q) and p.pg_in_bytes % 16 == 0
         assert p.pg_out_rows >= max(2 * p.gu_rows, p.dn_rows, p.o_rows)
         assert p.pg_out_off == p.pg_in_off + O.PAGE_SLOTS * p.pg_in_bytes
-        assert p.pg_state_off >= p.pg_out_off + O.PAGE_SLOTS * p.pg_out_rows * 4 and p.pg_state_off % 16 == 0
+        assert p.pg_x_off >= p.pg_out_off + O.PAGE_SLOTS * p.pg_out_rows * 4 and p.pg_x_off % 16 == 0
+        assert p.pg_state_off >= p.pg_x_off + 2 * p.H and p.pg_state_off % 16 == 0
         assert p.pages_smem_bytes() == p.pg_state_off + O.PAGE_STATE_BYTES
         assert p.pages_smem_bytes() <= p.smem_bytes() <= O.SMEM_LIMIT - O.SMEM_RESERVE
         # at North dims the ring holds fewer pages than there are computing warps (its end markers wrap it too);
@@ -669,6 +670,38 @@ def test_paged_worker_layout_on_north_dims():
         assert (fine.qkv_rows, fine.o_rows, fine.lm_rows) == (p.qkv_rows, p.o_rows, p.lm_rows) and fine.pg_n >= p.pg_n
         assert (p.gemv_tiles, p.gu_rows, p.dn_rows, p.o_items) == (q.gemv_tiles, q.gu_rows, q.dn_rows, q.o_items)
         assert O.PAGE_BYTES // (2 * max(p.H, p.I, p.Q)) >= 1
+
+
+def test_paged_worker_layout_for_several_rows():
+    """moe_pages=8: every plan of at most 8 rows gets the paged layout for its tile_batch rows (pg_rows): each item
+    slot holds that many rows of a down item's activations (and of an O item's attention output where O items are
+    queued), that many rows of outputs, the layer's x rows once, at least 4 pages, all inside the shared memory
+    and in order; plans of more rows keep the plain worker; a paged plan is never merged into a plain one."""
+    from megakernel.config import north_mini_code_config
+    from megakernel.kernel.schedule import tiling_plans
+    from megakernel.kv.cache import KVLayout
+
+    cfg = north_mini_code_config()
+    layout = KVLayout.for_model(cfg, 64)
+    plans = tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=8)
+    paged = [p for p in plans if p.pg_n]
+    assert [p.tb for p in paged] == [1, 2, 3, 4, 8]
+    for p in plans:
+        if p.tb > 8:
+            assert p.pg_n == 0 and p.pg_rows == 0
+            continue
+        R = p.pg_rows
+        assert R == p.tb and 4 <= p.pg_n <= O.PAGE_MAX and p.pg_in_off == p.pg_n * O.PAGE_BYTES
+        k_in = max(p.I, p.Q) if p.o_items else p.I
+        assert p.pg_in_bytes >= 2 * R * k_in and p.pg_in_bytes % 16 == 0
+        assert p.pg_out_rows >= max(2 * p.gu_rows, p.dn_rows, p.o_rows if p.o_items else 0)
+        assert p.pg_out_off == p.pg_in_off + O.PAGE_SLOTS * p.pg_in_bytes
+        assert p.pg_x_off >= p.pg_out_off + O.PAGE_SLOTS * R * p.pg_out_rows * 4 and p.pg_x_off % 16 == 0
+        assert p.pg_state_off >= p.pg_x_off + 2 * R * p.H and p.pg_state_off % 16 == 0
+        assert p.pages_smem_bytes() <= p.smem_bytes() <= O.SMEM_LIMIT - O.SMEM_RESERVE
+    # the 5..8-row launches run the 8-row paged plan (not a plain plan of the same tiles)
+    from megakernel.kernel.schedule import plan_for_rows
+    assert all(plan_for_rows(plans, b).pg_rows == 8 for b in range(5, 9))
 
 
 def test_simulator_with_the_paged_worker():

@@ -413,7 +413,7 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
     const int n_gu = n_active * PI(gu_tiles);
     int* work = PP(int*, moe_work) + m;
 #if MK_MOE_LOCAL
-    if (PI(pg_n) && PI(B) == 1) {            // the plan's paged layout (one input row)
+    if (PI(pg_n) && PI(B) <= PI(pg_rows)) {  // the plan's paged layout
         if (!moe_worker_pages(P, ticket, l, m, route, egu, edn, n_gu, n_items, s_w[2])) return false;
 #if MK_PROFILE
         prof_worker_stamps(task_claim, task_waited);

@@ -1,14 +1,15 @@
-// The paged MoE worker (plans with moe_pages, one input row): the same items in the same claim order as the plain
-// worker (mk_moe.cuh), but the SM never stops loading at an item boundary. Three roles, no block-wide barrier between
-// pages or items:
+// The paged MoE worker (plans with moe_pages, up to pg_rows input rows per item): the same items in the same claim
+// order as the plain worker (mk_moe.cuh), but the SM never stops loading at an item boundary. Three roles, no
+// block-wide barrier between pages or items:
 // - the loader (warp NW - 1) claims the next item just before it issues this item's last page (the claim's round trip
 //   under that page's wait, and no item held while a whole item's pages wait for the ring; pg_claim_late: after the
 //   last page, once the input warp has this item's input row), publishes each item's
 //   description in one of PAGE_SLOTS item slots, and streams its weight rows into a ring of pg_n pages (PAGE_BYTES
 //   each, whole rows, one bulk copy per page) as pages free: weights never wait on a counter;
-// - the input warp (NW - 2) walks the items in order: waits for the item's dependency (a down item: its expert's
-//   gate/up items; an O item: the attention combines), loads its input row into the slot and raises the slot's flag,
-//   so inputs load while earlier pages compute instead of after the item's first page landed;
+// - the input warp (NW - 2) first loads the layer's x rows (every gate/up item's inputs: the routing the worker
+//   waited for was laid out after them), then walks the items in order: waits for the item's dependency (a down
+//   item: its expert's gate/up items; an O item: the attention combines), loads its input rows into the slot and
+//   raises the slot's flag, so inputs load while earlier pages compute instead of after the item's first page landed;
 // - the computing warps (0 .. NW - 3): warp w takes pages w, w + NWC, w + 2 NWC, ... of the worker's page sequence,
 //   waits for the page and its item's input flag, multiplies the page's rows by the input, frees the page; the warp
 //   that computes an item's last page writes the item's epilogue and frees its slot.
@@ -37,10 +38,10 @@ struct PgState {
     unsigned long long free_[MK_PAGE_SLOTS];   // an item's epilogue is written
     long long stamp[MK_PAGE_SLOTS][5];         // (MK_PROFILE) claim, issued, waited, landed, computed (per item)
     int page[MK_PAGE_MAX][3];                  // item slot (-1: end marker), first row | rows << 16, sequence number
-    int item[MK_PAGE_SLOTS][11];               // sequence j, kind, expert slot, expert, first pair, r0, nr, K, pages,
-                                               // rows in half 0, queue item
-    float w[MK_PAGE_SLOTS];                    // a down item's routing weight
-    int rank[MK_PAGE_SLOTS];                   // and its rank among its row's experts
+    int item[MK_PAGE_SLOTS][12];               // sequence j, kind, expert slot, expert, first pair, r0, nr, K, pages,
+                                               // rows in half 0, queue item, input rows
+    float w[MK_PAGE_SLOTS][MB];                // a down item's pairs' routing weights
+    int rank[MK_PAGE_SLOTS][MB];               // and their ranks among their rows' experts
     int done[MK_PAGE_SLOTS];                   // pages of the slot's item computed
     int seq[MK_PAGE_SLOTS];                    // j: item j's description is in the slot (the loader, last)
     int in[MK_PAGE_SLOTS];                     // j: item j's input row is in the slot (the input warp)
@@ -205,38 +206,87 @@ __device__ __forceinline__ void pg_compute(const bf16* W, const bf16* x, int nr,
     else pg_rows<MK_PAGE_ROWS_MAX>(W, x, nr, K, out);
 }
 
-// The input warp (lane 0 waits): item slot q's input row, after its dependency (a down item: its expert's gate/up
-// items; an O item: the attention combines), by plain L2 loads (all of a lane's in flight at once) into the slot's
-// input buffer. False if the wait failed.
+// One warp, an item of several input rows: rows r < nr of the page at W times input rows i < nc (row i at
+// xrow(i), K elements each), the fp32 dot products into out[i * ostride + r] (lane 0). Weight rows and inputs go in
+// groups of 4 (16 accumulators); each lane takes 16-byte chunks lane, lane + 32, ... of both.
+template <class XRow>
+__device__ __forceinline__ void pg_compute_rows(const bf16* W, int nr, int nc, int K, XRow xrow, float* out,
+                                                int ostride) {
+    const int lane = threadIdx.x & 31, KC = K >> 3;
+    const uint4* wv = reinterpret_cast<const uint4*>(W);
+    for (int i0 = 0; i0 < nc; i0 += 4) {
+        const uint4* xv[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) xv[i] = reinterpret_cast<const uint4*>(xrow(min(i0 + i, nc - 1)));
+        for (int r0 = 0; r0 < nr; r0 += 4) {
+            float acc[4][4];
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) acc[r][i] = 0.f;
+            for (int c = lane; c < KC; c += 32) {
+                float xf[4][8];
+#pragma unroll
+                for (int i = 0; i < 4; i++) unpack8(xv[i][c], xf[i]);   // (past nc: row nc - 1 again, unused)
+#pragma unroll
+                for (int r = 0; r < 4; r++) {
+                    if (r0 + r < nr) {
+                        float wf[8];
+                        unpack8(wv[(size_t)(r0 + r) * KC + c], wf);
+#pragma unroll
+                        for (int i = 0; i < 4; i++)
+#pragma unroll
+                            for (int e = 0; e < 8; e++) acc[r][i] = fmaf(wf[e], xf[i][e], acc[r][i]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    if (r0 + r < nr && i0 + i < nc) {
+                        const float v = warp_sum(acc[r][i]);
+                        if (lane == 0) out[(size_t)(i0 + i) * ostride + r0 + r] = v;
+                    }
+        }
+    }
+}
+
+// The input warp (lane 0 waits): item slot q's input rows, after their dependency (a down item: its expert's
+// gate/up items; an O item: the attention combines), by plain L2 loads (all of a lane's in flight at once) into the
+// slot's input buffer (a gate/up item reads the layer's x rows, loaded at the worker's start: nothing to do). False
+// if the wait failed.
 __device__ __forceinline__ bool pg_load_inputs(const Params& P, PgState& G, int ticket, int l, int m, const int* route,
                                                int q) {
     const int lane = threadIdx.x & 31;
     const int* it = G.item[q];
-    const int kind = it[1], eslot = it[2], st = it[4], K = it[7];
+    const int kind = it[1], eslot = it[2], st = it[4], K = it[7], nc = it[11];
+    if (kind == PG_GU) return true;
     int ok = 1;
     if (lane == 0) {
         if (kind == PG_DN) ok = wait_counter(P, l * PI(cpl) + PI(c_gu) + eslot, PI(gu_tiles), ticket) ? 1 : 0;
-        else if (kind == PG_O)
-            ok = wait_counter(P, l * PI(cpl) + PI(c_comb), PI(B) * PI(n_kv) * PI(combine_parts), ticket) ? 1 : 0;
-        if (ok && kind == PG_DN) {            // (worker_topk: from this worker's own routing, like the plain worker:
-            if (PI(worker_topk)) {            // one worker writes the global record while the others run)
-                G.w[q] = __uint_as_float((unsigned)s_route_pw[st] << 16);
-                G.rank[q] = s_route_rank[st];
-            } else {
-                G.w[q] = __int_as_float(ldcg_i(route + PI(r_pair_w) + st));
-                G.rank[q] = ldcg_i(route + PI(r_pair_rank) + st);
-            }
-        }
+        else ok = wait_counter(P, l * PI(cpl) + PI(c_comb), PI(B) * PI(n_kv) * PI(combine_parts), ticket) ? 1 : 0;
     }
     ok = __shfl_sync(0xffffffffu, ok, 0);
     if (!ok) return false;
     __syncwarp();                             // (lane 0's acquire of the counter orders the lanes' loads below)
+    if (kind == PG_DN) {                      // the pairs' weights and ranks (worker_topk: from this worker's own
+        for (int i = lane; i < nc; i += 32) { // routing, like the plain worker: one worker writes the global record
+            if (PI(worker_topk)) {            // while the others run)
+                G.w[q][i] = __uint_as_float((unsigned)s_route_pw[st + i] << 16);
+                G.rank[q][i] = s_route_rank[st + i];
+            } else {
+                G.w[q][i] = __int_as_float(ldcg_i(route + PI(r_pair_w) + st + i));
+                G.rank[q][i] = ldcg_i(route + PI(r_pair_rank) + st + i);
+            }
+        }
+    }
+    // a down item's pairs' activation rows (consecutive pairs: consecutive rows), an O item's rows of attention
     const bf16* src = kind == PG_DN ? PP(const bf16*, eact) + ((size_t)m * PI(n_pairs) + st) * PI(I)
-                    : kind == PG_O  ? PP(const bf16*, attn) + (size_t)l * PI(Bm) * PI(n_heads) * PI(head_dim)
-                                    : PP(const bf16*, x) + ((size_t)l * PI(Bm) + s_route_row[st]) * PI(H);
+                                    : PP(const bf16*, attn) + (size_t)l * PI(Bm) * PI(n_heads) * PI(head_dim);
     uint4* dst = reinterpret_cast<uint4*>(smem + PI(pg_in_off) + (size_t)q * PI(pg_in_bytes));
     const uint4* sv = reinterpret_cast<const uint4*>(src);
-    for (int c = lane; c < (K >> 3); c += 32) dst[c] = __ldcg(sv + c);
+    for (int c = lane; c < nc * (K >> 3); c += 32) dst[c] = __ldcg(sv + c);
     return true;
 }
 
@@ -245,14 +295,18 @@ __device__ __forceinline__ bool pg_load_inputs(const Params& P, PgState& G, int 
 __device__ __forceinline__ void pg_epilogue(const Params& P, PgState& G, int l, int m, int q) {
     const int lane = threadIdx.x & 31;
     const int* it = G.item[q];
-    const int kind = it[1], eslot = it[2], st = it[4], r0 = it[5], nr = it[6];
-    const float* out = reinterpret_cast<const float*>(smem + PI(pg_out_off)) + (size_t)q * PI(pg_out_rows);
+    const int kind = it[1], eslot = it[2], st = it[4], r0 = it[5], nr = it[6], nc = it[11];
+    const int os = PI(pg_out_rows);           // input row i's outputs at out[i * os ...]
+    const float* out = reinterpret_cast<const float*>(smem + PI(pg_out_off)) + (size_t)q * PI(pg_rows) * os;
     const int H = PI(H);
     if (kind == PG_GU) {
-        bf16* dst = PP(bf16*, eact) + ((size_t)m * PI(n_pairs) + st) * PI(I) + r0;
-        for (int r = lane; r < nr; r += 32) {
-            const float g = rbf(out[r]), u = rbf(out[nr + r]);
-            dst[r] = f2bf(rbf(g / (1.f + expf(-g))) * u);
+        for (int i = 0; i < nc; i++) {
+            bf16* dst = PP(bf16*, eact) + ((size_t)m * PI(n_pairs) + st + i) * PI(I) + r0;
+            const float* oi = out + (size_t)i * os;
+            for (int r = lane; r < nr; r += 32) {
+                const float g = rbf(oi[r]), u = rbf(oi[nr + r]);
+                dst[r] = f2bf(rbf(g / (1.f + expf(-g))) * u);
+            }
         }
         __syncwarp();
         if (lane == 0) {
@@ -260,17 +314,23 @@ __device__ __forceinline__ void pg_epilogue(const Params& P, PgState& G, int l, 
             red_release(PP(int*, counters) + l * PI(cpl) + PI(c_gu) + eslot, 1);
         }
     } else if (kind == PG_DN) {
-        const float w = G.w[q];
-        const int row = s_route_row[st], rank = G.rank[q];
-        bf16* y = PP(bf16*, y) + (((size_t)m * PI(Bm) + row) * PI(topk) + rank) * H + r0;
-        for (int r = lane; r < nr; r += 32) y[r] = f2bf(rbf(out[r]) * w);
+        for (int i = 0; i < nc; i++) {
+            const float w = G.w[q][i];
+            const int row = s_route_row[st + i], rank = G.rank[q][i];
+            bf16* y = PP(bf16*, y) + (((size_t)m * PI(Bm) + row) * PI(topk) + rank) * H + r0;
+            const float* oi = out + (size_t)i * os;
+            for (int r = lane; r < nr; r += 32) y[r] = f2bf(rbf(oi[r]) * w);
+        }
     } else {
         const bf16* bias = reinterpret_cast<const bf16*>(layer_wptr(P, l)[WP_O_BIAS]);
-        bf16* o = PP(bf16*, ao) + (size_t)l * PI(Bm) * H + r0;
-        for (int r = lane; r < nr; r += 32) {
-            float v = out[r];
-            if (bias) v += bf2f(bias[r0 + r]);
-            o[r] = f2bf(v);
+        for (int i = 0; i < nc; i++) {
+            bf16* o = PP(bf16*, ao) + ((size_t)l * PI(Bm) + i) * H + r0;
+            const float* oi = out + (size_t)i * os;
+            for (int r = lane; r < nr; r += 32) {
+                float v = oi[r];
+                if (bias) v += bf2f(bias[r0 + r]);
+                o[r] = f2bf(v);
+            }
         }
     }
 }
@@ -323,6 +383,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                 int* mt = G.item[q];
                 mt[0] = j; mt[1] = it.slot < 0 ? PG_O : it.down ? PG_DN : PG_GU; mt[2] = it.slot; mt[3] = it.e;
                 mt[4] = it.st; mt[5] = it.r0; mt[6] = it.nr; mt[7] = K; mt[8] = pages; mt[9] = n0; mt[10] = item;
+                mt[11] = it.cnt;
 #if MK_PROFILE
                 G.stamp[q][0] = prof_now();
                 if (j == 0) pg_mark(2);
@@ -389,6 +450,11 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
         if (stop && lane == 0) ((volatile int*)&G.stop)[0] = 1;
         __syncwarp();                         // (each role's warp meets the block barrier below converged)
     } else if (warp == PG_INPUT_WARP) {       // ---- the input warp ----
+        {                                     // the layer's x rows (the gate/up items' inputs), before any flag
+            const uint4* sv = reinterpret_cast<const uint4*>(PP(const bf16*, x) + (size_t)l * PI(Bm) * PI(H));
+            uint4* dst = reinterpret_cast<uint4*>(smem + PI(pg_x_off));
+            for (int c = lane; c < PI(B) * (PI(H) >> 3); c += 32) dst[c] = __ldcg(sv + c);
+        }
         for (int j = 0;; j++) {
             const int q = j % MK_PAGE_SLOTS;
             int st = 0;                       // 1: item j is published; 2: the loader published fewer; 0: stop
@@ -434,6 +500,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             // (the item's page count read now, with its other fields: once this warp's count is in, another warp
             // may finish the item and the loader publish the next item in the slot)
             const int j = it[0], K = it[7], npages = it[8], row0 = pr & 0xffff, nr = pr >> 16;
+            const int kind = it[1], st = it[4], nc = it[11];
             int ok = 1;                       // the item's input row (lane 0 waits for the input warp's flag)
             if (lane == 0) {
                 PgSpin spin;
@@ -442,12 +509,23 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             ok = __shfl_sync(0xffffffffu, ok, 0);
             if (!ok) break;
             pg_acquired();                    // (the input row and, for the epilogue, a down item's weight and rank)
-            const bf16* x = reinterpret_cast<const bf16*>(smem + PI(pg_in_off) + (size_t)q * PI(pg_in_bytes));
-            float* out = reinterpret_cast<float*>(smem + PI(pg_out_off)) + (size_t)q * PI(pg_out_rows);
+            // input row i: a gate/up item's pair i's row of x, else row i of the slot's input buffer
+            const bf16* xin = reinterpret_cast<const bf16*>(smem + PI(pg_in_off) + (size_t)q * PI(pg_in_bytes));
+            const bf16* xs = reinterpret_cast<const bf16*>(smem + PI(pg_x_off));
+            const int os = PI(pg_out_rows), H = PI(H);
+            float* out = reinterpret_cast<float*>(smem + PI(pg_out_off)) + (size_t)q * PI(pg_rows) * os;
 #if MK_PROFILE
             if (lane == 0 && row0 == 0) G.stamp[q][3] = prof_now();   // (its first page landed)
 #endif
-            pg_compute(reinterpret_cast<const bf16*>(smem + (size_t)slot * MK_PAGE_BYTES), x, nr, K, out + row0);
+            const bf16* W = reinterpret_cast<const bf16*>(smem + (size_t)slot * MK_PAGE_BYTES);
+            const bool gu = kind == PG_GU;
+            if (nc == 1) {
+                pg_compute(W, gu ? xs + (size_t)s_route_row[st] * H : xin, nr, K, out + row0);
+            } else {
+                pg_compute_rows(W, nr, nc, K, [&](int i) {
+                    return gu ? xs + (size_t)s_route_row[st + i] * H : xin + (size_t)i * K;
+                }, out + row0, os);
+            }
             __syncwarp();
             int done = 0;
             if (lane == 0) {

@@ -252,6 +252,19 @@ __device__ __forceinline__ void pg_compute_rows(const bf16* W, int nr, int nc, i
     }
 }
 
+// One warp: n 16-byte chunks from global memory (L2) into shared memory, every lane's copies in flight at once
+// (cp.async; a plain load-then-store loop issued a few loads per round trip: the 8 x rows of a b8 layer took ~25 us),
+// landed and visible to the warp's lanes when it returns.
+__device__ __forceinline__ void pg_copy_rows(unsigned char* dst, const void* src, int n) {
+    const int lane = threadIdx.x & 31;
+    uint4* d = reinterpret_cast<uint4*>(dst);
+    const uint4* sv = reinterpret_cast<const uint4*>(src);
+    for (int c = lane; c < n; c += 32) cp_async16(d + c, sv + c);
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncwarp();
+}
+
 // The input warp (lane 0 waits): item slot q's input rows, after their dependency (a down item: its expert's
 // gate/up items; an O item: the attention combines), by plain L2 loads (all of a lane's in flight at once) into the
 // slot's input buffer (a gate/up item reads the layer's x rows, loaded at the worker's start: nothing to do). False
@@ -284,9 +297,7 @@ __device__ __forceinline__ bool pg_load_inputs(const Params& P, PgState& G, int 
     // a down item's pairs' activation rows (consecutive pairs: consecutive rows), an O item's rows of attention
     const bf16* src = kind == PG_DN ? PP(const bf16*, eact) + ((size_t)m * PI(n_pairs) + st) * PI(I)
                                     : PP(const bf16*, attn) + (size_t)l * PI(Bm) * PI(n_heads) * PI(head_dim);
-    uint4* dst = reinterpret_cast<uint4*>(smem + PI(pg_in_off) + (size_t)q * PI(pg_in_bytes));
-    const uint4* sv = reinterpret_cast<const uint4*>(src);
-    for (int c = lane; c < nc * (K >> 3); c += 32) dst[c] = __ldcg(sv + c);
+    pg_copy_rows(smem + PI(pg_in_off) + (size_t)q * PI(pg_in_bytes), src, nc * (K >> 3));
     return true;
 }
 
@@ -450,11 +461,8 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
         if (stop && lane == 0) ((volatile int*)&G.stop)[0] = 1;
         __syncwarp();                         // (each role's warp meets the block barrier below converged)
     } else if (warp == PG_INPUT_WARP) {       // ---- the input warp ----
-        {                                     // the layer's x rows (the gate/up items' inputs), before any flag
-            const uint4* sv = reinterpret_cast<const uint4*>(PP(const bf16*, x) + (size_t)l * PI(Bm) * PI(H));
-            uint4* dst = reinterpret_cast<uint4*>(smem + PI(pg_x_off));
-            for (int c = lane; c < PI(B) * (PI(H) >> 3); c += 32) dst[c] = __ldcg(sv + c);
-        }
+        // the layer's x rows (the gate/up items' inputs), before any flag
+        pg_copy_rows(smem + PI(pg_x_off), PP(const bf16*, x) + (size_t)l * PI(Bm) * PI(H), PI(B) * (PI(H) >> 3));
         for (int j = 0;; j++) {
             const int q = j % MK_PAGE_SLOTS;
             int st = 0;                       // 1: item j is published; 2: the loader published fewer; 0: stop

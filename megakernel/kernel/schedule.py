@@ -24,6 +24,11 @@ which runs the same list in random dependency-respecting orders, too):
   signals the layer's MLP counter once, after it found the queue empty; the counter reaches n_workers only when
   every claimed item is finished.
 
+  Knob `workers_early`: that many of a MoE layer's workers are listed before its attention splits instead of after
+  its combines, so they stream experts while the other blocks run attention. Only in plans whose O projection is
+  static tasks (no O items in the queue, which wait on the combines): an early worker waits on the routing (listed
+  before it) and its items on gate/up items of workers, so the induction is unchanged.
+
   Knob `router_topk`: no TOPK task; each router tile adds to its layer's router counter with an acq_rel atomic, and
   the one that completes the count routes the layer and then signals the top-k counter the workers wait on. That
   tile waits on nothing more (every other tile released its logits before its add), so it finishes like any static
@@ -261,6 +266,12 @@ class ModelPlan:
                                          # streaming into free pages during that wait. Not yet measured
     moe_pages_max: int = 0               # > 0: the paged worker's ring has at most this many pages (tests: fewer
                                          # pages than computing warps, so pages and end markers wrap the ring)
+    workers_early: int = 0               # MoE layers whose O projection is static tasks (more rows than o_queue):
+                                         # this many of the layer's n_workers listed right after its QKV tiles,
+                                         # ahead of its attention splits, so experts stream while the other blocks
+                                         # run attention (b8 8K trace at 0dd4d9a: the workers start ~58 us into a
+                                         # ~275 us layer, once every attention split is claimed; 0: all after the
+                                         # combines)
     prefetch: int = 0                    # 1: two GEMV weight buffers where they fit (prefetch_wbuf): each block
                                          # issues its next task's tile before it waits for and computes this one
                                          # (measured slower so far: SPEED_NOTES.md)
@@ -791,6 +802,11 @@ def _template(plan: ModelPlan, B: int) -> tuple[list, dict[int, int], dict[int, 
                 names[l * cpl + plan.c_att + s_ * nkv + h_] = f"layer {l} attention splits (seq {s_}, kv head {h_})"
         cp = plan.combine_parts                  # a combine task per (pair, part of its query heads)
         c_comb = ctr(l, plan.c_comb, "attention combines", B * nkv * cp)
+        o_in_queue = moe and plan.o_items > 0
+        c_mlp = l * cpl + plan.c_mlp
+        n_early = min(plan.workers_early, plan.n_workers) if moe and not o_in_queue else 0
+        if n_early:                              # (workers_early: ahead of the attention splits)
+            em.emit(Op.MOE_WORKER, l, n_early, sig=c_mlp, waits=[route_wait] + norm_waits, a0=m)
         em.parts.append(_AttnSlot(l, gi, np.asarray(qkv_c, np.int32), np.asarray([targets[c] for c in qkv_c]), c_comb))
 
         def emit_oproj() -> int:
@@ -802,13 +818,13 @@ def _template(plan: ModelPlan, B: int) -> tuple[list, dict[int, int], dict[int, 
             em.emit(Op.OPROJ, l, len(r0), sig=c, waits=[(c_comb, B * nkv * cp)], a0=r0, a1=nr)
             return c
 
-        o_in_queue = moe and plan.o_items > 0
         c_o = emit_oproj() if plan.oproj_first and not o_in_queue else -1
-        # 7. MoE workers
+        # 7. MoE workers (but the early ones)
         mlp_target = 0
-        c_mlp = l * cpl + plan.c_mlp
         if moe:
-            em.emit(Op.MOE_WORKER, l, plan.n_workers, sig=c_mlp, waits=[route_wait] + norm_waits, a0=m)
+            if plan.n_workers > n_early:
+                em.emit(Op.MOE_WORKER, l, plan.n_workers - n_early, sig=c_mlp, waits=[route_wait] + norm_waits,
+                        a0=m)
             mlp_target += plan.n_workers
         # 8. static MLP down tiles
         if kind != O.MLP_NONE:

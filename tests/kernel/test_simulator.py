@@ -540,6 +540,32 @@ def test_simulator_with_the_last_router_tile_routing(variant, B):
         ModelPlan(cfg, st.layout, max_batch=16, router_topk=1, worker_topk=1)
 
 
+@pytest.mark.parametrize("B", [3, 6])
+def test_simulator_with_early_workers(B):
+    """workers_early: in plans whose O projection is static tasks (more rows than o_queue), that many of each MoE
+    layer's workers are listed right after its QKV tiles, ahead of its attention splits, the rest after the
+    combines; validate() holds and the step is exact in random orders. Plans with O items in the queue keep every
+    worker after the combines (their O items wait on them)."""
+    cfg, w, st, nxt = _setup("north_like", B, seed=83 + B)
+    plan = ModelPlan(cfg, st.layout, max_batch=8, n_workers=3, split_tokens=4, o_queue=2, workers_early=2)
+    batch = decode_batch(st, nxt)
+    si = step_inputs(plan, batch.input_ids.tolist(), batch.positions.tolist(), batch.block_tables)
+    rec = build_tasks(plan, si.B, si.nsplit).records
+    for l in sorted(plan.moe_idx):
+        ops = rec[rec[:, O.R["layer"]] == l][:, 0]
+        first_attn = int(np.flatnonzero(ops == int(O.Op.ATTN))[0])
+        workers = np.flatnonzero(ops == int(O.Op.MOE_WORKER))
+        early = 2 if plan.o_items == 0 else 0
+        assert len(workers) == 3 and int((workers < first_attn).sum()) == early
+    queued = ModelPlan(cfg, st.layout, max_batch=8, n_workers=3, split_tokens=4, o_queue=8, workers_early=2)
+    assert queued.o_items > 0
+    rq = build_tasks(queued, si.B, si.nsplit).records
+    for l in sorted(queued.moe_idx):
+        ops = rq[rq[:, O.R["layer"]] == l][:, 0]
+        assert (np.flatnonzero(ops == int(O.Op.MOE_WORKER)) > np.flatnonzero(ops == int(O.Op.ATTN_COMBINE)).max()).all()
+    _check_step(cfg, w, st, nxt, plan, seeds=[B, B + 7])
+
+
 def test_combine_parts_must_divide_the_query_group():
     """North (8 query heads of 128 per kv head): parts of 1, 2 (512 outputs, one per thread), 4 and 8 heads' worth
     plan; 3 does not divide the group."""

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# compute-sanitizer memcheck on the North per-layer run (b1, 100 keys, one step) under $TUNING (default moe_pages=1).
+# compute-sanitizer memcheck on the North per-layer run (b1, 100 keys, one step) under $TUNING (default moe_pages=1,moe_pages_from=1).
 set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD:$PWD/tests PYTHONUNBUFFERED=1 MEGAKERNEL_CACHE_DIR=/tmp/mkcache MEGAKERNEL_WATCHDOG_S=300
-export MEGAKERNEL_MK_TUNING=${TUNING:-moe_pages=1}
+export MEGAKERNEL_MK_TUNING=${TUNING:-moe_pages=1,moe_pages_from=1}
 cat > /tmp/rep.py <<'PY'
 import torch
 from megakernel.config import north_mini_code_config

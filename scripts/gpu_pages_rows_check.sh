@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (~6 min) for the paged MoE worker at several input rows (moe_pages=N):
 #   1. the tiny parity (1-16 rows), long-split, North per-layer and watchdog GPU tests under $ALSO_TUNING (default
-#      moe_pages=16,moe_pages_max=6: every plan paged, a ring that wraps);
+#      moe_pages=16,moe_pages_from=1,moe_pages_max=6: every plan paged, a ring that wraps);
 #   2. the step at $POINTS under $VARIANTS, one process;
 #   3. a timeline at $TRACE_POINT under $TRACE_TUNING (summary only; SKIP_TRACE=1 skips).
 # Everything comes back in $OUT/bundle.tgz.
@@ -10,10 +10,10 @@ set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 MEGAKERNEL_CACHE_DIR=/tmp/mkcache
 POINTS=${POINTS:-8x8192,1x8192,2x8192,4x8192,16x8192}
-VARIANTS=${VARIANTS:-"default moe_pages=16 default moe_pages=16"}
-ALSO_TUNING=${ALSO_TUNING:-moe_pages=16,moe_pages_max=6}
+VARIANTS=${VARIANTS:-"default moe_pages=0 default moe_pages=0"}
+ALSO_TUNING=${ALSO_TUNING:-moe_pages=16,moe_pages_from=1,moe_pages_max=6}
 TRACE_POINT=${TRACE_POINT:-8x8192}
-TRACE_TUNING=${TRACE_TUNING:-moe_pages=16}
+TRACE_TUNING=${TRACE_TUNING:-}
 t0=$(date +%s)
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader;
   echo "commit ${MEGAKERNEL_COMMIT:-unknown}"; } | tee "$OUT/env.txt"

@@ -248,12 +248,16 @@ class ModelPlan:
                                          # 1 (a third fewer items, each paying a claim, its inputs and a signal
                                          # once); 0: the old tiles. 8K, ms at 0 / 192 (646056b): b1 3.791 / 3.683, b2 5.633 /
                                          # 5.419; b1 32K 4.261 / 4.151, 128K 6.091 / 6.002
-    moe_pages: int = 0                   # plans of at most this many rows (tile_batch) run
-                                         # their MoE items on the paged worker (csrc/mk_moe_pages.cuh): one loader
-                                         # warp streams the items' weight rows into a ring of PAGE_BYTES pages as
-                                         # pages free, the other warps compute a page each, so the SM never stops
-                                         # loading at an item boundary (the plain worker loads nothing for ~3.5 of a
-                                         # gate/up item's 8 us at b1). Same items, same claim order. Not yet measured
+    moe_pages: int = 8                   # plans of moe_pages_from..moe_pages rows (tile_batch) run their MoE items
+                                         # on the paged worker (csrc/mk_moe_pages.cuh): one loader warp streams the
+                                         # items' weight rows into a ring of PAGE_BYTES pages as pages free, the
+                                         # other warps compute a page each, so the SM never stops loading at an item
+                                         # boundary (the plain worker loads nothing for ~3.5 of a gate/up item's 8
+                                         # us at b1). Same items, same claim order. 8K, ms plain / paged (0dd4d9a,
+                                         # dea16fa; one process each): b8 14.00 / 13.68 (-2.3%), b1 3.503 / 3.54,
+                                         # b2 5.304 / 5.40, b4 8.66 / 10.24 (its O items' 32 KB inputs leave 6
+                                         # pages), b16 slower still (4 pages; 23.5 / 36.7 ms with 16)
+    moe_pages_from: int = 5              # the fewest rows (tile_batch) of a paged plan (1: every plan up to moe_pages)
     moe_tile_kb: int = 0                 # > 0: the expert items' tiles (gate/up, down) of up to this many KiB
                                          # instead of tile_kb's (0). For the paged worker: at 64 a gate/up item is
                                          # 2 x 8 rows of 2048, 4 pages, so its ring of 12 holds three items (its
@@ -402,7 +406,8 @@ class ModelPlan:
         (PAGE_STATE_BYTES)."""
         self.pg_n = self.pg_in_off = self.pg_in_bytes = self.pg_out_off = self.pg_out_rows = self.pg_state_off = 0
         self.pg_rows = self.pg_x_off = 0
-        if not (self.moe_pages and self.tb <= self.moe_pages and self.Lm and not self.wbuf and not self.moe_wbuf):
+        if not (self.moe_pages and self.moe_pages_from <= self.tb <= self.moe_pages and self.Lm and not self.wbuf
+                and not self.moe_wbuf):
             return
         R = self.tb
         k_in = max(self.I, self.Q if o_in_queue else 0)
@@ -549,8 +554,11 @@ def tiling_plans(cfg: ModelConfig, layout: KVLayout, max_batch: int, per_batch: 
 
 
 def plan_for_rows(plans: list[ModelPlan], B: int) -> ModelPlan:
-    """The plan a launch of B rows runs: the first (largest tiles) whose tile_batch covers B."""
-    return next(p for p in plans if p.tb >= B)
+    """The plan a launch of B rows runs: the first (largest tiles) whose tile_batch covers B, skipping a paged plan
+    (moe_pages) for fewer rows than it is meant for (its tiles may equal a plain plan's that serves them: the paged
+    worker runs any B <= tile_batch correctly, but was measured slower below moe_pages_from rows). The last plan
+    (tiling_plans' full one) covers every B; a paged full plan is preceded by a plain one for the fewer rows."""
+    return next(p for p in plans if p.tb >= B and (not p.pg_n or B >= p.moe_pages_from or p is plans[-1]))
 
 
 @dataclass

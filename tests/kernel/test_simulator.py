@@ -289,14 +289,18 @@ def test_per_batch_tilings_on_north_dims():
 
     cfg = north_mini_code_config()
     layout = KVLayout.for_model(cfg, 64)
-    plans = tiling_plans(cfg, layout, 16, True, n_workers=132, prefetch=0, o_queue=0, tile_kb=0)
+    paged = tiling_plans(cfg, layout, 16, True, n_workers=132, prefetch=0, o_queue=0, tile_kb=0)
+    assert [(p.tb, p.pg_rows) for p in paged] == [(8, 8), (9, 0), (16, 0)]     # (the 5..8-row launches paged)
+    assert [plan_for_rows(paged, b).tb for b in range(1, 17)] == [9] * 4 + [8] * 4 + [9] + [16] * 7
+    plans = tiling_plans(cfg, layout, 16, True, n_workers=132, prefetch=0, o_queue=0, tile_kb=0, moe_pages=0)
     assert [p.tb for p in plans] == [9, 16]
     assert (plans[0].o_rows, plans[1].o_rows) == (16, 8)
     assert plan_for_rows(plans, 1) is plans[0] and plan_for_rows(plans, 9) is plans[0]
     assert plan_for_rows(plans, 10) is plans[1]
     assert all(p.o_items == 0 for p in plans)
     for o_queue in (1, 4):
-        plans = tiling_plans(cfg, layout, 16, True, n_workers=132, prefetch=0, o_queue=o_queue, tile_kb=0)
+        plans = tiling_plans(cfg, layout, 16, True, n_workers=132, prefetch=0, o_queue=o_queue, tile_kb=0,
+                             moe_pages=0)
         assert [p.tb for p in plans] == [o_queue, 9, 16]
         assert [p.o_rows for p in plans] == [16, 16, 8]
         assert [p.o_items for p in plans] == [plans[0].n_o_tiles, 0, 0] and plans[0].n_o_tiles > 0
@@ -669,8 +673,8 @@ def test_paged_worker_layout_on_north_dims():
 
     cfg = north_mini_code_config()
     layout = KVLayout.for_model(cfg, 64)
-    paged = tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=1)
-    plain = tiling_plans(cfg, layout, 16, True, n_workers=132)
+    paged = tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=1, moe_pages_from=1)
+    plain = tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=0)
     assert [p.tb for p in paged] == [p.tb for p in plain]
     for p, q in zip(paged, plain):
         if p.tb != 1:
@@ -687,11 +691,11 @@ def test_paged_worker_layout_on_north_dims():
         # at North dims the ring holds fewer pages than there are computing warps (its end markers wrap it too);
         # moe_pages_max caps it (the GPU tests run a wrapped ring at tiny dims with it)
         assert p.pg_n < O.NUM_WARPS - 1
-        capped = tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=1, moe_pages_max=5)[0]
+        capped = tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=1, moe_pages_from=1, moe_pages_max=5)[0]
         assert capped.pg_n == 5 and capped.pg_in_off == 5 * O.PAGE_BYTES
         # moe_tile_kb=64: gate/up items of 2 x 8 rows (4 pages of 4 rows of 2048), three times as many; down items
         # of 40 rows of 768 (60 KB, 4 pages of 10 rows); the static tiles untouched
-        fine = tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=1, moe_tile_kb=64)[0]
+        fine = tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=1, moe_pages_from=1, moe_tile_kb=64)[0]
         assert (fine.gu_rows, fine.gu_tiles, fine.dn_rows) == (8, 3 * p.gu_tiles, 40) and p.gu_rows == 24
         assert (fine.qkv_rows, fine.o_rows, fine.lm_rows) == (p.qkv_rows, p.o_rows, p.lm_rows) and fine.pg_n >= p.pg_n
         assert (p.gemv_tiles, p.gu_rows, p.dn_rows, p.o_items) == (q.gemv_tiles, q.gu_rows, q.dn_rows, q.o_items)
@@ -709,9 +713,11 @@ def test_paged_worker_layout_for_several_rows():
 
     cfg = north_mini_code_config()
     layout = KVLayout.for_model(cfg, 64)
-    plans = tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=8)
+    plans = tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=8, moe_pages_from=1)
     paged = [p for p in plans if p.pg_n]
     assert [p.tb for p in paged] == [1, 2, 3, 4, 8]
+    # the defaults (moe_pages=8, moe_pages_from=5): only the 5..8-row plan is paged
+    assert [p.tb for p in tiling_plans(cfg, layout, 16, True, n_workers=132) if p.pg_n] == [8]
     for p in plans:
         if p.tb > 8:
             assert p.pg_n == 0 and p.pg_rows == 0
@@ -734,6 +740,7 @@ def test_simulator_with_the_paged_worker():
     """moe_pages changes how a worker streams its items, not the task list: the one-row plan gets the layout and its
     step is exact in random orders."""
     cfg, w, st, nxt = _setup("north_like", 1, seed=47)
-    plan = ModelPlan(cfg, st.layout, max_batch=4, tile_batch=1, n_workers=2, split_tokens=4, moe_pages=1)
+    plan = ModelPlan(cfg, st.layout, max_batch=4, tile_batch=1, n_workers=2, split_tokens=4, moe_pages=1,
+                     moe_pages_from=1)
     assert plan.pg_n > 0
     _check_step(cfg, w, st, nxt, plan, seeds=[1, 4])

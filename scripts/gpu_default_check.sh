@@ -2,7 +2,7 @@
 # One device call (~5 min): the defaults' correctness and a short A/B, for a change of defaults:
 #   1. the megakernel's GPU tests (tests/kernel -m gpu);
 #   2. compute-sanitizer memcheck and racecheck on one tiny step of $SAN_B rows (default 6: the 5..8-row plan);
-#   3. the step at $POINTS under $VARIANTS (default: the defaults against moe_pages=0), one process.
+#   3. the step at $POINTS under $VARIANTS (default: the defaults against moe_pages=8), one process.
 # Logs and JSON under $OUT (bundle.tgz when more than 8 files).
 #   run(command="MEGAKERNEL_COMMIT=<SHA> bash scripts/gpu_default_check.sh", timeout_s=600)
 set -u
@@ -24,7 +24,7 @@ for tool in memcheck racecheck; do
 done
 echo "=== variants at $(($(date +%s) - t0)) s"
 timeout ${VARIANTS_TIMEOUT:-120} python3 benchmarks/megakernel_variants.py --points "${POINTS:-6x8192,8x8192,5x8192}" \
-  --variants "${VARIANTS:-default moe_pages=0 default moe_pages=0}" --steps 40 --json "$OUT/variants.json" 2>&1 \
+  --variants "${VARIANTS:-default moe_pages=8 default moe_pages=8}" --steps 40 --json "$OUT/variants.json" 2>&1 \
   | grep -E "^b|rror"
 echo "=== done at $(($(date +%s) - t0)) s"
 bash scripts/pack_out.sh "$OUT"

@@ -10,7 +10,7 @@ set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 MEGAKERNEL_CACHE_DIR=/tmp/mkcache
 POINTS=${POINTS:-8x8192,1x8192,2x8192,4x8192,16x8192}
-VARIANTS=${VARIANTS:-"default moe_pages=0 default moe_pages=0"}
+VARIANTS=${VARIANTS:-"default moe_pages=8 default moe_pages=8"}
 ALSO_TUNING=${ALSO_TUNING:-moe_pages=16,moe_pages_from=1,moe_pages_max=6}
 TRACE_POINT=${TRACE_POINT:-8x8192}
 TRACE_TUNING=${TRACE_TUNING:-}

@@ -248,7 +248,7 @@ class ModelPlan:
                                          # 1 (a third fewer items, each paying a claim, its inputs and a signal
                                          # once); 0: the old tiles. 8K, ms at 0 / 192 (646056b): b1 3.791 / 3.683, b2 5.633 /
                                          # 5.419; b1 32K 4.261 / 4.151, 128K 6.091 / 6.002
-    moe_pages: int = 8                   # plans of moe_pages_from..moe_pages rows (tile_batch) run their MoE items
+    moe_pages: int = 0                   # plans of moe_pages_from..moe_pages rows (tile_batch) run their MoE items
                                          # on the paged worker (csrc/mk_moe_pages.cuh): one loader warp streams the
                                          # items' weight rows into a ring of PAGE_BYTES pages as pages free, the
                                          # other warps compute a page each, so the SM never stops loading at an item
@@ -256,7 +256,9 @@ class ModelPlan:
                                          # us at b1). Same items, same claim order. 8K, ms plain / paged (0dd4d9a,
                                          # dea16fa; one process each): b8 14.00 / 13.68 (-2.3%), b1 3.503 / 3.54,
                                          # b2 5.304 / 5.40, b4 8.66 / 10.24 (its O items' 32 KB inputs leave 6
-                                         # pages), b16 slower still (4 pages; 23.5 / 36.7 ms with 16)
+                                         # pages), b16 slower still (4 pages; 23.5 / 36.7 ms with 16); at 8: b5
+                                         # -2.6%, b6 -2.3%. Off by default: compute-sanitizer racecheck reports
+                                         # its flag-ordered hand-offs between warps (SPEED_NOTES.md, session 15)
     moe_pages_from: int = 5              # the fewest rows (tile_batch) of a paged plan (1: every plan up to moe_pages)
     moe_tile_kb: int = 0                 # > 0: the expert items' tiles (gate/up, down) of up to this many KiB
                                          # instead of tile_kb's (0). For the paged worker: at 64 a gate/up item is

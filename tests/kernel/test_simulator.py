@@ -289,7 +289,7 @@ def test_per_batch_tilings_on_north_dims():
 
     cfg = north_mini_code_config()
     layout = KVLayout.for_model(cfg, 64)
-    paged = tiling_plans(cfg, layout, 16, True, n_workers=132, prefetch=0, o_queue=0, tile_kb=0)
+    paged = tiling_plans(cfg, layout, 16, True, n_workers=132, prefetch=0, o_queue=0, tile_kb=0, moe_pages=8)
     assert [(p.tb, p.pg_rows) for p in paged] == [(8, 8), (9, 0), (16, 0)]     # (the 5..8-row launches paged)
     assert [plan_for_rows(paged, b).tb for b in range(1, 17)] == [9] * 4 + [8] * 4 + [9] + [16] * 7
     plans = tiling_plans(cfg, layout, 16, True, n_workers=132, prefetch=0, o_queue=0, tile_kb=0, moe_pages=0)
@@ -716,8 +716,9 @@ def test_paged_worker_layout_for_several_rows():
     plans = tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=8, moe_pages_from=1)
     paged = [p for p in plans if p.pg_n]
     assert [p.tb for p in paged] == [1, 2, 3, 4, 8]
-    # the defaults (moe_pages=8, moe_pages_from=5): only the 5..8-row plan is paged
-    assert [p.tb for p in tiling_plans(cfg, layout, 16, True, n_workers=132) if p.pg_n] == [8]
+    # moe_pages=8 with the default moe_pages_from=5: only the 5..8-row plan is paged; the default has none
+    assert [p.tb for p in tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=8) if p.pg_n] == [8]
+    assert not any(p.pg_n for p in tiling_plans(cfg, layout, 16, True, n_workers=132))
     for p in plans:
         if p.tb > 8:
             assert p.pg_n == 0 and p.pg_rows == 0

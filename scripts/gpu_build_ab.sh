@@ -6,7 +6,7 @@
 #      lists as MEGAKERNEL_KERNEL_DEFINES takes them), two runs each;
 #   3. a timeline at $TRACE_POINT (BxCTX, default 8x8192) under the default build (summary only; SKIP_TRACE=1 skips).
 # Everything comes back in $OUT/bundle.tgz.
-#   run(command="MEGAKERNEL_COMMIT=<SHA> BUILDS='MK_EXP_KV_HM=1 default' bash scripts/gpu_build_ab.sh", timeout_s=600)
+#   run(command="MEGAKERNEL_COMMIT=<SHA> BUILDS='MK_ATTN_BULK=2 default' bash scripts/gpu_build_ab.sh", timeout_s=600)
 set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 MEGAKERNEL_CACHE_DIR=/tmp/mkcache

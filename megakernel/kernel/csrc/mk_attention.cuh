@@ -173,19 +173,12 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
             const int per = d >> 3;
             for (int t = 0; t < n;) {
                 const int ts = t0 + t, len = min(n - t, bs - ts % bs);
-#if MK_EXP_KV_HM
-                const int rs = d;                  // (the experiment's head-major addressing: wrong values)
-                const bf16* kb = kv_slot(P, grp, lig, s, ts) - (size_t)(ts % bs) * KVs + (size_t)kvh * bs * d +
-                                 (size_t)(ts % bs) * d;
-#else
-                const int rs = KVs;
                 const bf16* kb = kv_slot(P, grp, lig, s, ts) + kvh * d;
-#endif
                 const bf16* vb = kb + (size_t)bs * KVs;
                 for (int u = threadIdx.x; u < len * per; u += NT) {
                     const int r = u / per, c = u - r * per;
-                    cp_async16(sK + (size_t)(stage * CH + t + r) * rowp + c * 8, kb + (size_t)r * rs + c * 8);
-                    cp_async16(sV + (size_t)(stage * CH + t + r) * rowp + c * 8, vb + (size_t)r * rs + c * 8);
+                    cp_async16(sK + (size_t)(stage * CH + t + r) * rowp + c * 8, kb + (size_t)r * KVs + c * 8);
+                    cp_async16(sV + (size_t)(stage * CH + t + r) * rowp + c * 8, vb + (size_t)r * KVs + c * 8);
                 }
                 t += len;
             }

@@ -108,14 +108,6 @@ typedef __nv_bfloat16 bf16;
 #define MK_REPEAT_SMALL 1
 #endif
 
-// MK_EXP_KV_HM: an experiment, not a correct build. The cp.async attention (MK_ATTN_BULK=0) reads each KV block as
-// if it were laid out head-major ([kv head][token][head_dim] per K and V half, one kv head's keys contiguous) instead
-// of token-major ([token][kv head][head_dim]: a kv head's 256-byte rows at a 1 KB stride), the same bytes per chunk
-// from the same blocks. Its outputs are wrong; its timing says what a head-major KV layout would buy.
-#ifndef MK_EXP_KV_HM
-#define MK_EXP_KV_HM 0
-#endif
-
 struct Params {
     long long v[MK_NUM_PARAMS];
 };

@@ -44,6 +44,8 @@ PAGE_MAX = 16
 PAGE_SLOTS = 3
 PAGE_ROWS_MAX = 16
 PAGE_STATE_BYTES = 2048
+PAGE_OUT_ARRIVALS = 256      # the count of an item slot's "pages computed" mbarrier: one arrival per page of the item
+                             # and the rest by the loader when it publishes the item (an item has at most this many)
 ATTN_CHUNK = 128 // BLOCKS_PER_SM   # keys per shared-memory chunk in attention: one 16-key slice per computing warp
                              # (two stages of 128 keys, ~140 KB, would not fit half an SM's shared memory)
 ATTN_WARPS = ATTN_CHUNK // 16  # warps that run attention's tensor-core math (the others help load)
@@ -133,7 +135,8 @@ ERR_SMEM = 3          # a task's shared-memory layout needs more than the launch
 ERR_STALL = 4         # a wait inside a block (the paged MoE worker's pages, slots, flags) passed the watchdog:
                       # err_value names it (STALL_WAITS, in order: MK_STALL_PAGE ...), err_target its sequence
 STALL_WAITS = {"PAGE": "a page's copy", "EMPTY": "a ring page to free", "SLOT": "an item slot to free",
-               "ITEM": "an item's description", "INPUT": "an item's input row", "CLAIM": "an item's input (late claim)"}
+               "ITEM": "an item's description", "INPUT": "an item's input row", "CLAIM": "an item's input (late claim)",
+               "OUTS": "an item's pages' outputs"}
 
 # ---- kernel parameters: NUM_PARAMS int64 slots passed by value ----------------------------------------------------
 PARAM_FIELDS = (
@@ -260,7 +263,7 @@ def generate_header() -> str:
     consts = dict(BLOCKS_PER_SM=BLOCKS_PER_SM, NUM_THREADS=NUM_THREADS, NUM_WARPS=NUM_WARPS, MAX_BATCH=MAX_BATCH,
                   WTILE_BYTES=WTILE_BYTES,
                   MAX_TILE_ROWS=MAX_TILE_ROWS, PAGE_BYTES=PAGE_BYTES, PAGE_MAX=PAGE_MAX, PAGE_SLOTS=PAGE_SLOTS,
-                  PAGE_ROWS_MAX=PAGE_ROWS_MAX, PAGE_STATE_BYTES=PAGE_STATE_BYTES, GEMV_SCRATCH_BYTES=GEMV_SCRATCH_BYTES, ROW_PAD=ROW_PAD,
+                  PAGE_ROWS_MAX=PAGE_ROWS_MAX, PAGE_STATE_BYTES=PAGE_STATE_BYTES, PAGE_OUT_ARRIVALS=PAGE_OUT_ARRIVALS, GEMV_SCRATCH_BYTES=GEMV_SCRATCH_BYTES, ROW_PAD=ROW_PAD,
                   GEMV_RED_FLOATS=GEMV_RED_FLOATS,
                   ATTN_CHUNK=ATTN_CHUNK, ATTN_WARPS=ATTN_WARPS, ATTN_MAX_STAGES=ATTN_MAX_STAGES,
                   ATTN_MAX_GROUP=ATTN_MAX_GROUP, ATTN_MAX_HEAD_DIM=ATTN_MAX_HEAD_DIM, ATTN_OUT_PER_THREAD=ATTN_OUT_PER_THREAD,

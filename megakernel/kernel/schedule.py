@@ -417,9 +417,16 @@ class ModelPlan:
         out_rows = max(2 * self.gu_rows, self.dn_rows, self.o_rows if o_in_queue else 0)
         x_bytes = (R * self.H * 2 + 15) // 16 * 16
         fixed = O.PAGE_SLOTS * (in_bytes + R * out_rows * 4) + x_bytes + 32 + O.PAGE_STATE_BYTES
-        n = min(O.PAGE_MAX, self.moe_pages_max or O.PAGE_MAX, (O.SMEM_LIMIT - O.SMEM_RESERVE - fixed) // O.PAGE_BYTES)
+        # at most one page per computing warp (warps 0 .. NUM_WARPS - 3: each owns a ring page, mk_moe_pages.cuh)
+        n = min(O.PAGE_MAX, O.NUM_WARPS - 2, self.moe_pages_max or O.PAGE_MAX,
+                (O.SMEM_LIMIT - O.SMEM_RESERVE - fixed) // O.PAGE_BYTES)
         if n < 4 or max(self.H, self.I, self.Q) * 2 > O.PAGE_BYTES:
             return                           # (a page holds at least one row of every item kind)
+        rows_per_page = lambda K: min(O.PAGE_BYTES // (2 * K), O.PAGE_ROWS_MAX)   # noqa: E731
+        most = max(2 * math.ceil(self.gu_rows / rows_per_page(self.H)), math.ceil(self.dn_rows / rows_per_page(self.I)),
+                   math.ceil(self.o_rows / rows_per_page(self.Q)) if o_in_queue else 0)
+        if most > O.PAGE_OUT_ARRIVALS:       # (an item slot's `outs` barrier counts one arrival per page)
+            return
         self.pg_n, self.pg_rows = n, R
         self.pg_in_off = n * O.PAGE_BYTES
         self.pg_in_bytes = in_bytes

@@ -1,18 +1,27 @@
 // The paged MoE worker (plans with moe_pages, up to pg_rows input rows per item): the same items in the same claim
 // order as the plain worker (mk_moe.cuh), but the SM never stops loading at an item boundary. Three roles, no
-// block-wide barrier between pages or items:
+// block-wide barrier between pages or items, and every hand-off between warps through an mbarrier (arrive: release,
+// wait: acquire), none through a polled flag, so compute-sanitizer's racecheck sees each one ordered:
 // - the loader (warp NW - 1) claims the next item just before it issues this item's last page (the claim's round trip
 //   under that page's wait, and no item held while a whole item's pages wait for the ring; pg_claim_late: after the
-//   last page, once the input warp has this item's input row), publishes each item's
-//   description in one of PAGE_SLOTS item slots, and streams its weight rows into a ring of pg_n pages (PAGE_BYTES
-//   each, whole rows, one bulk copy per page) as pages free: weights never wait on a counter;
+//   last page, once the input warp has this item's inputs), publishes each item's description in one of
+//   PAGE_SLOTS item slots (`desc`; an end item after the last), and streams its weight rows into a ring of pg_n
+//   pages (PAGE_BYTES each, whole rows, one bulk copy per page) as pages free: weights never wait on a counter;
 // - the input warp (NW - 2) first loads the layer's x rows (every gate/up item's inputs: the routing the worker
 //   waited for was laid out after them), then walks the items in order: waits for the item's dependency (a down
 //   item: its expert's gate/up items; an O item: the attention combines), loads its input rows into the slot and
-//   raises the slot's flag, so inputs load while earlier pages compute instead of after the item's first page landed;
-// - the computing warps (0 .. NW - 3): warp w takes pages w, w + NWC, w + 2 NWC, ... of the worker's page sequence,
-//   waits for the page and its item's input flag, multiplies the page's rows by the input, frees the page; the warp
-//   that computes an item's last page writes the item's epilogue and frees its slot.
+//   arrives on the slot's `inp`, so inputs load while earlier pages compute instead of after the item's first page
+//   landed;
+// - the computing warps (0 .. pg_n - 1; one ring page each): warp w takes pages w, w + pg_n, w + 2 pg_n, ... of the
+//   worker's page sequence, i.e. always ring page w, so its `full` and `empty` barriers alternate between one
+//   producer and one consumer and their parity never skips a phase (with more warps than pages, the earlier
+//   protocol needed a polled sequence number per page to tell phase u from u - 2). It waits for the page and its
+//   item's `inp`, multiplies the page's rows by the inputs, arrives on the item's `outs` and frees the page; the warp
+//   that counts an item's last page (an atomic count elects it) waits on `outs` (every page's outputs), writes the
+//   item's epilogue and frees its slot (`free_`).
+// Parity: an item slot's barriers complete once per item in it (items q, q + SLOTS, ...). A wait for item j's phase
+// can meet the slot one phase behind (not yet arrived), never two: the loader reuses a slot only after the previous
+// item's `free_`, which needs that item's inputs, every page and its epilogue.
 //
 // Why no deadlock: items are claimed in queue order (every gate/up item before every down item; O items wait only on
 // static tasks listed before the workers). The loader waits only for pages and item slots freed by the computing
@@ -20,14 +29,15 @@
 // input warp waits, in item order, for counters. A down item's counter counts gate/up items that are either another
 // worker's, whose inputs need no wait (every item that worker claimed before them is a gate/up item too), or this
 // worker's earlier items, whose inputs the input warp loaded before it reached this one and whose pages come
-// earlier in the sequence than any page that waits on this item.
+// earlier in the sequence than any page that waits on this item. (tests/kernel/test_pages_protocol.py runs a model
+// of this protocol under random schedules.)
 #pragma once
 #include "mk_common.cuh"
 #include "mk_loader.cuh"
 
-#define PG_NWC (NW - 2)                 // computing warps; warp NW - 2 loads inputs, warp NW - 1 weights
-#define PG_INPUT_WARP (NW - 2)
+#define PG_INPUT_WARP (NW - 2)          // warp NW - 2 loads inputs, warp NW - 1 weights; warps 0 .. pg_n - 1 compute
 #define PG_LOADER_WARP (NW - 1)
+#define PG_END (-1)                     // an item description's kind: no more items (the input warp stops)
 
 // The worker's barriers and bookkeeping: in the plan's dynamic shared memory (at pg_state_off, PAGE_STATE_BYTES of
 // opcodes.py), so plans without the paged worker do not pay for them in every block's static shared memory. Set up at
@@ -35,17 +45,18 @@
 struct PgState {
     unsigned long long full[MK_PAGE_MAX];      // a page landed (tx) or an end marker
     unsigned long long empty[MK_PAGE_MAX];     // its warp is done reading it (an end marker's too)
+    unsigned long long desc[MK_PAGE_SLOTS];    // an item's description is written (the loader)
+    unsigned long long inp[MK_PAGE_SLOTS];     // its input rows are loaded (the input warp)
+    unsigned long long outs[MK_PAGE_SLOTS];    // its pages are computed (count PAGE_OUT_ARRIVALS: a warp per page,
+                                               // the rest by the loader when it publishes the item)
     unsigned long long free_[MK_PAGE_SLOTS];   // an item's epilogue is written
     long long stamp[MK_PAGE_SLOTS][5];         // (MK_PROFILE) claim, issued, waited, landed, computed (per item)
-    int page[MK_PAGE_MAX][3];                  // item slot (-1: end marker), first row | rows << 16, sequence number
+    int page[MK_PAGE_MAX][2];                  // item slot (-1: end marker), first row | rows << 16
     int item[MK_PAGE_SLOTS][12];               // sequence j, kind, expert slot, expert, first pair, r0, nr, K, pages,
                                                // rows in half 0, queue item, input rows
     float w[MK_PAGE_SLOTS][MB];                // a down item's pairs' routing weights
     int rank[MK_PAGE_SLOTS][MB];               // and their ranks among their rows' experts
-    int done[MK_PAGE_SLOTS];                   // pages of the slot's item computed
-    int seq[MK_PAGE_SLOTS];                    // j: item j's description is in the slot (the loader, last)
-    int in[MK_PAGE_SLOTS];                     // j: item j's input row is in the slot (the input warp)
-    int n_items;                               // items the loader published (-1: still claiming)
+    int done[MK_PAGE_SLOTS];                   // pages of the slot's item counted (atomics: elects the epilogue's warp)
     int stop;                                  // a wait failed (aborted step): every warp leaves
     int issued;                                // pages (and end markers) the loader issued
 };
@@ -110,18 +121,6 @@ struct PgSpin {
     }
 };
 
-// Lane 0: spin until `flag` (another warp's) holds `value`; false if the step stopped first (`spin` names the wait
-// and keeps its watchdog clock). SLEEP: back off between polls (waits that may last an item's dependency).
-template <bool SLEEP>
-__device__ __forceinline__ bool pg_spin_until(const Params& P, PgState& G, int ticket, PgSpin& spin, const int& flag,
-                                              int value, int what, int seq) {
-    while (pg_ld(flag) != value) {
-        if (spin.leave(P, G, ticket, what, seq)) return false;
-        if (SLEEP) __nanosleep(32);
-    }
-    return true;
-}
-
 // One warp, uniformly: lane 0 waits for the phase of `parity` (or an abort), then every lane observes it (at once:
 // the phase cannot move on before this warp acts). Lanes must not leave a wait at different times: the warp's later
 // shuffles need every lane at the same instruction.
@@ -136,34 +135,6 @@ __device__ __forceinline__ bool pg_wait(const Params& P, PgState& G, int ticket,
     ok = __shfl_sync(0xffffffffu, ok, 0);
     if (ok) mbar_wait(bar, parity);
     return ok != 0;
-}
-
-// pg_wait for page s in ring slot `slot` (a computing warp): a warp may reach page s while its slot still holds an
-// earlier lap's page not yet consumed (15 computing warps, 12 pages), and a parity wait cannot tell phase u from
-// phase u - 2. The loader writes the page's sequence number before it arms the slot's phase for it, so lane 0 waits
-// for that number first; from then on the slot is in phase u or u + 1 and the parity is unambiguous.
-__device__ __forceinline__ bool pg_wait_page(const Params& P, PgState& G, int ticket, int slot, int s, int npg) {
-    const unsigned parity = (unsigned)(s / npg) & 1u;
-    int ok = 1;
-    if ((threadIdx.x & 31) == 0) {
-        PgSpin spin;
-        ok = pg_spin_until<false>(P, G, ticket, spin, G.page[slot][2], s, STALL_PAGE, s) ? 1 : 0;
-        // (the number observed, then the barrier: what the loader waited for before writing it, the page's previous
-        // phase, is visible to the parity test that follows)
-        __threadfence_block();
-        while (ok && !mbar_try_wait(&G.full[slot], parity))
-            if (spin.leave(P, G, ticket, STALL_PAGE, s)) { ok = 0; break; }
-    }
-    ok = __shfl_sync(0xffffffffu, ok, 0);
-    if (ok) mbar_wait(&G.full[slot], parity);
-    return ok != 0;
-}
-
-// One warp, after lane 0 observed a flag another warp raised after its writes (and fenced): every lane orders its
-// reads after lane 0's observation (the fence, then the warp barrier's memory ordering among its lanes).
-__device__ __forceinline__ void pg_acquired() {
-    __threadfence_block();
-    __syncwarp();
 }
 
 // One warp: rows r < nr (at most RMAX) of the page at W (rows of K elements, contiguous) times x (K elements), the
@@ -363,33 +334,44 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
         for (int i = warp; i < npg; i += NW) {
             mbar_init(&G.full[i], 1);
             mbar_init(&G.empty[i], 1);
-            G.page[i][2] = -1;
         }
         for (int q = warp; q < MK_PAGE_SLOTS; q += NW) {
+            mbar_init(&G.desc[q], 1);
+            mbar_init(&G.inp[q], 1);
+            mbar_init(&G.outs[q], MK_PAGE_OUT_ARRIVALS);
             mbar_init(&G.free_[q], 1);
-            G.seq[q] = -1; G.in[q] = -1; G.done[q] = 0;
+            G.done[q] = 0;
         }
-        if (warp == 0) { G.n_items = -1; G.stop = 0; G.issued = 0; }
+        if (warp == 0) { G.stop = 0; G.issued = 0; }
         fence_mbar_init();
     }
     __syncthreads();
     if (threadIdx.x == 0) pg_mark(1);
+    // item j's phase of an item slot's barriers (items q, q + SLOTS, ... complete its phases 0, 1, ...)
+    auto slot_parity = [](int j) { return (unsigned)(j / MK_PAGE_SLOTS) & 1u; };
     if (warp == PG_LOADER_WARP) {             // ---- the loader ----
         const unsigned long long pol = l2_evict_first();
         int item = first_item, j = 0, s = 0;
         int* work = PP(int*, moe_work) + m;
         bool stop = false;
-        while (item < n_items && !stop) {
-            const MoeItem it = moe_item(P, l, route, egu, edn, item, n_gu);
-            const int q = j % MK_PAGE_SLOTS, K = it.T.K;
-            const int rpp = min(MK_PAGE_BYTES / (K * 2), MK_PAGE_ROWS_MAX);
-            const int n0 = it.T.n0, n1 = it.T.n1;
-            const int pages = (n0 + rpp - 1) / rpp + (n1 + rpp - 1) / rpp;
+        // publishes item slot q's description (written by lane 0 before), after the slot's previous item is done
+        while (!stop) {
+            const bool end = item >= n_items;
+            const int q = j % MK_PAGE_SLOTS;
             if (j >= MK_PAGE_SLOTS
-                && !pg_wait(P, G, ticket, &G.free_[q], ((j / MK_PAGE_SLOTS) - 1) & 1, STALL_SLOT, j)) {
+                && !pg_wait(P, G, ticket, &G.free_[q], slot_parity(j - MK_PAGE_SLOTS), STALL_SLOT, j)) {
                 stop = true;
                 break;
             }
+            if (end) {                        // the end item: the input warp stops there
+                if (lane == 0) { G.item[q][0] = j; G.item[q][1] = PG_END; mbar_arrive(&G.desc[q]); }
+                break;
+            }
+            const MoeItem it = moe_item(P, l, route, egu, edn, item, n_gu);
+            const int K = it.T.K;
+            const int rpp = min(MK_PAGE_BYTES / (K * 2), MK_PAGE_ROWS_MAX);
+            const int n0 = it.T.n0, n1 = it.T.n1;
+            const int pages = (n0 + rpp - 1) / rpp + (n1 + rpp - 1) / rpp;
             if (lane == 0) {
                 int* mt = G.item[q];
                 mt[0] = j; mt[1] = it.slot < 0 ? PG_O : it.down ? PG_DN : PG_GU; mt[2] = it.slot; mt[3] = it.e;
@@ -399,8 +381,9 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                 G.stamp[q][0] = prof_now();
                 if (j == 0) pg_mark(2);
 #endif
-                __threadfence_block();        // the description before its sequence number (the input warp)
-                ((volatile int*)G.seq)[q] = j;
+                // the arrivals `outs` will not get from pages (the plan keeps an item's pages within the count)
+                if (pages < MK_PAGE_OUT_ARRIVALS) mbar_arrive_n(&G.outs[q], MK_PAGE_OUT_ARRIVALS - pages);
+                mbar_arrive(&G.desc[q]);      // (release: the description before the input warp's reads)
             }
             int nxt = 0, p = 0;
             const bool late = PI(pg_claim_late) != 0;
@@ -418,7 +401,6 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                     if (lane == 0) {
                         G.page[slot][0] = q;
                         G.page[slot][1] = (h * n0 + r) | (nr << 16);
-                        ((volatile int*)G.page[slot])[2] = s;   // (before the arm below: pg_wait_page)
                         fence_proxy_async();  // the page's last reads (its warp's) before the copy's writes
                         mbar_expect_tx(&G.full[slot], (unsigned)(nr * K * 2));
                         bulk_load(smem + (size_t)slot * MK_PAGE_BYTES, src + (size_t)r * K, (unsigned)(nr * K * 2),
@@ -430,57 +412,38 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                     s++;
                 }
             }
-            if (late && !stop) {              // claim_late: once this item's input row is loaded (its dependency met)
-                int gone = 0;
-                if (lane == 0) {
-                    PgSpin spin;
-                    gone = pg_spin_until<false>(P, G, ticket, spin, G.in[q], j, STALL_CLAIM, j) ? 0 : 1;
-                    if (!gone) nxt = atomicAdd(work, 1);
+            if (late && !stop) {              // claim_late: once this item's inputs are loaded (its dependency met)
+                if (!pg_wait(P, G, ticket, &G.inp[q], slot_parity(j), STALL_CLAIM, j)) {
+                    stop = true;
+                    break;
                 }
-                stop = __shfl_sync(0xffffffffu, gone, 0) != 0;
+                if (lane == 0) nxt = atomicAdd(work, 1);
             }
             item = __shfl_sync(0xffffffffu, nxt, 0);
             j++;
         }
-        if (lane == 0) {                      // the input warp stops at item j (after the last description)
-            __threadfence_block();
-            ((volatile int*)&G.n_items)[0] = j;
-        }
-        // One end marker per computing warp (consecutive sequence numbers: one each). A warp frees its marker's page
-        // like any other: with fewer pages than computing warps the last markers reuse the first markers' pages.
-        for (int i = 0; i < PG_NWC && !stop; i++) {
+        // One end marker per computing warp, each into its own page (the npg sequence numbers after the last page)
+        for (int i = 0; i < npg && !stop; i++) {
             const int slot = s % npg;
             if (s >= npg && !pg_wait(P, G, ticket, &G.empty[slot], ((s / npg) - 1) & 1, STALL_EMPTY, s)) {
                 stop = true;
                 break;
             }
-            if (lane == 0) { G.page[slot][0] = -1; ((volatile int*)G.page[slot])[2] = s; mbar_arrive(&G.full[slot]); }
+            if (lane == 0) { G.page[slot][0] = -1; mbar_arrive(&G.full[slot]); }
             s++;
         }
         if (lane == 0) G.issued = s;          // (also after a failed wait: what has been issued must land)
         if (stop && lane == 0) ((volatile int*)&G.stop)[0] = 1;
         __syncwarp();                         // (each role's warp meets the block barrier below converged)
     } else if (warp == PG_INPUT_WARP) {       // ---- the input warp ----
-        // the layer's x rows (the gate/up items' inputs), before any flag
+        // the layer's x rows (the gate/up items' inputs), before any item's inputs are announced
         pg_copy_rows(smem + PI(pg_x_off), PP(const bf16*, x) + (size_t)l * PI(Bm) * PI(H), PI(B) * (PI(H) >> 3));
         for (int j = 0;; j++) {
             const int q = j % MK_PAGE_SLOTS;
-            int st = 0;                       // 1: item j is published; 2: the loader published fewer; 0: stop
-            if (lane == 0) {
-                PgSpin spin;
-                while (true) {
-                    if (pg_ld(G.seq[q]) == j) { st = 1; break; }
-                    const int n = pg_ld(G.n_items);
-                    if (n >= 0 && j >= n) { st = pg_ld(G.seq[q]) == j ? 1 : 2; break; }
-                    if (spin.leave(P, G, ticket, STALL_ITEM, j)) break;
-                    __nanosleep(32);
-                }
-            }
-            st = __shfl_sync(0xffffffffu, st, 0);
-            if (st != 1) break;
-            pg_acquired();                    // (the description after its sequence number)
+            if (!pg_wait(P, G, ticket, &G.desc[q], slot_parity(j), STALL_ITEM, j)) break;
+            if (G.item[q][1] == PG_END) break;
             const bool ok = pg_load_inputs(P, G, ticket, l, m, route, q);
-            __syncwarp();
+            __syncwarp();                     // (every lane's rows, weights and ranks before lane 0's arrival)
             if (!ok) {
                 if (lane == 0) ((volatile int*)&G.stop)[0] = 1;
                 break;
@@ -489,15 +452,14 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
 #if MK_PROFILE
                 G.stamp[q][2] = prof_now();
 #endif
-                __threadfence_block();        // the row (every lane's stores: the warp synced above) before its flag
-                ((volatile int*)G.in)[q] = j;
+                mbar_arrive(&G.inp[q]);       // (release: the inputs before the computing warps' reads)
             }
         }
         __syncwarp();
-    } else {                                  // ---- the computing warps ----
-        for (int s = warp;; s += PG_NWC) {
-            const int slot = s % npg;
-            if (!pg_wait_page(P, G, ticket, slot, s, npg)) break;
+    } else if (warp < npg) {                  // ---- the computing warps: warp w, ring page w ----
+        for (int k = 0;; k++) {
+            const int slot = warp;
+            if (!pg_wait(P, G, ticket, &G.full[slot], (unsigned)k & 1u, STALL_PAGE, warp + k * npg)) break;
             const int q = G.page[slot][0], pr = G.page[slot][1];
             if (q < 0) {                      // its end marker
                 __syncwarp();
@@ -505,18 +467,11 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                 break;
             }
             const int* it = G.item[q];
-            // (the item's page count read now, with its other fields: once this warp's count is in, another warp
-            // may finish the item and the loader publish the next item in the slot)
+            // (the item's fields read now: once this warp's page is counted, another warp may finish the item and
+            // the loader publish the next item in the slot)
             const int j = it[0], K = it[7], npages = it[8], row0 = pr & 0xffff, nr = pr >> 16;
             const int kind = it[1], st = it[4], nc = it[11];
-            int ok = 1;                       // the item's input row (lane 0 waits for the input warp's flag)
-            if (lane == 0) {
-                PgSpin spin;
-                ok = pg_spin_until<true>(P, G, ticket, spin, G.in[q], j, STALL_INPUT, j) ? 1 : 0;
-            }
-            ok = __shfl_sync(0xffffffffu, ok, 0);
-            if (!ok) break;
-            pg_acquired();                    // (the input row and, for the epilogue, a down item's weight and rank)
+            if (!pg_wait(P, G, ticket, &G.inp[q], slot_parity(j), STALL_INPUT, j)) break;
             // input row i: a gate/up item's pair i's row of x, else row i of the slot's input buffer
             const bf16* xin = reinterpret_cast<const bf16*>(smem + PI(pg_in_off) + (size_t)q * PI(pg_in_bytes));
             const bf16* xs = reinterpret_cast<const bf16*>(smem + PI(pg_x_off));
@@ -537,13 +492,13 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             __syncwarp();
             int done = 0;
             if (lane == 0) {
+                mbar_arrive(&G.outs[q]);              // (release: this page's outputs)
                 mbar_arrive(&G.empty[slot]);          // the page is free for the loader
-                __threadfence_block();                // this page's outputs before the count
                 done = atomicAdd(&G.done[q], 1) == npages - 1;
             }
             done = __shfl_sync(0xffffffffu, done, 0);
-            if (done) {                           // the item's last page: its epilogue, then its slot is free
-                pg_acquired();                    // (every page's outputs: their warps fenced before counting)
+            if (done) {                           // the item's last page counted: its epilogue, then its slot is free
+                if (!pg_wait(P, G, ticket, &G.outs[q], slot_parity(j), STALL_OUTS, j)) break;
 #if MK_PROFILE
                 if (lane == 0) G.stamp[q][4] = prof_now();
 #endif
@@ -552,7 +507,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
 #if MK_PROFILE
                 if (lane == 0) pg_prof_item(P, G, l, m, q);
 #endif
-                if (lane == 0) { G.done[q] = 0; mbar_arrive(&G.free_[q]); }
+                if (lane == 0) { atomicExch(&G.done[q], 0); mbar_arrive(&G.free_[q]); }
             }
         }
         __syncwarp();
@@ -572,7 +527,12 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             mbar_inval(&G.full[i]);
             mbar_inval(&G.empty[i]);
         }
-        for (int q = warp; q < MK_PAGE_SLOTS; q += NW) mbar_inval(&G.free_[q]);
+        for (int q = warp; q < MK_PAGE_SLOTS; q += NW) {
+            mbar_inval(&G.desc[q]);
+            mbar_inval(&G.inp[q]);
+            mbar_inval(&G.outs[q]);
+            mbar_inval(&G.free_[q]);
+        }
     }
     __syncthreads();
     return ok;

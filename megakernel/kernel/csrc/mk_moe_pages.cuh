@@ -46,7 +46,7 @@ struct PgState {
     unsigned long long full[MK_PAGE_MAX];      // a page landed (tx) or an end marker
     unsigned long long empty[MK_PAGE_MAX];     // its warp is done reading it (an end marker's too)
     unsigned long long desc[MK_PAGE_SLOTS];    // an item's description is written (the loader)
-    unsigned long long inp[MK_PAGE_SLOTS];     // its input rows are loaded (the input warp)
+    unsigned long long inp[MK_PAGE_SLOTS];     // its input rows are loaded (the input warp, every lane)
     unsigned long long outs[MK_PAGE_SLOTS];    // its pages are computed (count PAGE_OUT_ARRIVALS: a warp per page,
                                                // the rest by the loader when it publishes the item)
     unsigned long long free_[MK_PAGE_SLOTS];   // an item's epilogue is written
@@ -337,7 +337,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
         }
         for (int q = warp; q < MK_PAGE_SLOTS; q += NW) {
             mbar_init(&G.desc[q], 1);
-            mbar_init(&G.inp[q], 1);
+            mbar_init(&G.inp[q], 32);         // (every lane of the input warp arrives: each releases its own copies)
             mbar_init(&G.outs[q], MK_PAGE_OUT_ARRIVALS);
             mbar_init(&G.free_[q], 1);
             G.done[q] = 0;
@@ -448,19 +448,21 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                 if (lane == 0) ((volatile int*)&G.stop)[0] = 1;
                 break;
             }
-            if (lane == 0) {
 #if MK_PROFILE
-                G.stamp[q][2] = prof_now();
+            if (lane == 0) G.stamp[q][2] = prof_now();
 #endif
-                mbar_arrive(&G.inp[q]);       // (release: the inputs before the computing warps' reads)
-            }
+            mbar_arrive(&G.inp[q]);           // every lane (release: its copies, weights and ranks before the
+                                              // computing warps' reads)
         }
         __syncwarp();
     } else if (warp < npg) {                  // ---- the computing warps: warp w, ring page w ----
         for (int k = 0;; k++) {
             const int slot = warp;
             if (!pg_wait(P, G, ticket, &G.full[slot], (unsigned)k & 1u, STALL_PAGE, warp + k * npg)) break;
-            const int q = G.page[slot][0], pr = G.page[slot][1];
+            int q = 0, pr = 0;                // (lane 0 alone reads the page's entry: the loader rewrites it once this
+            if (lane == 0) { q = G.page[slot][0]; pr = G.page[slot][1]; }   // warp's lane 0 freed the page)
+            q = __shfl_sync(0xffffffffu, q, 0);
+            pr = __shfl_sync(0xffffffffu, pr, 0);
             if (q < 0) {                      // its end marker
                 __syncwarp();
                 if (lane == 0) mbar_arrive(&G.empty[slot]);

@@ -257,8 +257,9 @@ class ModelPlan:
                                          # dea16fa; one process each): b8 14.00 / 13.68 (-2.3%), b1 3.503 / 3.54,
                                          # b2 5.304 / 5.40, b4 8.66 / 10.24 (its O items' 32 KB inputs leave 6
                                          # pages), b16 slower still (4 pages; 23.5 / 36.7 ms with 16); at 8: b5
-                                         # -2.6%, b6 -2.3%. Off by default: compute-sanitizer racecheck reports
-                                         # its flag-ordered hand-offs between warps (SPEED_NOTES.md, session 15)
+                                         # -2.6%, b6 -2.3%; with the mbarrier hand-offs (8ef1d76) b8 13.39 /
+                                         # 13.98 (-4.2%). Off by default until compute-sanitizer racecheck is
+                                         # clean on it (5 sites at 8ef1d76; SPEED_NOTES.md, session 15)
     moe_pages_from: int = 5              # the fewest rows (tile_batch) of a paged plan (1: every plan up to moe_pages)
     moe_tile_kb: int = 0                 # > 0: the expert items' tiles (gate/up, down) of up to this many KiB
                                          # instead of tile_kb's (0). For the paged worker: at 64 a gate/up item is

@@ -44,6 +44,7 @@ PAGE_MAX = 16
 PAGE_SLOTS = 3
 PAGE_ROWS_MAX = 16
 PAGE_STATE_BYTES = 2048
+PAGE_ITEM_ROWS_MAX = 128     # rows of one paged expert item in all halves at most (moe_pages_tile_kb; its outputs)
 PAGE_OUT_ARRIVALS = 256      # the count of an item slot's "pages computed" mbarrier: one arrival per page of the item
                              # and the rest by the loader when it publishes the item (an item has at most this many)
 ATTN_CHUNK = 128 // BLOCKS_PER_SM   # keys per shared-memory chunk in attention: one 16-key slice per computing warp

@@ -81,6 +81,14 @@ def tile_rows(K: int, halves: int = 1, elt: int = 2, max_batch: int = O.MAX_BATC
     return max(1, min(O.MAX_TILE_ROWS // halves, rounded))
 
 
+def paged_item_rows(K: int, halves: int, kb: int, elt: int = 2) -> int:
+    """Rows (per half) of a paged plan's expert item of inner size K under moe_pages_tile_kb = kb: at most kb KiB of
+    weights in all halves, a multiple of TILE_ROW_QUANTUM rows, at most PAGE_ITEM_ROWS_MAX rows in all halves."""
+    fit = kb * 1024 // (elt * K * halves)
+    q = O.TILE_ROW_QUANTUM
+    return max(1, min(O.PAGE_ITEM_ROWS_MAX // halves, fit // q * q if fit >= q else fit))
+
+
 def prefetch_wbuf(k_max: int, max_batch: int, extra: int = 0, elt: int = 2) -> int:
     """Bytes of each of the two GEMV weight buffers of the prefetching layout (scratch | buffer 0 | buffer 1 |
     max_batch input rows of up to k_max elements | extra), or 0 where two buffers of PREFETCH_MIN_TILE do not fit."""
@@ -261,6 +269,11 @@ class ModelPlan:
                                          # 13.98 (-4.2%). Off by default until compute-sanitizer racecheck is
                                          # clean on it (5 sites at 8ef1d76; SPEED_NOTES.md, session 15)
     moe_pages_from: int = 5              # the fewest rows (tile_batch) of a paged plan (1: every plan up to moe_pages)
+    moe_pages_tile_kb: int = 0           # > 0: a paged plan's expert items of up to this many KiB (paged_item_rows),
+                                         # not capped by the plain worker's shared-memory formula (at 8 rows of
+                                         # input that formula gives 16-row gate/up halves: 128 KB items, 31 items
+                                         # per worker per b8 layer, each paying an epilogue and a signal). Not yet
+                                         # measured
     moe_tile_kb: int = 0                 # > 0: the expert items' tiles (gate/up, down) of up to this many KiB
                                          # instead of tile_kb's (0). For the paged worker: at 64 a gate/up item is
                                          # 2 x 8 rows of 2048, 4 pages, so its ring of 12 holds three items (its
@@ -346,11 +359,23 @@ class ModelPlan:
         mrows = lambda K, halves=1: tile_rows(K, halves, max_batch=self.tb, wbuf=self.moe_wbuf,
                                               tile_kb=self.moe_tile_kb or self.tile_kb)
         self.gu_rows = mrows(self.H, 2)
-        self.gu_tiles = math.ceil(self.I / self.gu_rows)
         self.dn_rows = mrows(self.I)
+        self._page_layout(o_in_queue)
+        # moe_pages_tile_kb: a paged plan's expert items sized by the knob alone (their weights stream through the
+        # pages, never the GEMV buffer), kept only if the page layout still fits with them
+        self.big_items = False
+        if self.pg_n and self.moe_pages_tile_kb:
+            plain = (self.gu_rows, self.dn_rows)
+            self.gu_rows = paged_item_rows(self.H, 2, self.moe_pages_tile_kb)
+            self.dn_rows = paged_item_rows(self.I, 1, self.moe_pages_tile_kb)
+            self._page_layout(o_in_queue)
+            self.big_items = self.pg_n > 0
+            if not self.big_items:
+                self.gu_rows, self.dn_rows = plain
+                self._page_layout(o_in_queue)
+        self.gu_tiles = math.ceil(self.I / self.gu_rows)
         self.dn_tiles = math.ceil(self.H / self.dn_rows)
         self.lm_rows = rows(self.H)
-        self._page_layout(o_in_queue)
         # the streaming LM head: two buffers with tile_batch input rows after them (not with the prefetching layout,
         # whose buffer-1 prefetches the LM tasks' runs would overlap)
         self.lm_wbuf = prefetch_wbuf(self.H, self.tb) if self.lm_stream and not self.wbuf else 0
@@ -360,8 +385,9 @@ class ModelPlan:
                 self.lm_wbuf, self.lm_rows = 0, rows(self.H)
         # (K, rows in all halves) of every GEMV kind: the shared-memory size is derived from these
         self.lm_tile = (self.H, self.lm_rows)
-        self.gemv_tiles = [(self.H, self.qkv_rows), (self.Q, self.o_rows), self.lm_tile,
-                           (self.H, 2 * self.gu_rows), (self.I, self.dn_rows)]
+        self.gemv_tiles = [(self.H, self.qkv_rows), (self.Q, self.o_rows), self.lm_tile]
+        if not self.big_items:               # (the paged worker's own item sizes never use the GEMV buffer)
+            self.gemv_tiles += [(self.H, 2 * self.gu_rows), (self.I, self.dn_rows)]
         if self.Lm:
             self.gemv_tiles.append((self.H, self.router_rows))
         if any(self.mlp_width):

@@ -737,6 +737,45 @@ def test_paged_worker_layout_for_several_rows():
     assert all(plan_for_rows(plans, b).pg_rows == 8 for b in range(5, 9))
 
 
+def test_paged_items_sized_by_their_own_knob():
+    """moe_pages_tile_kb: the paged plan's expert items sized by the knob (256 KB: 32-row gate/up halves, 128-row down
+    items, past the plain worker's 16 / 64 at 8 rows of input), their tiles left out of the GEMV buffer's sizing, the
+    page layout still fitting; plans without pages keep the plain sizes; a paged plan whose layout would not fit
+    them keeps the plain sizes too."""
+    from megakernel.config import north_mini_code_config
+    from megakernel.kernel.schedule import paged_item_rows, tiling_plans
+    from megakernel.kv.cache import KVLayout
+
+    cfg = north_mini_code_config()
+    layout = KVLayout.for_model(cfg, 64)
+    base = {p.tb: p for p in tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=8)}
+    big = {p.tb: p for p in tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=8, moe_pages_tile_kb=256)}
+    assert (paged_item_rows(2048, 2, 256), paged_item_rows(768, 1, 256)) == (32, 128)
+    p, q = big[8], base[8]
+    assert p.pg_n >= 4 and p.big_items and (p.gu_rows, p.dn_rows) == (32, 128) and (q.gu_rows, q.dn_rows) == (16, 64)
+    assert (p.gu_tiles, p.dn_tiles) == (24, 16)
+    assert (2048, 64) not in p.gemv_tiles and (768, 128) not in p.gemv_tiles
+    assert p.pg_out_rows >= 128 and p.pages_smem_bytes() <= p.smem_bytes() <= O.SMEM_LIMIT - O.SMEM_RESERVE
+    for tb in (1, 16):
+        assert not big[tb].big_items and (big[tb].gu_rows, big[tb].dn_rows) == (base[tb].gu_rows, base[tb].dn_rows)
+    # at 16 rows, 128-row items' outputs would leave fewer than 4 pages: the plain sizes, and their 4 pages
+    capped = tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=16, moe_pages_from=16,
+                          moe_pages_tile_kb=4096)[-1]
+    assert capped.tb == 16 and capped.pg_n == 4 and not capped.big_items
+    assert (capped.gu_rows, capped.dn_rows) == (16, 64) and (2048, 32) in capped.gemv_tiles
+
+
+def test_simulator_with_paged_items_of_their_own_size():
+    """moe_pages_tile_kb changes the expert items' rows (fewer, larger items): the step stays exact in random orders."""
+    cfg, w, st, nxt = _setup("north_like", 3, seed=59)
+    plan = ModelPlan(cfg, st.layout, max_batch=4, tile_batch=3, n_workers=2, split_tokens=4, moe_pages=4,
+                     moe_pages_from=1, moe_pages_tile_kb=1)
+    ref = ModelPlan(cfg, st.layout, max_batch=4, tile_batch=3, n_workers=2, split_tokens=4, moe_pages=4,
+                    moe_pages_from=1)
+    assert plan.pg_n > 0 and plan.big_items and (plan.gu_rows, plan.dn_rows) != (ref.gu_rows, ref.dn_rows)
+    _check_step(cfg, w, st, nxt, plan, seeds=[3, 8])
+
+
 def test_simulator_with_the_paged_worker():
     """moe_pages changes how a worker streams its items, not the task list: the one-row plan gets the layout and its
     step is exact in random orders."""

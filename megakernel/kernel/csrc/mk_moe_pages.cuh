@@ -324,6 +324,10 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
     const int npg = PI(pg_n);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (!smem_fits(P, (size_t)PI(pg_state_off) + sizeof(PgState), ticket)) return false;
+    if (npg > NW - 2) {                       // (a ring page per computing warp: the plan keeps pg_n <= NW - 2)
+        if (threadIdx.x == 0) record_error(P, MK_ERR_SMEM, ticket, -1, npg, NW - 2);
+        return false;
+    }
     PgState& G = pg_state(P);
     if (threadIdx.x == 0) pg_mark(0);
     // Lane 0 of warp w sets up the barriers of pages w, w + NW, ... and of item slots w, w + NW, ..., in parallel
@@ -372,6 +376,11 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             const int rpp = min(MK_PAGE_BYTES / (K * 2), MK_PAGE_ROWS_MAX);
             const int n0 = it.T.n0, n1 = it.T.n1;
             const int pages = (n0 + rpp - 1) / rpp + (n1 + rpp - 1) / rpp;
+            if (pages < 1 || pages > MK_PAGE_OUT_ARRIVALS) {   // (`outs` counts one arrival per page; the plan
+                if (lane == 0) record_error(P, MK_ERR_SMEM, ticket, -1, pages, MK_PAGE_OUT_ARRIVALS);   // bounds it)
+                stop = true;
+                break;
+            }
             if (lane == 0) {
                 int* mt = G.item[q];
                 mt[0] = j; mt[1] = it.slot < 0 ? PG_O : it.down ? PG_DN : PG_GU; mt[2] = it.slot; mt[3] = it.e;
@@ -399,15 +408,15 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                         break;
                     }
                     if (lane == 0) {
+#if MK_PROFILE
+                        if (p == 0) G.stamp[q][1] = prof_now();   // (before the arrive that releases it)
+#endif
                         G.page[slot][0] = q;
                         G.page[slot][1] = (h * n0 + r) | (nr << 16);
                         fence_proxy_async();  // the page's last reads (its warp's) before the copy's writes
                         mbar_expect_tx(&G.full[slot], (unsigned)(nr * K * 2));
                         bulk_load(smem + (size_t)slot * MK_PAGE_BYTES, src + (size_t)r * K, (unsigned)(nr * K * 2),
                                   &G.full[slot], pol);
-#if MK_PROFILE
-                        if (p == 0) G.stamp[q][1] = prof_now();
-#endif
                     }
                     s++;
                 }

@@ -133,7 +133,7 @@ CTRL_INTS = len(CTRL_FIELDS)
 ERR_WATCHDOG = 1
 ERR_BAD_OPCODE = 2
 ERR_SMEM = 3          # a task's shared-memory layout needs more than the launch gave (err_value / err_target)
-ERR_STALL = 4         # a wait inside a block (the paged MoE worker's pages, slots, flags) passed the watchdog:
+ERR_STALL = 4         # a wait inside a block (the paged MoE worker's pages, slots, barriers) passed the watchdog:
                       # err_value names it (STALL_WAITS, in order: MK_STALL_PAGE ...), err_target its sequence
 STALL_WAITS = {"PAGE": "a page's copy", "EMPTY": "a ring page to free", "SLOT": "an item slot to free",
                "ITEM": "an item's description", "INPUT": "an item's input row", "CLAIM": "an item's input (late claim)",

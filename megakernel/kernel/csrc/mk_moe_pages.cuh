@@ -237,9 +237,9 @@ __device__ __forceinline__ void pg_copy_rows(unsigned char* dst, const void* src
 }
 
 // The input warp (lane 0 waits): item slot q's input rows, after their dependency (a down item: its expert's
-// gate/up items; an O item: the attention combines), by plain L2 loads (all of a lane's in flight at once) into the
-// slot's input buffer (a gate/up item reads the layer's x rows, loaded at the worker's start: nothing to do). False
-// if the wait failed.
+// gate/up items; an O item: the attention combines), by cp.async (pg_copy_rows) into the slot's input buffer, and a
+// down item's pairs' weights and ranks (a gate/up item reads the layer's x rows, loaded at the worker's start:
+// nothing to do). False if the wait failed.
 __device__ __forceinline__ bool pg_load_inputs(const Params& P, PgState& G, int ticket, int l, int m, const int* route,
                                                int q) {
     const int lane = threadIdx.x & 31;
@@ -358,7 +358,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
         int item = first_item, j = 0, s = 0;
         int* work = PP(int*, moe_work) + m;
         bool stop = false;
-        // publishes item slot q's description (written by lane 0 before), after the slot's previous item is done
+        // item j goes into slot j % PAGE_SLOTS once the slot's previous item is done (`free_`); after the last, an end item
         while (!stop) {
             const bool end = item >= n_items;
             const int q = j % MK_PAGE_SLOTS;
@@ -452,7 +452,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             if (!pg_wait(P, G, ticket, &G.desc[q], slot_parity(j), STALL_ITEM, j)) break;
             if (G.item[q][1] == PG_END) break;
             const bool ok = pg_load_inputs(P, G, ticket, l, m, route, q);
-            __syncwarp();                     // (every lane's rows, weights and ranks before lane 0's arrival)
+            __syncwarp();                     // (the warp leaves together on a failed wait)
             if (!ok) {
                 if (lane == 0) ((volatile int*)&G.stop)[0] = 1;
                 break;

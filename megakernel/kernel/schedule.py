@@ -256,7 +256,7 @@ class ModelPlan:
                                          # 1 (a third fewer items, each paying a claim, its inputs and a signal
                                          # once); 0: the old tiles. 8K, ms at 0 / 192 (646056b): b1 3.791 / 3.683, b2 5.633 /
                                          # 5.419; b1 32K 4.261 / 4.151, 128K 6.091 / 6.002
-    moe_pages: int = 0                   # plans of moe_pages_from..moe_pages rows (tile_batch) run their MoE items
+    moe_pages: int = 8                   # plans of moe_pages_from..moe_pages rows (tile_batch) run their MoE items
                                          # on the paged worker (csrc/mk_moe_pages.cuh): one loader warp streams the
                                          # items' weight rows into a ring of PAGE_BYTES pages as pages free, the
                                          # other warps compute a page each, so the SM never stops loading at an item
@@ -266,8 +266,9 @@ class ModelPlan:
                                          # b2 5.304 / 5.40, b4 8.66 / 10.24 (its O items' 32 KB inputs leave 6
                                          # pages), b16 slower still (4 pages; 23.5 / 36.7 ms with 16); at 8: b5
                                          # -2.6%, b6 -2.3%; with the mbarrier hand-offs (8ef1d76) b8 13.39 /
-                                         # 13.98 (-4.2%). Off by default until compute-sanitizer racecheck is
-                                         # clean on it (5 sites at 8ef1d76; SPEED_NOTES.md, session 15)
+                                         # 13.98 (-4.2%); at ba1f07c (one process) b8 13.42 / 13.97, b6 11.06 /
+                                         # 11.60, b1-b4 and b16 unchanged (plain plans), racecheck clean at 6 rows
+                                         # and at 1 (moe_pages=1,moe_pages_from=1): the default since session 16
     moe_pages_from: int = 5              # the fewest rows (tile_batch) of a paged plan (1: every plan up to moe_pages)
     moe_pages_tile_kb: int = 0           # > 0: a paged plan's expert items of up to this many KiB (paged_item_rows),
                                          # not capped by the plain worker's shared-memory formula (at 8 rows of

@@ -716,9 +716,9 @@ def test_paged_worker_layout_for_several_rows():
     plans = tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=8, moe_pages_from=1)
     paged = [p for p in plans if p.pg_n]
     assert [p.tb for p in paged] == [1, 2, 3, 4, 8]
-    # moe_pages=8 with the default moe_pages_from=5: only the 5..8-row plan is paged; the default has none
-    assert [p.tb for p in tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=8) if p.pg_n] == [8]
-    assert not any(p.pg_n for p in tiling_plans(cfg, layout, 16, True, n_workers=132))
+    # the default (moe_pages=8, moe_pages_from=5): only the 5..8-row plan is paged; moe_pages=0 has none
+    assert [p.tb for p in tiling_plans(cfg, layout, 16, True, n_workers=132) if p.pg_n] == [8]
+    assert not any(p.pg_n for p in tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=0))
     for p in plans:
         if p.tb > 8:
             assert p.pg_n == 0 and p.pg_rows == 0

@@ -5,6 +5,7 @@
 #   2. the tiny parity, long-split, North per-layer and watchdog GPU tests with every plan paged and a wrapped ring
 #      (moe_pages=16,moe_pages_from=1,moe_pages_max=6);
 #   3. the step at $POINTS under $VARIANTS, one process.
+# SKIP_SAN=1 skips step 1, SAN_B1=0 its one-row racecheck, SKIP_TESTS=1 step 2.
 # Logs and JSON under $OUT (bundle.tgz when more than 8 files).
 #   run(command="MEGAKERNEL_COMMIT=<SHA> bash scripts/gpu_pages_check.sh", timeout_s=600)
 set -u
@@ -23,9 +24,11 @@ san() {  # tool, tuning, script args, log name
   echo "rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|cos vs|max rel" "$OUT/$4.log" | tail -3
   grep "Race reported" "$OUT/$4.log" | sed 's/0x[0-9a-f]*//g; s/(const[^)]*)//g' | sort | uniq -c | head -8
 }
-san racecheck "$PAGED" "benchmarks/mk_racecheck.py 6" racecheck_b6_paged
-san memcheck "$PAGED" "benchmarks/mk_debug.py north_like 6" memcheck_b6_paged
-san racecheck moe_pages=1,moe_pages_from=1 "benchmarks/mk_racecheck.py 1" racecheck_b1_paged
+if [ "${SKIP_SAN:-0}" != 1 ]; then
+  san racecheck "$PAGED" "benchmarks/mk_racecheck.py 6" racecheck_b6_paged
+  san memcheck "$PAGED" "benchmarks/mk_debug.py north_like 6" memcheck_b6_paged
+  [ "${SAN_B1:-1}" = 1 ] && san racecheck moe_pages=1,moe_pages_from=1 "benchmarks/mk_racecheck.py 1" racecheck_b1_paged
+fi
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   echo "=== tests, every plan paged, at $(($(date +%s) - t0)) s"
   MEGAKERNEL_MK_TUNING=moe_pages=16,moe_pages_from=1,moe_pages_max=6 timeout ${TESTS_TIMEOUT:-120} python3 -m pytest \

@@ -34,6 +34,7 @@
 #pragma once
 #include "mk_common.cuh"
 #include "mk_loader.cuh"
+#include "mk_gemv_core.cuh"
 
 #define PG_INPUT_WARP (NW - 2)          // warp NW - 2 loads inputs, warp NW - 1 weights; warps 0 .. pg_n - 1 compute
 #define PG_LOADER_WARP (NW - 1)
@@ -219,6 +220,44 @@ __device__ __forceinline__ void pg_compute_rows(const bf16* W, int nr, int nc, i
                         const float v = warp_sum(acc[r][i]);
                         if (lane == 0) out[(size_t)(i0 + i) * ostride + r0 + r] = v;
                     }
+        }
+    }
+}
+
+// The same product on tensor cores (MK_GEMV_TC): the input rows are the MMA's M (rows i and i + 8 of the 16-row
+// operand; past nc: zeros when nc <= 8, else clamped rows whose outputs are dropped), the page's weight rows its N
+// in groups of 8, K in steps of 32 with the step's k order permuted the same way for both operands (lane (g, t)
+// loads 16 bytes of input row g (and g + 8) and of weight row g of the group at k offset 8t; the two MMAs of a step
+// take words 0-1 and 2-3), as gemv_core. fp32 accumulation; each lane ends with its (input, row) sums, no shuffle.
+// A gate/up page at North dims (4 rows of 2048) takes 128 MMAs and 128 shared loads per lane, where the CUDA-core
+// loop above issues ~3,200 instructions per lane at 8 rows: at b8 that loop, not the HBM, bounded the MoE phase.
+template <class XRow>
+__device__ __forceinline__ void pg_compute_rows_tc(const bf16* W, int nr, int nc, int K, XRow xrow, float* out,
+                                                   int ostride) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const bool hi = nc > 8;                   // input rows 8..15 present
+    const bf16* xa = xrow(min(g, nc - 1)) + 8 * t;
+    const bf16* xb = xrow(min(g + 8, nc - 1)) + 8 * t;
+    const int steps = (K + 31) >> 5;
+    const bool tail = (K & 31) != 0;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    for (int r0 = 0; r0 < nr; r0 += 8) {
+        const bf16* wr = W + (size_t)min(r0 + g, nr - 1) * K + 8 * t;
+        float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+        for (int s = 0; s < steps; s++) {
+            const bool in = !tail || s * 32 + 8 * t < K;        // past K: zeros, and no read past the row
+            const uint4 X = in ? *reinterpret_cast<const uint4*>(xa + s * 32) : zero;
+            const uint4 Y = (in && hi) ? *reinterpret_cast<const uint4*>(xb + s * 32) : zero;
+            const uint4 B = in ? *reinterpret_cast<const uint4*>(wr + s * 32) : zero;
+            mma_bf16(c, X.x, Y.x, X.y, Y.y, B.x, B.y);
+            mma_bf16(c, X.z, Y.z, X.w, Y.w, B.z, B.w);
+        }
+        // c[0..1]: input row g, weight rows r0 + 2t, + 1; c[2..3]: input row g + 8
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int i = g + (q >> 1) * 8, r = r0 + 2 * t + (q & 1);
+            if (i < nc && r < nr) out[(size_t)i * ostride + r] = c[q];
         }
     }
 }
@@ -496,9 +535,11 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             if (nc == 1) {
                 pg_compute(W, gu ? xs + (size_t)s_route_row[st] * H : xin, nr, K, out + row0);
             } else {
-                pg_compute_rows(W, nr, nc, K, [&](int i) {
+                const auto xrow = [&](int i) {
                     return gu ? xs + (size_t)s_route_row[st + i] * H : xin + (size_t)i * K;
-                }, out + row0, os);
+                };
+                if (MK_GEMV_TC) pg_compute_rows_tc(W, nr, nc, K, xrow, out + row0, os);
+                else pg_compute_rows(W, nr, nc, K, xrow, out + row0, os);
             }
             __syncwarp();
             int done = 0;

@@ -45,8 +45,10 @@ PAGE_SLOTS = 3
 PAGE_ROWS_MAX = 16
 PAGE_STATE_BYTES = 2048
 PAGE_ITEM_ROWS_MAX = 128     # rows of one paged expert item in all halves at most (moe_pages_tile_kb; its outputs)
-PAGE_OUT_ARRIVALS = 256      # the count of an item slot's "pages computed" mbarrier: one arrival per page of the item
-                             # and the rest by the loader when it publishes the item (an item has at most this many)
+PAGE_ITEM_PAGES_MAX = 256    # pages of one paged item at most
+PAGE_OUT_ARRIVALS = 32 * PAGE_ITEM_PAGES_MAX   # the count of an item slot's "pages computed" mbarrier: every lane of
+                             # a page's computing warp arrives (each releases its own output stores), the loader the
+                             # rest when it publishes the item
 ATTN_CHUNK = 128 // BLOCKS_PER_SM   # keys per shared-memory chunk in attention: one 16-key slice per computing warp
                              # (two stages of 128 keys, ~140 KB, would not fit half an SM's shared memory)
 ATTN_WARPS = ATTN_CHUNK // 16  # warps that run attention's tensor-core math (the others help load)
@@ -264,7 +266,7 @@ def generate_header() -> str:
     consts = dict(BLOCKS_PER_SM=BLOCKS_PER_SM, NUM_THREADS=NUM_THREADS, NUM_WARPS=NUM_WARPS, MAX_BATCH=MAX_BATCH,
                   WTILE_BYTES=WTILE_BYTES,
                   MAX_TILE_ROWS=MAX_TILE_ROWS, PAGE_BYTES=PAGE_BYTES, PAGE_MAX=PAGE_MAX, PAGE_SLOTS=PAGE_SLOTS,
-                  PAGE_ROWS_MAX=PAGE_ROWS_MAX, PAGE_STATE_BYTES=PAGE_STATE_BYTES, PAGE_OUT_ARRIVALS=PAGE_OUT_ARRIVALS, GEMV_SCRATCH_BYTES=GEMV_SCRATCH_BYTES, ROW_PAD=ROW_PAD,
+                  PAGE_ROWS_MAX=PAGE_ROWS_MAX, PAGE_STATE_BYTES=PAGE_STATE_BYTES, PAGE_OUT_ARRIVALS=PAGE_OUT_ARRIVALS, PAGE_ITEM_PAGES_MAX=PAGE_ITEM_PAGES_MAX, GEMV_SCRATCH_BYTES=GEMV_SCRATCH_BYTES, ROW_PAD=ROW_PAD,
                   GEMV_RED_FLOATS=GEMV_RED_FLOATS,
                   ATTN_CHUNK=ATTN_CHUNK, ATTN_WARPS=ATTN_WARPS, ATTN_MAX_STAGES=ATTN_MAX_STAGES,
                   ATTN_MAX_GROUP=ATTN_MAX_GROUP, ATTN_MAX_HEAD_DIM=ATTN_MAX_HEAD_DIM, ATTN_OUT_PER_THREAD=ATTN_OUT_PER_THREAD,

@@ -453,7 +453,7 @@ class ModelPlan:
         rows_per_page = lambda K: min(O.PAGE_BYTES // (2 * K), O.PAGE_ROWS_MAX)   # noqa: E731
         most = max(2 * math.ceil(self.gu_rows / rows_per_page(self.H)), math.ceil(self.dn_rows / rows_per_page(self.I)),
                    math.ceil(self.o_rows / rows_per_page(self.Q)) if o_in_queue else 0)
-        if most > O.PAGE_OUT_ARRIVALS:       # (an item slot's `outs` barrier counts one arrival per page)
+        if most > O.PAGE_ITEM_PAGES_MAX:     # (an item slot's `outs` barrier counts 32 arrivals per page)
             return
         self.pg_n, self.pg_rows = n, R
         self.pg_in_off = n * O.PAGE_BYTES

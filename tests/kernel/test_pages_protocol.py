@@ -5,7 +5,7 @@ whose wait is satisfied, and fires the bulk copies' landings at random later tim
 their phase semantics (a parity wait succeeds once the phase of that parity has completed, and cannot tell phase u
 from u - 2; a phase completes when its expected arrivals have arrived and its copies landed). Every hand-off is an
 mbarrier, as in the kernel: the loader publishes an item's description (`desc`), the input warp its inputs (`inp`),
-each computing warp one arrival per page on the item's `outs` (the loader the rest of the count), the epilogue's warp
+each computing warp's lanes an arrival per page on the item's `outs` (the loader the rest of the count), the epilogue's warp
 frees the item slot (`free`), and computing warp w owns ring page w (`full` / `empty`). The model checks what the CUDA
 code relies on: a warp computes a page only after that page's own copy landed, with its item's inputs in the slot; a
 copy never lands in a page a warp is reading, inputs are never overwritten while a warp reads them; every page is
@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-OUT_ARRIVALS = 64           # (the kernel's PAGE_OUT_ARRIVALS is 256; any count above an item's pages models it)
+LANES = 32                  # a computing warp's lanes each arrive on `outs` (each releases its own output stores)
+OUT_ARRIVALS = LANES * 64   # (the kernel's is 32 x PAGE_ITEM_PAGES_MAX; any count above an item's pages' models it)
 END = -1
 
 
@@ -139,7 +140,7 @@ def loader(w: World):
             break
         it = w.items[j]
         w.item_of[q] = j
-        w.outs[q].arrive(OUT_ARRIVALS - it.pages)
+        w.outs[q].arrive(OUT_ARRIVALS - LANES * it.pages)
         w.desc[q].arrive()
         for p in range(it.pages):
             slot = s % w.npg
@@ -207,7 +208,7 @@ def computing_warp(w: World, warp: int):
         w.reading[slot] -= 1
         w.in_readers[q] -= 1
         w.computed[j] = w.computed.get(j, 0) + 1
-        w.outs[q].arrive()
+        w.outs[q].arrive(LANES)
         w.empty[slot].arrive()
         w.done[q] += 1
         if w.done[q] == w.items[j].pages:              # elected (the atomic count): the epilogue

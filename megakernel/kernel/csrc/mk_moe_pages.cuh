@@ -48,8 +48,8 @@ struct PgState {
     unsigned long long empty[MK_PAGE_MAX];     // its warp is done reading it (an end marker's too)
     unsigned long long desc[MK_PAGE_SLOTS];    // an item's description is written (the loader)
     unsigned long long inp[MK_PAGE_SLOTS];     // its input rows are loaded (the input warp, every lane)
-    unsigned long long outs[MK_PAGE_SLOTS];    // its pages are computed (count PAGE_OUT_ARRIVALS: a warp per page,
-                                               // the rest by the loader when it publishes the item)
+    unsigned long long outs[MK_PAGE_SLOTS];    // its pages are computed (count PAGE_OUT_ARRIVALS: the 32 lanes of
+                                               // each page's warp, the rest by the loader when it publishes the item)
     unsigned long long free_[MK_PAGE_SLOTS];   // an item's epilogue is written
     long long stamp[MK_PAGE_SLOTS][5];         // (MK_PROFILE) claim, issued, waited, landed, computed (per item)
     int page[MK_PAGE_MAX][2];                  // item slot (-1: end marker), first row | rows << 16
@@ -415,8 +415,8 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             const int rpp = min(MK_PAGE_BYTES / (K * 2), MK_PAGE_ROWS_MAX);
             const int n0 = it.T.n0, n1 = it.T.n1;
             const int pages = (n0 + rpp - 1) / rpp + (n1 + rpp - 1) / rpp;
-            if (pages < 1 || pages > MK_PAGE_OUT_ARRIVALS) {   // (`outs` counts one arrival per page; the plan
-                if (lane == 0) record_error(P, MK_ERR_SMEM, ticket, -1, pages, MK_PAGE_OUT_ARRIVALS);   // bounds it)
+            if (pages < 1 || pages > MK_PAGE_ITEM_PAGES_MAX) {   // (`outs` counts 32 arrivals per page; the plan
+                if (lane == 0) record_error(P, MK_ERR_SMEM, ticket, -1, pages, MK_PAGE_ITEM_PAGES_MAX);   // bounds it)
                 stop = true;
                 break;
             }
@@ -430,7 +430,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                 if (j == 0) pg_mark(2);
 #endif
                 // the arrivals `outs` will not get from pages (the plan keeps an item's pages within the count)
-                if (pages < MK_PAGE_OUT_ARRIVALS) mbar_arrive_n(&G.outs[q], MK_PAGE_OUT_ARRIVALS - pages);
+                if (pages < MK_PAGE_ITEM_PAGES_MAX) mbar_arrive_n(&G.outs[q], MK_PAGE_OUT_ARRIVALS - 32 * pages);
                 mbar_arrive(&G.desc[q]);      // (release: the description before the input warp's reads)
             }
             int nxt = 0, p = 0;
@@ -541,10 +541,10 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                 if (MK_GEMV_TC) pg_compute_rows_tc(W, nr, nc, K, xrow, out + row0, os);
                 else pg_compute_rows(W, nr, nc, K, xrow, out + row0, os);
             }
-            __syncwarp();
+            mbar_arrive(&G.outs[q]);                  // every lane (release: its own output stores; the tensor-core
+            __syncwarp();                             // product's lanes all store)
             int done = 0;
             if (lane == 0) {
-                mbar_arrive(&G.outs[q]);              // (release: this page's outputs)
                 mbar_arrive(&G.empty[slot]);          // the page is free for the loader
                 done = atomicAdd(&G.done[q], 1) == npages - 1;
             }

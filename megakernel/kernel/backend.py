@@ -73,9 +73,9 @@ def swz_expert_smem_bytes(plan: ModelPlan) -> int:
 def launch_smem_bytes(plan: ModelPlan, swz: bool) -> int:
     """Dynamic shared memory of a launch with `plan`: the plan's layouts, and (swz: MK_SWZ builds, plain MoE workers)
     the swizzled expert tiles', as far as the limit allows (an item whose swizzled layout does not fit the launch
-    takes today's path)."""
+    takes today's path; a paged plan's workers never take it)."""
     need = plan.smem_bytes()
-    if swz and not plan.wbuf and not plan.moe_wbuf:
+    if swz and not plan.wbuf and not plan.moe_wbuf and not plan.pg_n:
         need = max(need, min(swz_expert_smem_bytes(plan), O.SMEM_LIMIT - O.SMEM_RESERVE))
     return need
 

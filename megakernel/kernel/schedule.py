@@ -270,11 +270,12 @@ class ModelPlan:
                                          # 11.60, b1-b4 and b16 unchanged (plain plans), racecheck clean at 6 rows
                                          # and at 1 (moe_pages=1,moe_pages_from=1): the default since session 16
     moe_pages_from: int = 5              # the fewest rows (tile_batch) of a paged plan (1: every plan up to moe_pages)
-    moe_pages_tile_kb: int = 0           # > 0: a paged plan's expert items of up to this many KiB (paged_item_rows),
+    moe_pages_tile_kb: int = 256         # > 0: a paged plan's expert items of up to this many KiB (paged_item_rows),
                                          # not capped by the plain worker's shared-memory formula (at 8 rows of
                                          # input that formula gives 16-row gate/up halves: 128 KB items, 31 items
-                                         # per worker per b8 layer, each paying an epilogue and a signal). Not yet
-                                         # measured
+                                         # per worker per b8 layer, each paying an epilogue and a signal). 8K, ms
+                                         # at 0 / 256, one process (c832144, tensor-core pages): b5 9.458 / 9.340,
+                                         # b6 10.692 / 10.585, b7 11.818 / 11.733, b8 12.733 / 12.641
     moe_tile_kb: int = 0                 # > 0: the expert items' tiles (gate/up, down) of up to this many KiB
                                          # instead of tile_kb's (0). For the paged worker: at 64 a gate/up item is
                                          # 2 x 8 rows of 2048, 4 pages, so its ring of 12 holds three items (its

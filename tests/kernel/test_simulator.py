@@ -318,7 +318,7 @@ def test_swizzled_expert_tiles_fit_north_plans():
     padded pitch) fit the launch uncapped, so every expert item can take the swizzled path; the launch stays inside
     the limit with the static part reserved; without the switch a launch is the plan's own size. (With tile_kb=0:
     the default tile_kb's 24-row gate/up tiles are no multiple of the 16-row boxes, and MK_SWZ builds take the plain
-    path for such items.)"""
+    path for such items. A paged plan's MoE workers stream pages instead: its launch is its own size.)"""
     from megakernel.config import north_mini_code_config
     from megakernel.kernel.backend import launch_smem_bytes, swz_expert_smem_bytes
     from megakernel.kernel.schedule import tiling_plans
@@ -327,6 +327,9 @@ def test_swizzled_expert_tiles_fit_north_plans():
     cfg = north_mini_code_config()
     for knobs in ({}, {"moe_claim_late": 1}, {"o_queue": 16}):
         for p in tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, True, n_workers=132, tile_kb=0, **knobs):
+            if p.pg_n:
+                assert launch_smem_bytes(p, True) == p.smem_bytes()
+                continue
             need = swz_expert_smem_bytes(p)
             assert need <= O.SMEM_LIMIT - O.SMEM_RESERVE, (p.tb, need)
             assert launch_smem_bytes(p, True) >= need
@@ -673,7 +676,8 @@ def test_paged_worker_layout_on_north_dims():
 
     cfg = north_mini_code_config()
     layout = KVLayout.for_model(cfg, 64)
-    paged = tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=1, moe_pages_from=1)
+    # (the plain worker's item sizes: moe_pages_tile_kb=0; its own sizes: test_paged_items_sized_by_their_own_knob)
+    paged = tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=1, moe_pages_from=1, moe_pages_tile_kb=0)
     plain = tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=0)
     assert [p.tb for p in paged] == [p.tb for p in plain]
     for p, q in zip(paged, plain):
@@ -691,11 +695,13 @@ def test_paged_worker_layout_on_north_dims():
         # at North dims the ring holds fewer pages than there are computing warps (its end markers wrap it too);
         # moe_pages_max caps it (the GPU tests run a wrapped ring at tiny dims with it)
         assert p.pg_n < O.NUM_WARPS - 1
-        capped = tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=1, moe_pages_from=1, moe_pages_max=5)[0]
+        capped = tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=1, moe_pages_from=1, moe_pages_max=5,
+                              moe_pages_tile_kb=0)[0]
         assert capped.pg_n == 5 and capped.pg_in_off == 5 * O.PAGE_BYTES
         # moe_tile_kb=64: gate/up items of 2 x 8 rows (4 pages of 4 rows of 2048), three times as many; down items
         # of 40 rows of 768 (60 KB, 4 pages of 10 rows); the static tiles untouched
-        fine = tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=1, moe_pages_from=1, moe_tile_kb=64)[0]
+        fine = tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=1, moe_pages_from=1, moe_tile_kb=64,
+                            moe_pages_tile_kb=0)[0]
         assert (fine.gu_rows, fine.gu_tiles, fine.dn_rows) == (8, 3 * p.gu_tiles, 40) and p.gu_rows == 24
         assert (fine.qkv_rows, fine.o_rows, fine.lm_rows) == (p.qkv_rows, p.o_rows, p.lm_rows) and fine.pg_n >= p.pg_n
         assert (p.gemv_tiles, p.gu_rows, p.dn_rows, p.o_items) == (q.gemv_tiles, q.gu_rows, q.dn_rows, q.o_items)
@@ -748,7 +754,7 @@ def test_paged_items_sized_by_their_own_knob():
 
     cfg = north_mini_code_config()
     layout = KVLayout.for_model(cfg, 64)
-    base = {p.tb: p for p in tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=8)}
+    base = {p.tb: p for p in tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=8, moe_pages_tile_kb=0)}
     big = {p.tb: p for p in tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=8, moe_pages_tile_kb=256)}
     assert (paged_item_rows(2048, 2, 256), paged_item_rows(768, 1, 256)) == (32, 128)
     p, q = big[8], base[8]

@@ -201,13 +201,16 @@ class ModelPlan:
                                          # reads each, ~4 us per tile at b1, tl_b1_e1222bb). Not yet measured
     tile_batch: int = 0                  # rows the GEMV tiles leave room for (0: max_batch); launches of at most
                                          # this many rows may use the larger tiles (the backend's `batch_tiles`)
-    o_queue: int = 4                     # plans of at most this many rows (tile_batch) make each MoE layer's
+    o_queue: int = 1                     # plans of at most this many rows (tile_batch) make each MoE layer's
                                          # O-projection tiles items of its expert queue (after the gate/up items
                                          # and `o_after` eighths of the down items) instead of static tasks listed
                                          # after the workers, which only free blocks claim (0: none). 8K, ms at
                                          # o_queue 0 / 1 / 4 / 16 (01168ec): b1 3.862 / 3.763 / 3.780 / 3.794,
                                          # b2 5.701 / 5.705 / 5.600 / 5.638, b4 8.980 / 8.975 / 8.945 / 8.971;
-                                         # b8 14.73 (0) vs 14.82 (16) at 8786382
+                                         # b8 14.73 (0) vs 14.82 (16) at 8786382. 1 since session 16: the 2..4-row
+                                         # plans are paged (moe_pages_from) and their queued O items' inputs left
+                                         # the ring 6 pages; with static O tasks (c6a71af, one process) b2 5.111 /
+                                         # 5.274, b3 6.483 / 6.777, b4 7.987 / 8.633 against o_queue=4 plain
     worker_topk: int = 0                 # 1: no TOPK task; every MoE worker waits on the router tiles and routes the
                                          # layer itself (the same code, into its shared memory): the router ->
                                          # top-k -> workers hand-off, ~8 us per layer at batch 1, loses a hop.
@@ -269,7 +272,9 @@ class ModelPlan:
                                          # 13.98 (-4.2%); at ba1f07c (one process) b8 13.42 / 13.97, b6 11.06 /
                                          # 11.60, b1-b4 and b16 unchanged (plain plans), racecheck clean at 6 rows
                                          # and at 1 (moe_pages=1,moe_pages_from=1): the default since session 16
-    moe_pages_from: int = 5              # the fewest rows (tile_batch) of a paged plan (1: every plan up to moe_pages)
+    moe_pages_from: int = 2              # the fewest rows (tile_batch) of a paged plan (1: every plan up to moe_pages).
+                                         # 2 since session 16 (with o_queue=1: above); one row stays plain (8K
+                                         # 3.457 plain / 3.490 paged, 128K 5.938 / 5.825: c6a71af)
     moe_pages_tile_kb: int = 256         # > 0: a paged plan's expert items of up to this many KiB (paged_item_rows),
                                          # not capped by the plain worker's shared-memory formula (at 8 rows of
                                          # input that formula gives 16-row gate/up halves: 128 KB items, 31 items

@@ -290,8 +290,11 @@ def test_per_batch_tilings_on_north_dims():
     cfg = north_mini_code_config()
     layout = KVLayout.for_model(cfg, 64)
     paged = tiling_plans(cfg, layout, 16, True, n_workers=132, prefetch=0, o_queue=0, tile_kb=0, moe_pages=8)
-    assert [(p.tb, p.pg_rows) for p in paged] == [(8, 8), (9, 0), (16, 0)]     # (the 5..8-row launches paged)
-    assert [plan_for_rows(paged, b).tb for b in range(1, 17)] == [9] * 4 + [8] * 4 + [9] + [16] * 7
+    assert [(p.tb, p.pg_rows) for p in paged] == [(8, 8), (9, 0), (16, 0)]     # (the 2..8-row launches paged)
+    assert [plan_for_rows(paged, b).tb for b in range(1, 17)] == [9] + [8] * 7 + [9] + [16] * 7
+    five = tiling_plans(cfg, layout, 16, True, n_workers=132, prefetch=0, o_queue=0, tile_kb=0, moe_pages=8,
+                        moe_pages_from=5)                                     # (the 1..4-row launches plain)
+    assert [plan_for_rows(five, b).tb for b in range(1, 17)] == [9] * 4 + [8] * 4 + [9] + [16] * 7
     plans = tiling_plans(cfg, layout, 16, True, n_workers=132, prefetch=0, o_queue=0, tile_kb=0, moe_pages=0)
     assert [p.tb for p in plans] == [9, 16]
     assert (plans[0].o_rows, plans[1].o_rows) == (16, 8)
@@ -404,7 +407,7 @@ def test_simulator_with_tiles_of_any_multiple_of_8_rows(variant, B):
     """tile_kb=3 on the tiny configs: tiles of multiples of 8 rows that are no power of two and leave tails (down:
     48 + 16 rows of 64; O on most variants 24 + 24 + 16), computed exactly in random orders."""
     cfg, w, st, nxt = _setup(variant, B, seed=41 + B)
-    plan = ModelPlan(cfg, st.layout, max_batch=4, n_workers=3, split_tokens=4, tile_kb=3)
+    plan = ModelPlan(cfg, st.layout, max_batch=4, n_workers=3, split_tokens=4, tile_kb=3, moe_pages=0)
     assert plan.dn_rows == 48 and plan.H % plan.dn_rows and plan.o_rows % 8 == 0
     _check_step(cfg, w, st, nxt, plan, seeds=[B, B + 1])
 
@@ -719,11 +722,15 @@ def test_paged_worker_layout_for_several_rows():
 
     cfg = north_mini_code_config()
     layout = KVLayout.for_model(cfg, 64)
-    plans = tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=8, moe_pages_from=1)
+    # (o_queue=4: the 1..4-row plans queue their O items, whose inputs the item slots then hold)
+    plans = tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=8, moe_pages_from=1, o_queue=4)
     paged = [p for p in plans if p.pg_n]
     assert [p.tb for p in paged] == [1, 2, 3, 4, 8]
-    # the default (moe_pages=8, moe_pages_from=5): only the 5..8-row plan is paged; moe_pages=0 has none
-    assert [p.tb for p in tiling_plans(cfg, layout, 16, True, n_workers=132) if p.pg_n] == [8]
+    # the default (moe_pages=8, moe_pages_from=2, o_queue=1): the 2-, 3- and 4..8-row plans are paged, the one-row
+    # plan (its O items queued) is not; moe_pages=0 has none
+    dflt = tiling_plans(cfg, layout, 16, True, n_workers=132)
+    assert [p.tb for p in dflt if p.pg_n] == [2, 3, 8] and not dflt[0].pg_n and dflt[0].o_items
+    assert [p.tb for p in tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages_from=5) if p.pg_n] == [8]
     assert not any(p.pg_n for p in tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=0))
     for p in plans:
         if p.tb > 8:

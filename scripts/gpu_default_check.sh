@@ -1,30 +1,49 @@
 #!/usr/bin/env bash
-# One device call (~5 min): the defaults' correctness and a short A/B, for a change of defaults:
+# One device call (~5 min): the defaults' correctness, a short A/B, and optionally the decode sweep and a timeline,
+# for a change of defaults:
 #   1. the megakernel's GPU tests (tests/kernel -m gpu);
-#   2. compute-sanitizer memcheck and racecheck on one tiny step of $SAN_B rows (default 6: the 5..8-row plan);
-#   3. the step at $POINTS under $VARIANTS (default: the defaults against moe_pages=8), one process.
+#   2. compute-sanitizer memcheck on one tiny step of $MEMCHECK_B rows (default 6) and racecheck at each of $SAN_BS
+#      rows (default "6 3 2": the 4..8-, 3- and 2-row paged plans);
+#   3. the step at $POINTS under $VARIANTS (VARIANTS="" skips), one process;
+#   4. SWEEP=1: the decode sweep of the megakernel and the graph backend (scripts/gpu_decode_sweep.sh, in $OUT/sweep);
+#   5. TRACE_POINT=BxCTX: the profiling build's timeline at that point (summary lines only).
 # Logs and JSON under $OUT (bundle.tgz when more than 8 files).
-#   run(command="MEGAKERNEL_COMMIT=<SHA> bash scripts/gpu_default_check.sh", timeout_s=600)
+#   run(command="MEGAKERNEL_COMMIT=<SHA> SWEEP=1 TRACE_POINT=8x8192 bash scripts/gpu_default_check.sh", timeout_s=600)
 set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD:$PWD/tests PYTHONUNBUFFERED=1 MEGAKERNEL_CACHE_DIR=/tmp/mkcache
-SAN_B=${SAN_B:-6}
 t0=$(date +%s)
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader;
   echo "commit ${MEGAKERNEL_COMMIT:-unknown}"; } | tee "$OUT/env.txt"
 echo "=== tests"
 timeout ${TESTS_TIMEOUT:-200} python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/kernel 2>&1 \
   | tee "$OUT/tests.log" | tail -3
-for tool in memcheck racecheck; do
-  echo "=== $tool, $SAN_B rows, at $(($(date +%s) - t0)) s"
-  script=$([ $tool = memcheck ] && echo "benchmarks/mk_debug.py north_like $SAN_B" || echo "benchmarks/mk_racecheck.py $SAN_B")
-  MEGAKERNEL_WATCHDOG_S=300 timeout ${SAN_TIMEOUT:-120} compute-sanitizer --tool $tool --kernel-name kns=mk_decode \
-    --print-limit 20 python3 $script > "$OUT/$tool.log" 2>&1
-  echo "rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Error|hazard|cos|max" "$OUT/$tool.log" | tail -5
-done
-echo "=== variants at $(($(date +%s) - t0)) s"
-timeout ${VARIANTS_TIMEOUT:-120} python3 benchmarks/megakernel_variants.py --points "${POINTS:-6x8192,8x8192,5x8192}" \
-  --variants "${VARIANTS:-default moe_pages=8 default moe_pages=8}" --steps 40 --json "$OUT/variants.json" 2>&1 \
-  | grep -E "^b|rror"
+san() {  # tool, rows
+  echo "=== $1, $2 rows, at $(($(date +%s) - t0)) s"
+  script=$([ $1 = memcheck ] && echo "benchmarks/mk_debug.py north_like $2" || echo "benchmarks/mk_racecheck.py $2")
+  MEGAKERNEL_WATCHDOG_S=300 timeout ${SAN_TIMEOUT:-120} compute-sanitizer --tool $1 --kernel-name kns=mk_decode \
+    --print-limit 20 python3 $script > "$OUT/${1}_b$2.log" 2>&1
+  echo "rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Race reported|cos|max rel" "$OUT/${1}_b$2.log" | tail -5
+}
+san memcheck ${MEMCHECK_B:-6}
+for b in ${SAN_BS:-6 3 2}; do san racecheck $b; done
+VARIANTS=${VARIANTS-"default moe_pages=0 default moe_pages=0"}
+if [ -n "$VARIANTS" ]; then
+  echo "=== variants at $(($(date +%s) - t0)) s"
+  timeout ${VARIANTS_TIMEOUT:-120} python3 benchmarks/megakernel_variants.py --points "${POINTS:-6x8192,8x8192,3x8192}" \
+    --variants "$VARIANTS" --steps 40 --json "$OUT/variants.json" 2>&1 | grep -E "^b|rror"
+fi
+if [ "${SWEEP:-0}" = 1 ]; then
+  echo "=== sweep at $(($(date +%s) - t0)) s"
+  OUT=$OUT/sweep BACKENDS=megakernel,graph SWEEP_TIMEOUT=${SWEEP_TIMEOUT:-240} bash scripts/gpu_decode_sweep.sh 2>&1 \
+    | grep -E "megakernel \(|/ graph|rror"
+fi
+if [ -n "${TRACE_POINT:-}" ]; then
+  bsz=${TRACE_POINT%x*}; ctx=${TRACE_POINT#*x}
+  echo "=== trace b$bsz $ctx at $(($(date +%s) - t0)) s"
+  timeout ${TRACE_TIMEOUT:-100} python3 -m megakernel bench --random-north --backend megakernel --batch-size $bsz \
+    --context $ctx --steps 20 --trace "$OUT/tl_b$bsz.npz" 2>&1 | grep -E "critical|SM time|phases|a layer|MoE workers|normal build|rror"
+  rm -f "$OUT/tl_b$bsz.npz"
+fi
 echo "=== done at $(($(date +%s) - t0)) s"
 bash scripts/pack_out.sh "$OUT"

@@ -180,6 +180,9 @@ PARAM_FIELDS = (
     # the down items queued ahead of them (ModelPlan.o_after), their rows, and the per-layer offset of the
     # attention-combine counter they wait on
     "o_items", "o_after", "o_rows", "c_comb",
+    # > 0: the down items of expert slot s follow the gate/up items of slot s + dn_lag in the queue
+    # (ModelPlan.queue_dn_lag; csrc/mk_moe.cuh queue_kind, simulator.queue_kind)
+    "dn_lag",
     # attention-combine tasks per (row, kv head), each over a part of its query heads (ModelPlan.combine_parts)
     "combine_parts",
     # 1: no TOPK tasks; every MoE worker routes its layer itself (ModelPlan.worker_topk)

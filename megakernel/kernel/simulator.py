@@ -32,6 +32,24 @@ def _o_start(p, n_gu: int) -> int:
     items (csrc/mk_moe.cuh o_queue_start)."""
     return n_gu + (n_gu // p.gu_tiles * p.dn_tiles * p.o_after >> 3)
 
+def queue_kind(n_slots: int, G: int, D: int, lag: int, item: int) -> tuple[bool, int, int]:
+    """(down, slot, tile) of item `item` of a MoE layer's queue without O items: n_slots experts' G gate/up items
+    each, then (lag 0) their D down items each; with lag > 0 the down items of slot s follow the gate/up items of
+    slot s + lag (those of the last `lag` slots after every gate/up item). A down item's gate/up items always come
+    earlier. (csrc/mk_moe.cuh queue_kind is the same formula.)"""
+    if lag <= 0 or lag >= n_slots:
+        return (False, *divmod(item, G)) if item < n_slots * G else (True, *divmod(item - n_slots * G, D))
+    head = lag * G                           # slots 0 .. lag-1: gate/up only
+    if item < head:
+        return (False, *divmod(item, G))
+    mid = (n_slots - lag) * (G + D)          # slots lag .. n_slots-1: gate/up of k, then down of k - lag
+    if item < head + mid:
+        k, r = divmod(item - head, G + D)
+        return (False, k + lag, r) if r < G else (True, k, r - G)
+    s, t = divmod(item - head - mid, D)      # the last lag slots' down items
+    return True, n_slots - lag + s, t
+
+
 class ReadBeforeWrite(AssertionError):
     pass
 
@@ -420,17 +438,20 @@ class Simulator:
                 r0 = (item - o0) * p.o_rows
                 self.t_oproj(l, r0, min(p.o_rows, p.H - r0))
                 continue
-            if item < n_gu:
-                slot, t = divmod(item, p.gu_tiles)
+            if n_o:
+                down = item >= n_gu
+                slot, t = divmod(item - n_gu - (n_o if item >= o0 + n_o else 0), p.dn_tiles) if down \
+                    else divmod(item, p.gu_tiles)
             else:
-                slot, t = divmod(item - n_gu - (n_o if item >= o0 + n_o else 0), p.dn_tiles)
+                down, slot, t = queue_kind(n_active, p.gu_tiles, p.dn_tiles, p.queue_dn_lag, item)
+            if down:
                 yield (l * p.cpl + p.c_gu + slot, p.gu_tiles)
                 self.cur_op = "MOE_WORKER(down)"
             e = int(route[p.r_slot_expert + slot])
             st, cnt = int(route[p.r_slot_start + slot]), int(route[p.r_slot_cnt + slot])
             pairs = slice(st, st + cnt)
             rows = route[p.r_pair_row + st:p.r_pair_row + st + cnt].long()
-            if item < n_gu:
+            if not down:
                 r0 = t * p.gu_rows
                 r1 = min(I, r0 + p.gu_rows)
                 x = torch.stack([self.rd("x", (l, int(r))) for r in rows])

@@ -797,3 +797,38 @@ def test_simulator_with_the_paged_worker():
                      moe_pages_from=1)
     assert plan.pg_n > 0
     _check_step(cfg, w, st, nxt, plan, seeds=[1, 4])
+
+
+@pytest.mark.parametrize("n_slots,lag", [(1, 1), (5, 0), (5, 1), (5, 2), (5, 4), (5, 5), (5, 9), (17, 3)])
+def test_queue_order_with_down_lag(n_slots, lag):
+    """dn_lag: the queue is a permutation of the layer's items (every gate/up and down tile of every slot once),
+    each down item after all of its slot's gate/up items, and (0 < lag < slots) the down items of slot s right
+    after the gate/up items of slot s + lag."""
+    from megakernel.kernel.simulator import queue_kind
+
+    G, D = 3, 2
+    order = [queue_kind(n_slots, G, D, lag, i) for i in range(n_slots * (G + D))]
+    assert sorted(order) == sorted([(False, s, t) for s in range(n_slots) for t in range(G)] +
+                                   [(True, s, t) for s in range(n_slots) for t in range(D)])
+    pos = {k: i for i, k in enumerate(order)}
+    for s in range(n_slots):
+        assert min(pos[(True, s, t)] for t in range(D)) > max(pos[(False, s, t)] for t in range(G))
+        if 0 < lag and s + lag < n_slots:
+            assert pos[(True, s, 0)] == pos[(False, s + lag, G - 1)] + 1
+    if lag == 0 or lag >= n_slots:
+        assert all(not d for d, _, _ in order[:n_slots * G])
+
+
+@pytest.mark.parametrize("pages", [0, 4])
+@pytest.mark.parametrize("lag", [1, 2])
+def test_simulator_with_down_lag(pages, lag):
+    """dn_lag interleaves the down items with later experts' gate/up items (plain and paged workers, no queued O
+    items): the step stays exact in random orders, and no worker waits forever (each down item's gate/up items are
+    earlier in the queue)."""
+    cfg, w, st, nxt = _setup("north_like", 3, seed=61 + lag)
+    plan = ModelPlan(cfg, st.layout, max_batch=4, tile_batch=3, n_workers=2, split_tokens=4, moe_pages=pages,
+                     moe_pages_from=1, o_queue=0, dn_lag=lag)
+    assert plan.queue_dn_lag == lag and plan.o_items == 0 and (plan.pg_n > 0) == (pages > 0)
+    _check_step(cfg, w, st, nxt, plan, seeds=[5, 9])
+    queued = ModelPlan(cfg, st.layout, max_batch=4, tile_batch=3, n_workers=2, split_tokens=4, o_queue=4, dn_lag=lag)
+    assert queued.o_items and queued.queue_dn_lag == 0

@@ -69,6 +69,30 @@ __device__ __forceinline__ int o_queue_start(const Params& P, int n_gu) {
     return n_gu + ((n_gu / PI(gu_tiles)) * PI(dn_tiles) * PI(o_after) >> 3);
 }
 
+// Item `item` of a queue without O items (n_s expert slots, G gate/up and D down items each): its slot and tile,
+// and whether it is a down item. lag 0: every gate/up item, then every down item; lag > 0: the down items of slot
+// s right after the gate/up items of slot s + lag (the last lag slots' after every gate/up item), so a down item's
+// gate/up items are always earlier in the queue (schedule.ModelPlan.dn_lag; simulator.queue_kind is the same).
+__device__ __forceinline__ bool queue_kind(int n_s, int G, int D, int lag, int item, int& slot, int& t) {
+    int base = 0, s0 = 0;
+    if (lag > 0 && lag < n_s) {
+        const int head = lag * G, mid = (n_s - lag) * (G + D);
+        if (item < head) { slot = item / G; t = item - slot * G; return false; }
+        if (item < head + mid) {
+            const int k = (item - head) / (G + D), r = (item - head) - k * (G + D);
+            if (r < G) { slot = k + lag; t = r; return false; }
+            slot = k; t = r - G; return true;
+        }
+        base = head + mid; s0 = n_s - lag;          // the last lag slots' down items
+    } else {
+        if (item < n_s * G) { slot = item / G; t = item - slot * G; return false; }
+        base = n_s * G;
+    }
+    const int j = item - base;
+    slot = s0 + j / D; t = j - (j / D) * D;
+    return true;
+}
+
 struct MoeItem {
     bool down;
     int slot, e, st, cnt, r0, nr;
@@ -89,11 +113,15 @@ __device__ __forceinline__ MoeItem moe_item(const Params& P, int l, const int* r
         it.T = static_tile(P, OP_OPROJ, l, it.r0, it.nr);
         return it;
     }
-    if (n_o && item >= o0) item -= n_o;
-    it.down = item >= n_gu;
     int t;
-    if (!it.down) { it.slot = item / gu_tiles; t = item - it.slot * gu_tiles; }
-    else { it.slot = (item - n_gu) / PI(dn_tiles); t = (item - n_gu) - it.slot * PI(dn_tiles); }
+    if (n_o) {
+        if (item >= o0) item -= n_o;
+        it.down = item >= n_gu;
+        if (!it.down) { it.slot = item / gu_tiles; t = item - it.slot * gu_tiles; }
+        else { it.slot = (item - n_gu) / PI(dn_tiles); t = (item - n_gu) - it.slot * PI(dn_tiles); }
+    } else {
+        it.down = queue_kind(n_gu / gu_tiles, gu_tiles, PI(dn_tiles), PI(dn_lag), item, it.slot, t);
+    }
 #if MK_MOE_LOCAL
     const int packed = s_route_slot[it.slot];
     it.e = packed & 511; it.st = (packed >> 9) & 511; it.cnt = packed >> 18;

@@ -224,14 +224,19 @@ class ModelPlan:
                                          # group / combine_parts of its query heads (a divisor of the group): a
                                          # combine of 256 splits (128K+ contexts) reads ~1 MB, on one SM at 1.
                                          # Not yet measured
-    dn_lag: int = 0                      # > 0: a MoE layer's queue puts the down items of expert slot s right
+    dn_lag: int = 16                     # > 0: a MoE layer's queue puts the down items of expert slot s right
                                          # after the gate/up items of slot s + dn_lag (slots past the last: after
                                          # every gate/up item, in slot order), so down items stream while later
                                          # experts' gate/up items still load instead of all at the layer's end
                                          # (the b8 trace at 5b5e58b: gate/up items 65-179 us, down 160-239 us of
                                          # a 261 us layer); every item's dependencies stay earlier in the queue.
-                                         # 0: every down item after every gate/up item. Plans with queued O
-                                         # items keep 0 (queue_dn_lag). Not yet measured
+                                         # 0: every down item after every gate/up item. Paged plans only, and
+                                         # without queued O items (queue_dn_lag). 8K ms at 0 / 4 / 8 / 16 / 32
+                                         # (810432c, one process): b8 12.689 / 13.239 / 12.729 / 12.578 / 12.609
+                                         # (again 12.665 / 12.563 at 0 / 16), b4 8.035 / 8.284 / 8.091 / 7.963 /
+                                         # 8.047 (8.045 / 7.972); the plain worker at b16 23.556 / 23.604 at 0 / 16.
+                                         # A lag under ~16 slots (~400 items, what 132 workers hold in flight)
+                                         # makes down items wait on gate/up items still loading
     o_after: int = 6                     # 0..8: eighths of a layer's down items queued ahead of its O items
                                          # (o_queue; 0: right after the gate/up items, where a worker that claims
                                          # one may wait for the combines; 8: after every down item). b1 8K:
@@ -420,7 +425,8 @@ class ModelPlan:
             raise ValueError(f"o_after is in eighths of the down items, 0..8, got {self.o_after}")
         if self.dn_lag < 0:
             raise ValueError(f"dn_lag is a count of expert slots, >= 0, got {self.dn_lag}")
-        self.queue_dn_lag = 0 if self.o_items else self.dn_lag   # (o_queue_start assumes every down item last)
+        # (paged plans only; o_queue_start assumes every down item after every gate/up item)
+        self.queue_dn_lag = self.dn_lag if self.pg_n and not self.o_items else 0
         # route record layout (int32 offsets)
         ns, npair = self.n_slots, self.n_pairs
         off = 2                              # [0] n_active, [1] n_items

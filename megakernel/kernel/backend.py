@@ -80,6 +80,32 @@ def launch_smem_bytes(plan: ModelPlan, swz: bool) -> int:
     return need
 
 
+def build_knobs(tuning: dict[str, int]) -> dict[str, int]:
+    """The plan knobs for `tuning` (TUNING_KEYS) under the selected build: knobs this build cannot run are turned off
+    where they were not asked for (check_build_runs refuses them where they were)."""
+    knobs = {k: v for k, v in tuning.items() if k != "batch_tiles"}
+    if "fused_norm" not in knobs and build.switch_value("MK_SMALL_VEC") < 2:
+        knobs["fused_norm"] = 0          # the default's register path is MK_SMALL_VEC >= 2's
+    if "moe_pages" not in knobs and build.switch_value("MK_MOE_LOCAL") == 0:
+        knobs["moe_pages"] = 0           # the paged worker is MK_MOE_LOCAL=1's
+    return knobs
+
+
+def check_build_runs(plans: list[ModelPlan]) -> None:
+    """ValueError if the selected build cannot run one of `plans` (a knob asked for that its switches leave out)."""
+    plan = plans[-1]
+    if any(p.pg_n for p in plans) and build.switch_value("MK_MOE_LOCAL") == 0:
+        raise ValueError("moe_pages needs the kernel's MK_MOE_LOCAL=1 (the paged worker keeps its routing in shared "
+                         "memory; a paged plan's large items do not fit the plain worker); this build has "
+                         "MK_MOE_LOCAL=0")
+    if plan.worker_topk and build.switch_value("MK_MOE_LOCAL") == 0:
+        raise ValueError("worker_topk needs the kernel's MK_MOE_LOCAL=1 (the workers keep their routing in shared "
+                         "memory); this build has MK_MOE_LOCAL=0")
+    if plan.fused_norm and fused_norm_smem_bytes(plan.H) == 0 and build.switch_value("MK_SMALL_VEC") < 2:
+        raise ValueError("fused_norm at this hidden size needs the kernel's MK_SMALL_VEC>=2 (the fused tiles keep "
+                         "the residual in registers; the plan leaves no shared memory for it)")
+
+
 TUNING_KEYS = ("split_tokens", "attn_stages", "n_workers", "oproj_first", "qkv_by_head", "fused_norm", "batch_tiles",
                "prefetch", "o_queue", "moe_ring", "router_first", "lm_stream",
                "claim_ahead", "router_tile_rows", "moe_claim_late", "o_after",
@@ -261,18 +287,10 @@ class MegakernelBackend(DecodeBackend):
             raise ValueError(f"unknown tuning keys {sorted(bad)}")
         self._tuning = {**DEFAULT_TUNING, **self._tuning, **tuning}   # what was set before stays unless given again
         batch_tiles = self._tuning["batch_tiles"]
-        knobs = {k: v for k, v in self._tuning.items() if k != "batch_tiles"}
-        if "fused_norm" not in knobs and build.switch_value("MK_SMALL_VEC") < 2:
-            knobs["fused_norm"] = 0      # the default's register path is MK_SMALL_VEC >= 2's (refused below if asked)
-        plans = tiling_plans(self.cfg, self.layout, self.max_batch, bool(batch_tiles), **knobs)
+        plans = tiling_plans(self.cfg, self.layout, self.max_batch, bool(batch_tiles), **build_knobs(self._tuning))
         plan = plans[-1]
         plan.check_supported()
-        if plan.worker_topk and build.switch_value("MK_MOE_LOCAL") == 0:
-            raise ValueError("worker_topk needs the kernel's MK_MOE_LOCAL=1 (the workers keep their routing in shared "
-                             "memory); this build has MK_MOE_LOCAL=0")
-        if plan.fused_norm and fused_norm_smem_bytes(plan.H) == 0 and build.switch_value("MK_SMALL_VEC") < 2:
-            raise ValueError("fused_norm at this hidden size needs the kernel's MK_SMALL_VEC>=2 (the fused tiles keep "
-                             "the residual in registers; the plan leaves no shared memory for it)")
+        check_build_runs(plans)
         per_block = min(self.smem_optin, O.SMEM_LIMIT)
         for p in plans:
             need = self._smem_of(p)

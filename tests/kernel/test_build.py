@@ -102,3 +102,27 @@ def test_switch_value_reads_the_selected_build(monkeypatch):
     monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_MOE_LOCAL=0,MK_SWZ=2")
     assert build.switch_value("MK_MOE_LOCAL") == 0 and build.switch_value("MK_SWZ") == 2
     assert build.switch_value("MK_GEMV_TC") == build.KERNEL_SWITCHES["MK_GEMV_TC"]
+
+
+def test_builds_without_the_paged_worker_get_plain_plans(monkeypatch):
+    """MK_MOE_LOCAL=0 builds have no paged MoE worker (csrc/mk_moe.cuh compiles it under MK_MOE_LOCAL): the default
+    knobs turn moe_pages off for them, so no plan is paged (its 256 KB items would not fit the plain worker), and
+    asking for moe_pages there is refused with a clear error; the default build keeps its paged plans."""
+    from megakernel.config import north_mini_code_config
+    from megakernel.kernel.backend import DEFAULT_TUNING, build_knobs, check_build_runs
+    from megakernel.kernel.schedule import tiling_plans
+    from megakernel.kv.cache import KVLayout
+
+    cfg = north_mini_code_config()
+    layout = KVLayout.for_model(cfg, 64)
+    plans_for = lambda tuning: tiling_plans(cfg, layout, 16, True, n_workers=132, **build_knobs(tuning))  # noqa: E731
+    monkeypatch.delenv("MEGAKERNEL_KERNEL_DEFINES", raising=False)
+    default = plans_for(dict(DEFAULT_TUNING))
+    assert any(p.pg_n for p in default)
+    check_build_runs(default)
+    monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_MOE_LOCAL=0")
+    local0 = plans_for(dict(DEFAULT_TUNING))
+    assert not any(p.pg_n for p in local0) and all(p.queue_dn_lag == 0 for p in local0)
+    check_build_runs(local0)
+    with pytest.raises(ValueError, match="moe_pages needs the kernel's MK_MOE_LOCAL=1"):
+        check_build_runs(plans_for({**DEFAULT_TUNING, "moe_pages": 8}))

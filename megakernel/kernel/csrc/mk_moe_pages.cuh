@@ -23,14 +23,14 @@
 // can meet the slot one phase behind (not yet arrived), never two: the loader reuses a slot only after the previous
 // item's `free_`, which needs that item's inputs, every page and its epilogue.
 //
-// Why no deadlock: items are claimed in queue order (every gate/up item before every down item; O items wait only on
-// static tasks listed before the workers). The loader waits only for pages and item slots freed by the computing
-// warps; the computing warps wait for pages (issued in sequence order) and for earlier-or-equal items' inputs; the
-// input warp waits, in item order, for counters. A down item's counter counts gate/up items that are either another
-// worker's, whose inputs need no wait (every item that worker claimed before them is a gate/up item too), or this
-// worker's earlier items, whose inputs the input warp loaded before it reached this one and whose pages come
-// earlier in the sequence than any page that waits on this item. (tests/kernel/test_pages_protocol.py runs a model
-// of this protocol under random schedules.)
+// Why no deadlock: each worker claims items in increasing queue order, and every item's dependencies come earlier in
+// the queue (a down item's gate/up items: queue_kind keeps them ahead under any dn_lag; O items wait only on static
+// tasks listed before the workers). Take the earliest unfinished item in the queue: every earlier item is finished,
+// so its dependency is met; its worker claimed nothing unfinished before it, so that worker's input warp, ring
+// pages (issued in sequence order, this item's before any later item's) and item slots all serve it next: it
+// finishes. The loader waits only for pages and item slots freed by the computing warps, the computing warps for
+// pages and for earlier-or-equal items' inputs, the input warp, in item order, for counters.
+// (tests/kernel/test_pages_protocol.py runs a model of this protocol under random schedules.)
 #pragma once
 #include "mk_common.cuh"
 #include "mk_loader.cuh"
@@ -231,6 +231,7 @@ __device__ __forceinline__ void pg_compute_rows(const bf16* W, int nr, int nc, i
 // take words 0-1 and 2-3), as gemv_core. fp32 accumulation; each lane ends with its (input, row) sums, no shuffle.
 // A gate/up page at North dims (4 rows of 2048) takes 128 MMAs and 128 shared loads per lane, where the CUDA-core
 // loop above issues ~3,200 instructions per lane at 8 rows: at b8 that loop, not the HBM, bounded the MoE phase.
+static_assert(MK_MAX_BATCH <= 16, "pg_compute_rows_tc holds at most 16 input rows (rows g and g + 8)");
 template <class XRow>
 __device__ __forceinline__ void pg_compute_rows_tc(const bf16* W, int nr, int nc, int K, XRow xrow, float* out,
                                                    int ostride) {

@@ -72,6 +72,7 @@ class World:
     nwc: int = 0                  # computing warps (0: npg, the kernel's rule); more: warp w takes pages w, w + nwc, ...
     slots: int = 3
     claim_late: bool = False      # pg_claim_late: the loader goes on to the next item once this one's inputs are in
+    epi_warp: bool = False        # MK_PG_EPI_WARP: a warp of its own writes the epilogues, in item order
     full: list[Mbar] = field(default_factory=list)
     empty: list[Mbar] = field(default_factory=list)
     desc: list[Mbar] = field(default_factory=list)
@@ -210,23 +211,51 @@ def computing_warp(w: World, warp: int):
         w.computed[j] = w.computed.get(j, 0) + 1
         w.outs[q].arrive(LANES)
         w.empty[slot].arrive()
+        if w.epi_warp:
+            k += 1
+            continue
         w.done[q] += 1
         if w.done[q] == w.items[j].pages:              # elected (the atomic count): the epilogue
             if not (yield from until(w, lambda: w.outs[q].done(w.parity(j)))):
                 return
-            assert w.computed[j] == w.items[j].pages and j not in w.finished
-            for d in w.items[j].deps:
-                assert d in w.finished, "a down item ran before its gate/up item"
-            w.finished.add(j)
+            _epilogue(w, j, q)
             w.done[q] = 0
             w.free[q].arrive()
         k += 1
 
 
+def _epilogue(w: World, j: int, q: int) -> None:
+    """Item j's epilogue (slot q), once its `outs` phase completed: every page computed, its dependencies done."""
+    assert w.computed[j] == w.items[j].pages and j not in w.finished
+    for d in w.items[j].deps:
+        assert d in w.finished, "a down item ran before its gate/up item"
+    w.finished.add(j)
+
+
+def epilogue_warp(w: World):
+    """MK_PG_EPI_WARP: items' epilogues in item order, each after its description and its `outs` phase; then the
+    slot is free. The computing warps only compute pages."""
+    j = 0
+    while True:
+        q = j % w.slots
+        if not (yield from until(w, lambda: w.desc[q].done(w.parity(j)))):
+            return
+        if w.item_of[q] == END:
+            return
+        assert w.item_of[q] == j, f"the epilogue warp read slot {q} as item {w.item_of[q]}, expected {j}"
+        if not (yield from until(w, lambda: w.outs[q].done(w.parity(j)))):
+            return
+        _epilogue(w, j, q)
+        yield                                          # the epilogue's stores and signal
+        w.free[q].arrive()
+        j += 1
+
+
 def run(w: World, rng: random.Random, max_steps: int = 200_000, stop_at: int | None = None) -> None:
     """Random schedules until every role returned; stop_at: the step at which the step is aborted (then every role
     must still return, and every copy issued still lands before the worker's memory is released)."""
-    roles = [loader(w), input_warp(w)] + [computing_warp(w, k) for k in range(w.nwc)]
+    roles = [loader(w), input_warp(w)] + [computing_warp(w, k) for k in range(w.nwc)] + \
+        ([epilogue_warp(w)] if w.epi_warp else [])
     alive = list(range(len(roles)))
     stalled = 0
     for step in range(max_steps):
@@ -285,13 +314,15 @@ def random_items(rng: random.Random, n: int) -> list[Item]:
     return items
 
 
+@pytest.mark.parametrize("epi_warp", [False, True])
 @pytest.mark.parametrize("npg", [4, 5, 6, 9, 12, 14])
-def test_paged_worker_protocol_terminates_and_keeps_its_invariants(npg):
-    """The kernel's rings of 4..14 pages, a computing warp per page, 0..12 items of every kind."""
+def test_paged_worker_protocol_terminates_and_keeps_its_invariants(npg, epi_warp):
+    """The kernel's rings of 4..14 pages, a computing warp per page, 0..12 items of every kind; the epilogues by the
+    computing warp that counts an item's last page, or (MK_PG_EPI_WARP) by a warp of their own."""
     rng = random.Random(npg * 100)
     for trial in range(60):
         items = random_items(rng, rng.randint(0, 12))
-        run(World(items, npg), random.Random(trial))
+        run(World(items, npg, epi_warp=epi_warp), random.Random(trial))
 
 
 @pytest.mark.parametrize("npg", [4, 9, 12])
@@ -303,13 +334,14 @@ def test_paged_worker_protocol_with_the_late_claim(npg):
         run(World(items, npg, claim_late=True), random.Random(trial))
 
 
+@pytest.mark.parametrize("epi_warp", [False, True])
 @pytest.mark.parametrize("npg", [4, 12])
-def test_paged_worker_protocol_leaves_on_an_abort(npg):
+def test_paged_worker_protocol_leaves_on_an_abort(npg, epi_warp):
     """An aborted step (a counter wait failed) at a random point: every role still returns, whatever it waited on."""
     rng = random.Random(npg)
     for trial in range(60):
         items = random_items(rng, rng.randint(1, 10))
-        w = World(items, npg)
+        w = World(items, npg, epi_warp=epi_warp)
         run(w, random.Random(trial), stop_at=rng.randint(0, 400))
 
 

@@ -38,6 +38,14 @@
 
 #define PG_INPUT_WARP (NW - 2)          // warp NW - 2 loads inputs, warp NW - 1 weights; warps 0 .. pg_n - 1 compute
 #define PG_LOADER_WARP (NW - 1)
+// MK_PG_EPI_WARP=1: warp NW - 3 writes every item's epilogue, in item order, where the ring leaves it free (pg_n <=
+// NW - 3), so a computing warp never holds its ring page's next lap through an epilogue (SiLU, stores and a fenced
+// signal: ~3.4 us per gate/up item in the b8 trace at 5b5e58b, against ~0.9 us per page); 0: the computing warp
+// that counts an item's last page writes it. Not yet measured
+#ifndef MK_PG_EPI_WARP
+#define MK_PG_EPI_WARP 0
+#endif
+#define PG_EPI_WARP (NW - 3)
 #define PG_END (-1)                     // an item description's kind: no more items (the input warp stops)
 
 // The worker's barriers and bookkeeping: in the plan's dynamic shared memory (at pg_state_off, PAGE_STATE_BYTES of
@@ -362,6 +370,7 @@ __device__ __forceinline__ void pg_epilogue(const Params& P, PgState& G, int l, 
 __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l, int m, const int* route,
                                               const bf16* egu, const bf16* edn, int n_gu, int n_items, int first_item) {
     const int npg = PI(pg_n);
+    const bool epi_warp = MK_PG_EPI_WARP && npg <= NW - 3;   // (a ring of more pages: the computing warps write them)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (!smem_fits(P, (size_t)PI(pg_state_off) + sizeof(PgState), ticket)) return false;
     if (npg > NW - 2) {                       // (a ring page per computing warp: the plan keeps pg_n <= NW - 2)
@@ -504,6 +513,23 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                                               // computing warps' reads)
         }
         __syncwarp();
+    } else if (epi_warp && warp == PG_EPI_WARP) {   // ---- the epilogue warp (MK_PG_EPI_WARP) ----
+        for (int j = 0;; j++) {
+            const int q = j % MK_PAGE_SLOTS;
+            if (!pg_wait(P, G, ticket, &G.desc[q], slot_parity(j), STALL_ITEM, j)) break;
+            if (G.item[q][1] == PG_END) break;
+            if (!pg_wait(P, G, ticket, &G.outs[q], slot_parity(j), STALL_OUTS, j)) break;
+#if MK_PROFILE
+            if (lane == 0) G.stamp[q][4] = prof_now();
+#endif
+            pg_epilogue(P, G, l, m, q);
+            __syncwarp();
+#if MK_PROFILE
+            if (lane == 0) pg_prof_item(P, G, l, m, q);
+#endif
+            if (lane == 0) mbar_arrive(&G.free_[q]);
+        }
+        __syncwarp();
     } else if (warp < npg) {                  // ---- the computing warps: warp w, ring page w ----
         for (int k = 0;; k++) {
             const int slot = warp;
@@ -544,6 +570,10 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             }
             mbar_arrive(&G.outs[q]);                  // every lane (release: its own output stores; the tensor-core
             __syncwarp();                             // product's lanes all store)
+            if (epi_warp) {                           // (the epilogue warp takes it from here)
+                if (lane == 0) mbar_arrive(&G.empty[slot]);
+                continue;
+            }
             int done = 0;
             if (lane == 0) {
                 mbar_arrive(&G.empty[slot]);          // the page is free for the loader

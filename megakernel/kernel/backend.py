@@ -112,7 +112,7 @@ TUNING_KEYS = ("split_tokens", "attn_stages", "n_workers", "oproj_first", "qkv_b
                "combine_parts", "worker_topk", "tile_kb", "topk_warp", "router_topk", "wide_split_batch",
                "short_splits", "fused_qkv", "moe_pages", "moe_pages_max", "split_align",
                "moe_tile_kb", "moe_pages_claim_late", "workers_early",
-               "moe_pages_from", "moe_pages_tile_kb", "dn_lag")
+               "moe_pages_from", "moe_pages_tile_kb", "dn_lag", "slot_pairs")
 DEFAULT_TUNING = {"batch_tiles": 1}     # per-batch tilings: measured ahead (b1 8K 5.44 vs 5.52 ms), and the prefetch
                                         # and expert-ring layouts size their buffers by the launch's rows
 
@@ -475,7 +475,7 @@ class MegakernelBackend(DecodeBackend):
             gu_rows=p.gu_rows, gu_tiles=p.gu_tiles, dn_rows=p.dn_rows, dn_tiles=p.dn_tiles, n_slots=p.n_slots,
             wbuf=p.wbuf, moe_wbuf=p.moe_wbuf, lm_wbuf=p.lm_wbuf, claim_ahead=p.claim_ahead,
             moe_claim_late=p.moe_claim_late, topk_warp=p.topk_warp, o_items=p.o_items, o_after=p.o_after,
-            dn_lag=p.queue_dn_lag,
+            dn_lag=p.queue_dn_lag, slot_pairs=p.slot_pairs,
             o_rows=p.o_rows, c_comb=p.c_comb,
             combine_parts=p.combine_parts, worker_topk=p.worker_topk,
             pg_n=p.pg_n, pg_in_off=p.pg_in_off, pg_in_bytes=p.pg_in_bytes, pg_out_off=p.pg_out_off,

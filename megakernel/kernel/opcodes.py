@@ -70,7 +70,7 @@ MAX_GROUP = 16               # query heads per kv head
 MAX_EXPERTS = 256
 MAX_TOPK = 16
 MAX_PAIRS = MAX_BATCH * MAX_TOPK            # (row, expert) pairs of one step's routing, at most
-MAX_SLOTS = min(MAX_EXPERTS, MAX_PAIRS)     # active experts of one layer, at most
+MAX_SLOTS = MAX_PAIRS                       # queue slots of one layer, at most (a slot holds at least one pair)
 SMEM_LIMIT = 227 * 1024 if BLOCKS_PER_SM == 1 else 113 * 1024   # shared memory one block may use on sm_90 (228 KB
                              # per SM, 1 KB of it reserved per resident block)
 SMEM_RESERVE = 3072          # of SMEM_LIMIT, left to the kernel's static shared memory (records, stamps, row pointers,
@@ -183,6 +183,8 @@ PARAM_FIELDS = (
     # > 0: the down items of expert slot s follow the gate/up items of slot s + dn_lag in the queue
     # (ModelPlan.queue_dn_lag; csrc/mk_moe.cuh queue_kind, simulator.queue_kind)
     "dn_lag",
+    # > 0: an expert's pairs in queue slots of at most this many (ModelPlan.slot_pairs; csrc/mk_routing.cuh)
+    "slot_pairs",
     # attention-combine tasks per (row, kv head), each over a part of its query heads (ModelPlan.combine_parts)
     "combine_parts",
     # 1: no TOPK tasks; every MoE worker routes its layer itself (ModelPlan.worker_topk)

@@ -224,6 +224,12 @@ class ModelPlan:
                                          # group / combine_parts of its query heads (a divisor of the group): a
                                          # combine of 256 splits (128K+ contexts) reads ~1 MB, on one SM at 1.
                                          # Not yet measured
+    slot_pairs: int = 0                  # > 0: an expert's pairs go in queue slots of at most this many (an
+                                         # expert with more gets several slots, its weights read once per slot),
+                                         # and a paged plan's item slots hold this many input rows, not tile_batch
+                                         # (unless it queues O items, whose inputs are every row): at 16 rows the
+                                         # paged ring then keeps more of its pages (4 with slots of 16; most
+                                         # experts get 1-2 of 128 pairs at b16, uniform routing). Not yet measured
     dn_lag: int = 16                     # > 0: a MoE layer's queue puts the down items of expert slot s right
                                          # after the gate/up items of slot s + dn_lag (slots past the last: after
                                          # every gate/up item, in slot order), so down items stream while later
@@ -349,7 +355,14 @@ class ModelPlan:
         self.tb = self.tile_batch or Bm
         if not 1 <= self.tb <= Bm:
             raise ValueError(f"tile_batch {self.tile_batch} outside 1..max_batch ({Bm})")
-        self.n_slots = min(self.E, Bm * self.topk)
+        if self.slot_pairs < 0:
+            raise ValueError(f"slot_pairs is a count of pairs per queue slot, >= 0, got {self.slot_pairs}")
+        # queue slots of a layer, at most: one per active expert, plus (slot_pairs) one per further slot_pairs of an
+        # expert's pairs; never more than the pairs (a slot holds at least one)
+        n_pairs = Bm * self.topk
+        self.n_slots = min(self.E, n_pairs)
+        if 0 < self.slot_pairs < Bm:
+            self.n_slots = min(n_pairs, self.n_slots + n_pairs // self.slot_pairs)
         self.n_pairs = Bm * self.topk
         self.groups = self.layout.groups
         self.n_groups = len(self.groups)
@@ -462,11 +475,11 @@ class ModelPlan:
         if not (self.moe_pages and self.moe_pages_from <= self.tb <= self.moe_pages and self.Lm and not self.wbuf
                 and not self.moe_wbuf):
             return
-        R = self.tb
+        R = self.tb if o_in_queue or not self.slot_pairs else min(self.tb, self.slot_pairs)   # rows per item
         k_in = max(self.I, self.Q if o_in_queue else 0)
         in_bytes = (R * k_in * 2 + 15) // 16 * 16
         out_rows = max(2 * self.gu_rows, self.dn_rows, self.o_rows if o_in_queue else 0)
-        x_bytes = (R * self.H * 2 + 15) // 16 * 16
+        x_bytes = (self.tb * self.H * 2 + 15) // 16 * 16     # (the layer's x rows: every row of the launch)
         fixed = O.PAGE_SLOTS * (in_bytes + R * out_rows * 4) + x_bytes + 32 + O.PAGE_STATE_BYTES
         # at most one page per computing warp (warps 0 .. NUM_WARPS - 3: each owns a ring page, mk_moe_pages.cuh)
         n = min(O.PAGE_MAX, O.NUM_WARPS - 2, self.moe_pages_max or O.PAGE_MAX,

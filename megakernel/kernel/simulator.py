@@ -386,11 +386,14 @@ class Simulator:
         for s in range(B):
             for e in ids[s].tolist():
                 cnt[e] += 1
-        start, acc = {}, 0
-        for j, e in enumerate(active):
-            route[p.r_slot_expert + j] = e
-            route[p.r_slot_start + j] = acc
-            route[p.r_slot_cnt + j] = cnt[e]
+        start, acc, n_slots = {}, 0, 0
+        R = p.slot_pairs or B                    # slot_pairs: an expert's pairs in slots of at most R
+        for e in active:
+            for s0 in range(0, cnt[e], R):
+                route[p.r_slot_expert + n_slots] = e
+                route[p.r_slot_start + n_slots] = acc + s0
+                route[p.r_slot_cnt + n_slots] = min(R, cnt[e] - s0)
+                n_slots += 1
             start[e] = acc
             acc += cnt[e]
         fill = {e: 0 for e in active}
@@ -405,8 +408,9 @@ class Simulator:
                 route[p.r_pair_rank + pi] = sorted_e.index(e)
                 wbits[pi] = float(sc[s, kk])
                 route[p.r_topk_ids + s * k + kk] = e
-        route[0] = len(active)
-        route[1] = len(active) * (p.gu_tiles + p.dn_tiles) + p.o_items
+        assert n_slots <= p.n_slots, (n_slots, p.n_slots)
+        route[0] = n_slots
+        route[1] = n_slots * (p.gu_tiles + p.dn_tiles) + p.o_items
         return route
 
 

@@ -835,3 +835,59 @@ def test_simulator_with_down_lag(pages, lag):
     plain = ModelPlan(cfg, st.layout, max_batch=4, tile_batch=3, n_workers=2, split_tokens=4, o_queue=0, dn_lag=lag,
                       moe_pages=0)
     assert plain.queue_dn_lag == 0 and not plain.pg_n
+
+
+@pytest.mark.parametrize("pages,o_queue", [(0, 0), (8, 0), (8, 8)])
+@pytest.mark.parametrize("R", [1, 2])
+def test_simulator_with_split_expert_slots(R, pages, o_queue):
+    """slot_pairs=R: an expert chosen by more than R rows gets several queue slots of at most R pairs (consecutive,
+    its pairs in row order), each with its own gate/up and down items and counter; the step stays exact in random
+    orders (plain and paged workers, with and without queued O items), and its route records have such splits."""
+    cfg, w, st, nxt = _setup("north_like", 5, seed=71 + R)
+    plan = ModelPlan(cfg, st.layout, max_batch=8, tile_batch=5, n_workers=2, split_tokens=4, moe_pages=pages,
+                     moe_pages_from=1, o_queue=o_queue, slot_pairs=R)
+    assert (plan.pg_n > 0) == (pages > 0)
+    if plan.pg_n:
+        assert plan.pg_rows == (plan.tb if plan.o_items else R)
+    sim = Simulator(plan, w)
+    batch = decode_batch(st, nxt)
+    si = step_inputs(plan, batch.input_ids.tolist(), batch.positions.tolist(), batch.block_tables)
+    sim.step(si, build_tasks(plan, si.B, si.nsplit), clone_cache(st.cache), seed=1)
+    splits = 0
+    for route in sim.buf["route"][:plan.Lm]:
+        n = int(route[0])
+        cnts = [int(route[plan.r_slot_cnt + j]) for j in range(n)]
+        starts = [int(route[plan.r_slot_start + j]) for j in range(n)]
+        experts = [int(route[plan.r_slot_expert + j]) for j in range(n)]
+        assert max(cnts) <= R and sum(cnts) == si.B * plan.topk and starts == [sum(cnts[:j]) for j in range(n)]
+        assert experts == sorted(experts) and n <= plan.n_slots
+        assert int(route[1]) == n * (plan.gu_tiles + plan.dn_tiles) + plan.o_items
+        splits += n - len(set(experts))
+    assert splits > 0                    # (5 rows of north_like share experts)
+    _check_step(cfg, w, st, nxt, plan, seeds=[2, 6])
+
+
+def test_split_slots_leave_the_paged_ring_more_pages():
+    """slot_pairs at North dims: the paged plans' item slots hold slot_pairs rows (the x rows still every row), so
+    the 16-row plan keeps 6 pages at 8 and 8 at 4 (4 without), the 8-row plan 10 at 4 (8 without); the queue may
+    have an expert in several slots, within n_slots (never more than the pairs); everything fits."""
+    from megakernel.config import north_mini_code_config
+    from megakernel.kernel.schedule import tiling_plans
+    from megakernel.kv.cache import KVLayout
+
+    cfg = north_mini_code_config()
+    layout = KVLayout.for_model(cfg, 64)
+
+    def full(**kw):
+        return {p.tb: p for p in tiling_plans(cfg, layout, 16, True, n_workers=132, **kw)}
+    base16, s8, s4 = (full(moe_pages=16, moe_pages_from=9, **kw) for kw in ({}, {"slot_pairs": 8}, {"slot_pairs": 4}))
+    assert (base16[16].pg_rows, base16[16].pg_n) == (16, 4)
+    assert (s8[16].pg_rows, s8[16].pg_n) == (8, 6) and (s4[16].pg_rows, s4[16].pg_n) == (4, 8)
+    assert (full()[8].pg_n, full(slot_pairs=4)[8].pg_n, full(slot_pairs=4)[8].pg_rows) == (8, 10, 4)
+    for p in (*s8.values(), *s4.values()):
+        assert p.n_slots <= p.n_pairs and p.pages_smem_bytes() <= p.smem_bytes() <= O.SMEM_LIMIT - O.SMEM_RESERVE
+        if p.pg_n:
+            assert p.pg_x_off + 2 * p.tb * p.H <= p.pg_state_off      # (every row's x)
+    tiny = ModelPlan(make_cfg("north_like"), KVLayout.for_model(make_cfg("north_like"), 16), max_batch=8,
+                     slot_pairs=2)
+    assert tiny.n_slots == min(tiny.n_pairs, min(tiny.E, tiny.n_pairs) + tiny.n_pairs // 2)

@@ -430,6 +430,11 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                 stop = true;
                 break;
             }
+            if (it.cnt > PI(pg_rows)) {       // (an item slot holds pg_rows input and output rows; the routing's
+                if (lane == 0) record_error(P, MK_ERR_SMEM, ticket, -1, it.cnt, PI(pg_rows));   // slot_pairs bounds
+                stop = true;                                                                   // an expert's slot)
+                break;
+            }
             if (lane == 0) {
                 int* mt = G.item[q];
                 mt[0] = j; mt[1] = it.slot < 0 ? PG_O : it.down ? PG_DN : PG_GU; mt[2] = it.slot; mt[3] = it.e;

@@ -172,7 +172,10 @@ __device__ __noinline__ void topk_route(const Params& P, int m, int* route, bool
     }
     __syncthreads();
     topk_phase(stamp, 1);
-    if (PI(topk_warp) && B * k <= 32) {       // every pair in one warp's lanes: no further block barrier
+    // slot_pairs: an expert's pairs in queue slots of at most R (several slots for an expert of more pairs); with
+    // R >= B no expert has more (a row picks an expert once), and the warp layout's one slot per expert holds
+    const int R = PI(slot_pairs) > 0 ? PI(slot_pairs) : B;
+    if (PI(topk_warp) && B * k <= 32 && R >= B) {   // every pair in one warp's lanes: no further block barrier
         if (warp == 0) topk_queue_warp(P, B, k, sId, sSc, route);
         topk_phase(stamp, 2);
 #if MK_PROFILE
@@ -192,7 +195,7 @@ __device__ __noinline__ void topk_route(const Params& P, int m, int* route, bool
             if (lane == 0) sBal[b * nq + warp] = bal;
             cnt += c;
         }
-        act_incl = cnt > 0;
+        act_incl = (cnt + R - 1) / R;           // the expert's queue slots
         cnt_incl = cnt;
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
@@ -206,10 +209,12 @@ __device__ __noinline__ void topk_route(const Params& P, int m, int* route, bool
         int a_off = 0, c_off = 0;
         for (int w = 0; w < warp; w++) { a_off += sTot[w]; c_off += sTot[nq + w]; }
         if (cnt) {
-            const int slot = a_off + act_incl - 1, start = c_off + cnt_incl - cnt;
-            route[PI(r_slot_expert) + slot] = threadIdx.x;
-            route[PI(r_slot_start) + slot] = start;
-            route[PI(r_slot_cnt) + slot] = cnt;
+            const int ns = (cnt + R - 1) / R, slot0 = a_off + act_incl - ns, start = c_off + cnt_incl - cnt;
+            for (int s = 0; s < ns; s++) {       // (consecutive slots, consecutive pairs: rows ascending)
+                route[PI(r_slot_expert) + slot0 + s] = threadIdx.x;
+                route[PI(r_slot_start) + slot0 + s] = start + s * R;
+                route[PI(r_slot_cnt) + slot0 + s] = min(R, cnt - s * R);
+            }
             sStart[threadIdx.x] = start;
         }
         if (threadIdx.x == 0) {

@@ -442,12 +442,9 @@ class Simulator:
                 r0 = (item - o0) * p.o_rows
                 self.t_oproj(l, r0, min(p.o_rows, p.H - r0))
                 continue
-            if n_o:
-                down = item >= n_gu
-                slot, t = divmod(item - n_gu - (n_o if item >= o0 + n_o else 0), p.dn_tiles) if down \
-                    else divmod(item, p.gu_tiles)
-            else:
-                down, slot, t = queue_kind(n_active, p.gu_tiles, p.dn_tiles, p.queue_dn_lag, item)
+            # (queue_dn_lag is 0 where O items are queued: the expert items around them in lag-0 order)
+            down, slot, t = queue_kind(n_active, p.gu_tiles, p.dn_tiles, p.queue_dn_lag,
+                                       item - (n_o if item >= o0 + n_o else 0))
             if down:
                 yield (l * p.cpl + p.c_gu + slot, p.gu_tiles)
                 self.cur_op = "MOE_WORKER(down)"

@@ -168,15 +168,21 @@ def loader(w: World):
         yield
 
 
+def _item_desc(w: World, j: int, role: str):
+    """A role's wait, in item order, for item j's description: its slot q, or None at the end item or an abort."""
+    q = j % w.slots
+    if not (yield from until(w, lambda: w.desc[q].done(w.parity(j)))) or w.item_of[q] == END:
+        return None
+    assert w.item_of[q] == j, f"the {role} read slot {q} as item {w.item_of[q]}, expected {j}"
+    return q
+
+
 def input_warp(w: World):
     j = 0
     while True:
-        q = j % w.slots
-        if not (yield from until(w, lambda: w.desc[q].done(w.parity(j)))):
+        q = yield from _item_desc(w, j, "input warp")
+        if q is None:
             return
-        if w.item_of[q] == END:
-            return
-        assert w.item_of[q] == j, f"the input warp read slot {q} as item {w.item_of[q]}, expected {j}"
         it = w.items[j]
         if not (yield from until(w, lambda: all(d in w.finished for d in it.deps))):   # its gate/up counter
             return
@@ -237,12 +243,9 @@ def epilogue_warp(w: World):
     slot is free. The computing warps only compute pages."""
     j = 0
     while True:
-        q = j % w.slots
-        if not (yield from until(w, lambda: w.desc[q].done(w.parity(j)))):
+        q = yield from _item_desc(w, j, "epilogue warp")
+        if q is None:
             return
-        if w.item_of[q] == END:
-            return
-        assert w.item_of[q] == j, f"the epilogue warp read slot {q} as item {w.item_of[q]}, expected {j}"
         if not (yield from until(w, lambda: w.outs[q].done(w.parity(j)))):
             return
         _epilogue(w, j, q)

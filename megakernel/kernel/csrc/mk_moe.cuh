@@ -113,15 +113,9 @@ __device__ __forceinline__ MoeItem moe_item(const Params& P, int l, const int* r
         it.T = static_tile(P, OP_OPROJ, l, it.r0, it.nr);
         return it;
     }
+    if (n_o && item >= o0) item -= n_o;       // (the plan's dn_lag is 0 where O items are queued)
     int t;
-    if (n_o) {
-        if (item >= o0) item -= n_o;
-        it.down = item >= n_gu;
-        if (!it.down) { it.slot = item / gu_tiles; t = item - it.slot * gu_tiles; }
-        else { it.slot = (item - n_gu) / PI(dn_tiles); t = (item - n_gu) - it.slot * PI(dn_tiles); }
-    } else {
-        it.down = queue_kind(n_gu / gu_tiles, gu_tiles, PI(dn_tiles), PI(dn_lag), item, it.slot, t);
-    }
+    it.down = queue_kind(n_gu / gu_tiles, gu_tiles, PI(dn_tiles), PI(dn_lag), item, it.slot, t);
 #if MK_MOE_LOCAL
     const int packed = s_route_slot[it.slot];
     it.e = packed & 511; it.st = (packed >> 9) & 511; it.cnt = packed >> 18;

@@ -365,6 +365,19 @@ __device__ __forceinline__ void pg_epilogue(const Params& P, PgState& G, int l, 
     }
 }
 
+// One warp, once item slot q's pages are all computed (its `outs` phase): the item's epilogue (and its profiling
+// record), every lane's stores done when it returns; the caller then frees the slot (`free_`).
+__device__ __forceinline__ void pg_finish_item(const Params& P, PgState& G, int l, int m, int q) {
+#if MK_PROFILE
+    if ((threadIdx.x & 31) == 0) G.stamp[q][4] = prof_now();
+#endif
+    pg_epilogue(P, G, l, m, q);
+    __syncwarp();
+#if MK_PROFILE
+    if ((threadIdx.x & 31) == 0) pg_prof_item(P, G, l, m, q);
+#endif
+}
+
 // All threads, after the worker waited for the routing and claimed its first item: the layer's items on the ring.
 // Returns false if a wait failed (the step is aborted); every copy it issued has landed when it returns.
 __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l, int m, const int* route,
@@ -524,14 +537,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             if (!pg_wait(P, G, ticket, &G.desc[q], slot_parity(j), STALL_ITEM, j)) break;
             if (G.item[q][1] == PG_END) break;
             if (!pg_wait(P, G, ticket, &G.outs[q], slot_parity(j), STALL_OUTS, j)) break;
-#if MK_PROFILE
-            if (lane == 0) G.stamp[q][4] = prof_now();
-#endif
-            pg_epilogue(P, G, l, m, q);
-            __syncwarp();
-#if MK_PROFILE
-            if (lane == 0) pg_prof_item(P, G, l, m, q);
-#endif
+            pg_finish_item(P, G, l, m, q);
             if (lane == 0) mbar_arrive(&G.free_[q]);
         }
         __syncwarp();
@@ -587,14 +593,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             done = __shfl_sync(0xffffffffu, done, 0);
             if (done) {                           // the item's last page counted: its epilogue, then its slot is free
                 if (!pg_wait(P, G, ticket, &G.outs[q], slot_parity(j), STALL_OUTS, j)) break;
-#if MK_PROFILE
-                if (lane == 0) G.stamp[q][4] = prof_now();
-#endif
-                pg_epilogue(P, G, l, m, q);
-                __syncwarp();
-#if MK_PROFILE
-                if (lane == 0) pg_prof_item(P, G, l, m, q);
-#endif
+                pg_finish_item(P, G, l, m, q);
                 if (lane == 0) { atomicExch(&G.done[q], 0); mbar_arrive(&G.free_[q]); }
             }
         }

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from megakernel.bench import _run_point, measure_read_bandwidth, run_record
+from megakernel.bench import BenchFailure, _run_point, measure_read_bandwidth, run_record
 from megakernel.config import north_mini_code_config
 from megakernel.engine.llm_engine import EngineArgs, LLMEngine
 from megakernel.model.weights import random_weights
@@ -65,7 +65,12 @@ def main() -> int:
                 rows.append(dict(batch_size=B, context=ctx, variant=label, skipped=str(e)))
                 continue
             t0 = time.perf_counter()
-            p = _run_point(engine, cfg, B, ctx, args.steps, "synthetic", peak, f"v{len(rows)}-{B}-{ctx}")
+            try:
+                p = _run_point(engine, cfg, B, ctx, args.steps, "synthetic", peak, f"v{len(rows)}-{B}-{ctx}")
+            except BenchFailure as e:                      # the kernel refused or failed the step: say so
+                print(f"b{B} ctx {ctx} {label}: FAILED ({e})", flush=True)
+                rows.append(dict(batch_size=B, context=ctx, variant=label, failed=str(e)))
+                continue
             rows.append(dict(batch_size=B, context=ctx, variant=label, **current(),
                              ms_per_step=p.ms_per_step, tokens_per_s=p.tokens_per_s, gb_per_s=p.gb_per_s,
                              roofline_pct=p.roofline_pct))

@@ -169,6 +169,25 @@ def _trace_step(engine, path: str, normal_step_s: float, meta: dict, n_profiled:
     print(f"wrote {path}, {stem}.png, {stem}.summary.json, {stem}.npz")
 
 
+class BenchFailure(RuntimeError):
+    """A benchmark point's requests failed (the engine failed them and went on): its timing would be meaningless."""
+
+
+def _checked_step(engine, tag: str) -> None:
+    """engine.step(), raising BenchFailure if it finished a request of this point with an error (the engine fails
+    the requests of a refused or failed decode launch and keeps serving; a benchmark must not time what follows)."""
+    for out in engine.step():
+        if out.request_id.startswith(f"{tag}-b") and out.error:
+            _abort_all(engine)
+            raise BenchFailure(f"{tag}: request {out.request_id} failed: {out.error}")
+
+
+def _abort_all(engine) -> None:
+    for rid in list(engine.requests):
+        engine.abort_request(rid)
+    engine.drain()
+
+
 def _run_point(engine, cfg: ModelConfig, B: int, ctx: int, steps: int, kv_fill: str, peak: float | None,
                tag: str, kernels: bool = False, trace_path: str | None = None) -> Point:
     from megakernel import SamplingParams
@@ -184,17 +203,24 @@ def _run_point(engine, cfg: ModelConfig, B: int, ctx: int, steps: int, kv_fill: 
         if kv_fill == "synthetic":
             fill_kv_synthetic(engine, engine.requests[rid].seqs[0], ctx - 1, dev_gen)
     sched = engine.scheduler
+    rids = [f"{tag}-b{i}" for i in range(B)]
     while any(len(s.output_token_ids) == 0 for s in sched.running + list(sched.waiting)):
-        engine.step()                                        # prefill (or its last token) and the first token
+        _checked_step(engine, tag)                           # prefill (or its last token) and the first token
     sync = torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
     for _ in range(2):
-        engine.step()                                        # warm-up decode steps
+        _checked_step(engine, tag)                           # warm-up decode steps
     sync()
     t0 = time.perf_counter()
     for _ in range(steps):
         engine.step()
     sync()
     step_s = (time.perf_counter() - t0) / steps
+    _checked_step(engine, tag)                               # (a failure inside the timed steps shows here)
+    alive = [r for r in rids if r in engine.requests and not engine.requests[r].seqs[0].finished]
+    if len(alive) != B:
+        _abort_all(engine)
+        raise BenchFailure(f"{tag}: {B - len(alive)} of {B} requests ended during the timed steps; the figure "
+                           "would time empty steps")
     if kernels:
         _print_kernel_profile(engine, f"{engine.runner.backend_name} batch {B} context {ctx}")
     if trace_path:
@@ -208,9 +234,7 @@ def _run_point(engine, cfg: ModelConfig, B: int, ctx: int, steps: int, kv_fill: 
     distinct = [0.0] * n_moe
     for j, ids in enumerate(trace.experts):
         distinct[j % n_moe] += int(torch.unique(ids).numel()) / n_rec
-    for rid in list(engine.requests):
-        engine.abort_request(rid)
-    engine.drain()
+    _abort_all(engine)
     elt = engine.model.w.embed.element_size()
     step_bytes = weight_bytes_per_step(cfg, distinct, elt) + kv_bytes_per_step(cfg, [ctx + steps // 2] * B, elt)
     gbps = step_bytes / step_s / 1e9

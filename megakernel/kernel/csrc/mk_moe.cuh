@@ -435,7 +435,10 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
     const int n_gu = n_active * PI(gu_tiles);
     int* work = PP(int*, moe_work) + m;
 #if MK_MOE_LOCAL
-    if (PI(pg_n) && PI(B) <= PI(pg_rows)) {  // the plan's paged layout
+    // the plan's paged layout: its item slots hold pg_rows rows, every item's count is at most that (pg_rows is the
+    // plan's tile_batch, or slot_pairs, which TOPK's slots then never exceed), so any launch of the plan runs paged
+    // (B > pg_rows with slot_pairs: the plain worker would run the paged layout's 256 KB items, ERR_SMEM)
+    if (PI(pg_n)) {
         if (!moe_worker_pages(P, ticket, l, m, route, egu, edn, n_gu, n_items, s_w[2])) return false;
 #if MK_PROFILE
         prof_worker_stamps(task_claim, task_waited);

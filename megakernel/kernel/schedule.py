@@ -224,12 +224,16 @@ class ModelPlan:
                                          # group / combine_parts of its query heads (a divisor of the group): a
                                          # combine of 256 splits (128K+ contexts) reads ~1 MB, on one SM at 1.
                                          # Not yet measured
-    slot_pairs: int = 0                  # > 0: an expert's pairs go in queue slots of at most this many (an
+    slot_pairs: int = 4                  # > 0: an expert's pairs go in queue slots of at most this many (an
                                          # expert with more gets several slots, its weights read once per slot),
                                          # and a paged plan's item slots hold this many input rows, not tile_batch
-                                         # (unless it queues O items, whose inputs are every row): at 16 rows the
-                                         # paged ring then keeps more of its pages (4 with slots of 16; most
-                                         # experts get 1-2 of 128 pairs at b16, uniform routing). Not yet measured
+                                         # (unless it queues O items, whose inputs are every row): smaller item
+                                         # slots leave the ring more pages (the 16-row plan 8 at 4, 4 without; the
+                                         # 4..8-row plan 10, 8 without; most experts get 1-2 of 128 pairs at b16,
+                                         # uniform routing). 8K ms at 0 / 4 / 2 with moe_pages=16 (ee2de36, one
+                                         # process): b4 7.894 / 7.639 / 7.707, b6 10.409 / 10.063 / 10.135, b8
+                                         # 12.456 / 12.000 / 12.145, b12 19.573 / 17.230 / 17.372, b16 23.654 /
+                                         # 20.799 / 21.412 (8: b16 22.840, b8 12.454); b2 equal. 0: off
     dn_lag: int = 16                     # > 0: a MoE layer's queue puts the down items of expert slot s right
                                          # after the gate/up items of slot s + dn_lag (slots past the last: after
                                          # every gate/up item, in slot order), so down items stream while later
@@ -278,7 +282,7 @@ class ModelPlan:
                                          # 1 (a third fewer items, each paying a claim, its inputs and a signal
                                          # once); 0: the old tiles. 8K, ms at 0 / 192 (646056b): b1 3.791 / 3.683, b2 5.633 /
                                          # 5.419; b1 32K 4.261 / 4.151, 128K 6.091 / 6.002
-    moe_pages: int = 8                   # plans of moe_pages_from..moe_pages rows (tile_batch) run their MoE items
+    moe_pages: int = 16                  # plans of moe_pages_from..moe_pages rows (tile_batch) run their MoE items
                                          # on the paged worker (csrc/mk_moe_pages.cuh): one loader warp streams the
                                          # items' weight rows into a ring of PAGE_BYTES pages as pages free, the
                                          # other warps compute a page each, so the SM never stops loading at an item
@@ -290,7 +294,10 @@ class ModelPlan:
                                          # -2.6%, b6 -2.3%; with the mbarrier hand-offs (8ef1d76) b8 13.39 /
                                          # 13.98 (-4.2%); at ba1f07c (one process) b8 13.42 / 13.97, b6 11.06 /
                                          # 11.60, b1-b4 and b16 unchanged (plain plans), racecheck clean at 6 rows
-                                         # and at 1 (moe_pages=1,moe_pages_from=1): the default since session 16
+                                         # and at 1 (moe_pages=1,moe_pages_from=1): 8 the default since session 16;
+                                         # 16 since session 17, with slot_pairs=4 (the 9..16-row plans were +56%
+                                         # paged with 16-row item slots: 4 pages; with 4-row slots 8 pages, b16
+                                         # -12% against the plain worker, ee2de36)
     moe_pages_from: int = 2              # the fewest rows (tile_batch) of a paged plan (1: every plan up to moe_pages).
                                          # 2 since session 16 (with o_queue=1: above); one row stays plain (8K
                                          # 3.457 plain / 3.490 paged, 128K 5.938 / 5.825: c6a71af)

@@ -289,11 +289,12 @@ def test_per_batch_tilings_on_north_dims():
 
     cfg = north_mini_code_config()
     layout = KVLayout.for_model(cfg, 64)
-    paged = tiling_plans(cfg, layout, 16, True, n_workers=132, prefetch=0, o_queue=0, tile_kb=0, moe_pages=8)
+    paged = tiling_plans(cfg, layout, 16, True, n_workers=132, prefetch=0, o_queue=0, tile_kb=0, moe_pages=8,
+                         slot_pairs=0)
     assert [(p.tb, p.pg_rows) for p in paged] == [(8, 8), (9, 0), (16, 0)]     # (the 2..8-row launches paged)
     assert [plan_for_rows(paged, b).tb for b in range(1, 17)] == [9] + [8] * 7 + [9] + [16] * 7
     five = tiling_plans(cfg, layout, 16, True, n_workers=132, prefetch=0, o_queue=0, tile_kb=0, moe_pages=8,
-                        moe_pages_from=5)                                     # (the 1..4-row launches plain)
+                        moe_pages_from=5, slot_pairs=0)                                     # (the 1..4-row launches plain)
     assert [plan_for_rows(five, b).tb for b in range(1, 17)] == [9] * 4 + [8] * 4 + [9] + [16] * 7
     plans = tiling_plans(cfg, layout, 16, True, n_workers=132, prefetch=0, o_queue=0, tile_kb=0, moe_pages=0)
     assert [p.tb for p in plans] == [9, 16]
@@ -624,11 +625,11 @@ def test_simulator_with_the_expert_ring(B):
 def test_lm_head_runs_cover_the_vocab_largest_first():
     """The streaming LM head's runs (schedule.lm_runs): they tile the vocabulary exactly and in order, shrink toward
     the end of the list (guided: 2/3 of an even share of what is left over the blocks, at least 4 tiles but the
-    last), and a plan without the stream gets one task per tile. At North dims the plan of <= 9 rows (o_queue=0,
-    tile_kb=0: batch 1's plan before) has a few hundred runs of 21-row tiles in two ~84 KB buffers, the shared
+    last), and a plan without the stream gets one task per tile. At North dims batch 1's plan under o_queue=0,
+    tile_kb=0 (a plain one-row plan) has a few hundred runs of 25-row tiles in two 100 KB buffers, the shared
     memory stays inside the limit, and the scratch holds one maximum per run."""
     from megakernel.config import north_mini_code_config
-    from megakernel.kernel.schedule import lm_runs, tiling_plans
+    from megakernel.kernel.schedule import lm_runs, plan_for_rows, tiling_plans
     from megakernel.kv.cache import KVLayout
 
     for vocab, rows, blocks in ((262144, 21, 132), (1000, 7, 3), (50, 64, 132)):
@@ -642,8 +643,8 @@ def test_lm_head_runs_cover_the_vocab_largest_first():
     assert lm_runs(1000, 7, 0) == [(r, min(7, 1000 - r)) for r in range(0, 1000, 7)]
     cfg = north_mini_code_config()
     plans = tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, True, n_workers=132, o_queue=0, tile_kb=0)
-    b1 = plans[0]
-    assert b1.lm_wbuf > 0 and b1.lm_rows == 21 and 400 < b1.n_lm_tiles < 1000
+    b1 = plan_for_rows(plans, 1)         # (a plain plan of its own: every plan of 2..16 rows is paged)
+    assert b1.tb == 1 and b1.lm_wbuf > 0 and b1.lm_rows == 25 and 400 < b1.n_lm_tiles < 1000
     assert 2 * b1.lm_rows * b1.H * 2 <= 2 * b1.lm_wbuf and b1.smem_bytes() <= O.SMEM_LIMIT - O.SMEM_RESERVE
     assert b1.scratch_spec(torch.bfloat16)["lm_best"][0][0] == b1.n_lm_tiles == len(b1.lm_runs)
     off = tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, True, n_workers=132, lm_stream=0, o_queue=0,
@@ -723,14 +724,17 @@ def test_paged_worker_layout_for_several_rows():
     cfg = north_mini_code_config()
     layout = KVLayout.for_model(cfg, 64)
     # (o_queue=4: the 1..4-row plans queue their O items, whose inputs the item slots then hold)
-    plans = tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=8, moe_pages_from=1, o_queue=4)
+    plans = tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=8, moe_pages_from=1, o_queue=4,
+                         slot_pairs=0)
     paged = [p for p in plans if p.pg_n]
     assert [p.tb for p in paged] == [1, 2, 3, 4, 8]
-    # the default (moe_pages=8, moe_pages_from=2, o_queue=1): the 2-, 3- and 4..8-row plans are paged, the one-row
-    # plan (its O items queued) is not; moe_pages=0 has none
+    # the default (moe_pages=16, moe_pages_from=2, o_queue=1, slot_pairs=4): the 2-, 3-, 4..9-, 10- and 11..16-row
+    # plans are paged with item slots of at most 4 rows, the one-row plan (its O items queued) is not; moe_pages=0
+    # has none
     dflt = tiling_plans(cfg, layout, 16, True, n_workers=132)
-    assert [p.tb for p in dflt if p.pg_n] == [2, 3, 8] and not dflt[0].pg_n and dflt[0].o_items
-    assert [p.tb for p in tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages_from=5) if p.pg_n] == [8]
+    assert [(p.tb, p.pg_rows) for p in dflt if p.pg_n] == [(2, 2), (3, 3), (9, 4), (10, 4), (16, 4)]
+    assert not dflt[0].pg_n and dflt[0].o_items
+    assert [p.tb for p in tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages_from=5) if p.pg_n] == [9, 10, 16]
     assert not any(p.pg_n for p in tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=0))
     for p in plans:
         if p.tb > 8:
@@ -773,7 +777,7 @@ def test_paged_items_sized_by_their_own_knob():
         assert not big[tb].big_items and (big[tb].gu_rows, big[tb].dn_rows) == (base[tb].gu_rows, base[tb].dn_rows)
     # at 16 rows, 128-row items' outputs would leave fewer than 4 pages: the plain sizes, and their 4 pages
     capped = tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=16, moe_pages_from=16,
-                          moe_pages_tile_kb=4096)[-1]
+                          moe_pages_tile_kb=4096, slot_pairs=0)[-1]
     assert capped.tb == 16 and capped.pg_n == 4 and not capped.big_items
     assert (capped.gu_rows, capped.dn_rows) == (16, 64) and (2048, 32) in capped.gemv_tiles
 
@@ -880,10 +884,11 @@ def test_split_slots_leave_the_paged_ring_more_pages():
 
     def full(**kw):
         return {p.tb: p for p in tiling_plans(cfg, layout, 16, True, n_workers=132, **kw)}
-    base16, s8, s4 = (full(moe_pages=16, moe_pages_from=9, **kw) for kw in ({}, {"slot_pairs": 8}, {"slot_pairs": 4}))
+    base16, s8, s4 = (full(moe_pages=16, moe_pages_from=9, slot_pairs=n) for n in (0, 8, 4))
     assert (base16[16].pg_rows, base16[16].pg_n) == (16, 4)
     assert (s8[16].pg_rows, s8[16].pg_n) == (8, 6) and (s4[16].pg_rows, s4[16].pg_n) == (4, 8)
-    assert (full()[8].pg_n, full(slot_pairs=4)[8].pg_n, full(slot_pairs=4)[8].pg_rows) == (8, 10, 4)
+    eight = lambda n: full(moe_pages=8, slot_pairs=n)[8]     # noqa: E731
+    assert (eight(0).pg_n, eight(4).pg_n, eight(4).pg_rows) == (8, 10, 4)
     for p in (*s8.values(), *s4.values()):
         assert p.n_slots <= p.n_pairs and p.pages_smem_bytes() <= p.smem_bytes() <= O.SMEM_LIMIT - O.SMEM_RESERVE
         if p.pg_n:

@@ -192,11 +192,12 @@ PARAM_FIELDS = (
     # the paged MoE worker's layout (ModelPlan.moe_pages; pg_n = 0: the plain worker): pages at byte 0, then
     # PAGE_SLOTS input buffers of pg_in_bytes from pg_in_off (a down or O item's input rows), then PAGE_SLOTS x
     # pg_rows x pg_out_rows fp32 outputs from pg_out_off, then the layer's x rows (pg_rows x H bf16, the gate/up
-    # items' inputs) from pg_x_off, then its PgState (PAGE_STATE_BYTES) at pg_state_off; pg_rows: the input rows
-    # it holds per item (the plan's tile_batch); pg_claim_late: its loader claims the next item only once this
-    # item's inputs are loaded (ModelPlan.moe_pages_claim_late)
+    # items' inputs; none where pg_x_item: each gate/up item's own x rows in its input buffer) from pg_x_off, then
+    # its PgState (PAGE_STATE_BYTES) at pg_state_off; pg_rows: the input rows it holds per item (the plan's
+    # tile_batch, or slot_pairs); pg_claim_late: its loader claims the next item only once this item's inputs are
+    # loaded (ModelPlan.moe_pages_claim_late)
     "pg_n", "pg_in_off", "pg_in_bytes", "pg_out_off", "pg_out_rows", "pg_state_off", "pg_claim_late", "pg_rows",
-    "pg_x_off",
+    "pg_x_off", "pg_x_item",
     # route buffer layout (int32 offsets inside one MoE layer's route record)
     "r_stride", "r_slot_expert", "r_slot_start", "r_slot_cnt", "r_pair_row", "r_pair_rank", "r_pair_w",
     "r_topk_ids",

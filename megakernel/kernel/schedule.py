@@ -319,6 +319,11 @@ class ModelPlan:
                                          # streaming into free pages during that wait. Not yet measured
     moe_pages_max: int = 0               # > 0: the paged worker's ring has at most this many pages (tests: fewer
                                          # pages than computing warps, so pages and end markers wrap the ring)
+    moe_pages_x_item: int = 1            # 1: a paged plan whose ring then keeps more pages loads each gate/up item's
+                                         # x rows into its item slot (as a down item's activations), not every row
+                                         # of x once per worker (64 KB at 16 rows, which held the 16-row plan to 8
+                                         # pages where per-item rows leave 10); 0: never; 2: always (tests: tiny
+                                         # dims fill the ring either way). Not yet measured
     workers_early: int = 0               # MoE layers whose O projection is static tasks (more rows than o_queue):
                                          # this many of the layer's n_workers listed right after its QKV tiles,
                                          # ahead of its attention splits, so experts stream while the other blocks
@@ -471,26 +476,36 @@ class ModelPlan:
         self.sync_ints = O.CTRL_INTS + self.n_counters + max(1, self.Lm)
 
     def _page_layout(self, o_in_queue: bool) -> None:
-        """The paged MoE worker's shared memory (pg_n = 0: not used by this plan), for up to pg_rows = tile_batch
-        input rows per item: PAGE_SLOTS items in flight, each with an input buffer (a down item's activation rows,
-        an O item's attention rows; a gate/up item reads the layer's x rows, loaded once per worker into their own
-        buffer) and its fp32 outputs (pg_rows x pg_out_rows), after as many pages as fit the usable shared memory
-        (at most PAGE_MAX, at most moe_pages_max where that is set), then its barriers and bookkeeping
-        (PAGE_STATE_BYTES)."""
+        """The paged MoE worker's shared memory (pg_n = 0: not used by this plan), for up to pg_rows input rows per
+        item (tile_batch, or slot_pairs): PAGE_SLOTS items in flight, each with an input buffer (a down item's
+        activation rows, an O item's attention rows; a gate/up item's x rows where pg_x_item, else it reads the
+        layer's x rows, loaded once per worker into a buffer of their own) and its fp32 outputs (pg_rows x
+        pg_out_rows), after as many pages as fit the usable shared memory (at most PAGE_MAX, at most moe_pages_max
+        where that is set), then its barriers and bookkeeping (PAGE_STATE_BYTES). pg_x_item where moe_pages_x_item
+        and the per-item rows leave more pages than the shared x buffer."""
         self.pg_n = self.pg_in_off = self.pg_in_bytes = self.pg_out_off = self.pg_out_rows = self.pg_state_off = 0
-        self.pg_rows = self.pg_x_off = 0
+        self.pg_rows = self.pg_x_off = self.pg_x_item = 0
         if not (self.moe_pages and self.moe_pages_from <= self.tb <= self.moe_pages and self.Lm and not self.wbuf
                 and not self.moe_wbuf):
             return
         R = self.tb if o_in_queue or not self.slot_pairs else min(self.tb, self.slot_pairs)   # rows per item
-        k_in = max(self.I, self.Q if o_in_queue else 0)
-        in_bytes = (R * k_in * 2 + 15) // 16 * 16
         out_rows = max(2 * self.gu_rows, self.dn_rows, self.o_rows if o_in_queue else 0)
-        x_bytes = (self.tb * self.H * 2 + 15) // 16 * 16     # (the layer's x rows: every row of the launch)
-        fixed = O.PAGE_SLOTS * (in_bytes + R * out_rows * 4) + x_bytes + 32 + O.PAGE_STATE_BYTES
-        # at most one page per computing warp (warps 0 .. NUM_WARPS - 3: each owns a ring page, mk_moe_pages.cuh)
-        n = min(O.PAGE_MAX, O.NUM_WARPS - 2, self.moe_pages_max or O.PAGE_MAX,
-                (O.SMEM_LIMIT - O.SMEM_RESERVE - fixed) // O.PAGE_BYTES)
+
+        def layout(x_item: int) -> tuple[int, int, int]:
+            """(pages, input buffer bytes, shared x buffer bytes)"""
+            k_in = max(self.I, self.Q if o_in_queue else 0, self.H if x_item else 0)
+            in_bytes = (R * k_in * 2 + 15) // 16 * 16
+            x_bytes = 0 if x_item else (self.tb * self.H * 2 + 15) // 16 * 16   # (every row of the launch)
+            fixed = O.PAGE_SLOTS * (in_bytes + R * out_rows * 4) + x_bytes + 32 + O.PAGE_STATE_BYTES
+            # at most one page per computing warp (warps 0 .. NUM_WARPS - 3: each owns a ring page, mk_moe_pages.cuh)
+            n = min(O.PAGE_MAX, O.NUM_WARPS - 2, self.moe_pages_max or O.PAGE_MAX,
+                    (O.SMEM_LIMIT - O.SMEM_RESERVE - fixed) // O.PAGE_BYTES)
+            return n, in_bytes, x_bytes
+        n, in_bytes, x_bytes = layout(0)
+        x_item = 0
+        if self.moe_pages_x_item == 2 or (self.moe_pages_x_item and layout(1)[0] > n):
+            x_item = 1
+            n, in_bytes, x_bytes = layout(1)
         if n < 4 or max(self.H, self.I, self.Q) * 2 > O.PAGE_BYTES:
             return                           # (a page holds at least one row of every item kind)
         rows_per_page = lambda K: min(O.PAGE_BYTES // (2 * K), O.PAGE_ROWS_MAX)   # noqa: E731
@@ -498,7 +513,7 @@ class ModelPlan:
                    math.ceil(self.o_rows / rows_per_page(self.Q)) if o_in_queue else 0)
         if most > O.PAGE_ITEM_PAGES_MAX:     # (an item slot's `outs` barrier counts 32 arrivals per page)
             return
-        self.pg_n, self.pg_rows = n, R
+        self.pg_n, self.pg_rows, self.pg_x_item = n, R, x_item
         self.pg_in_off = n * O.PAGE_BYTES
         self.pg_in_bytes = in_bytes
         self.pg_out_off = self.pg_in_off + O.PAGE_SLOTS * in_bytes

@@ -725,7 +725,7 @@ def test_paged_worker_layout_for_several_rows():
     layout = KVLayout.for_model(cfg, 64)
     # (o_queue=4: the 1..4-row plans queue their O items, whose inputs the item slots then hold)
     plans = tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=8, moe_pages_from=1, o_queue=4,
-                         slot_pairs=0)
+                         slot_pairs=0, moe_pages_x_item=0)
     paged = [p for p in plans if p.pg_n]
     assert [p.tb for p in paged] == [1, 2, 3, 4, 8]
     # the default (moe_pages=16, moe_pages_from=2, o_queue=1, slot_pairs=4): the 2-, 3-, 4..9-, 10- and 11..16-row
@@ -883,7 +883,7 @@ def test_split_slots_leave_the_paged_ring_more_pages():
     layout = KVLayout.for_model(cfg, 64)
 
     def full(**kw):
-        return {p.tb: p for p in tiling_plans(cfg, layout, 16, True, n_workers=132, **kw)}
+        return {p.tb: p for p in tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages_x_item=0, **kw)}
     base16, s8, s4 = (full(moe_pages=16, moe_pages_from=9, slot_pairs=n) for n in (0, 8, 4))
     assert (base16[16].pg_rows, base16[16].pg_n) == (16, 4)
     assert (s8[16].pg_rows, s8[16].pg_n) == (8, 6) and (s4[16].pg_rows, s4[16].pg_n) == (4, 8)
@@ -896,3 +896,35 @@ def test_split_slots_leave_the_paged_ring_more_pages():
     tiny = ModelPlan(make_cfg("north_like"), KVLayout.for_model(make_cfg("north_like"), 16), max_batch=8,
                      slot_pairs=2)
     assert tiny.n_slots == min(tiny.n_pairs, min(tiny.E, tiny.n_pairs) + tiny.n_pairs // 2)
+
+
+def test_paged_gate_up_items_load_their_own_x_rows_where_that_frees_pages():
+    """moe_pages_x_item: at North dims the 10..16-row paged plans drop the shared buffer of every row's x (64 KB at
+    16 rows) for per-item x rows in the item slots (4 rows of 2048), which keeps 10 ring pages instead of 8 (9 at 10
+    rows); the 2..9-row plans keep the shared rows (per-item rows would not add a page); 0 turns it off, 2 forces
+    it; every layout fits, the slots hold pg_rows rows of the widest input; the step stays exact with it forced."""
+    from megakernel.config import north_mini_code_config
+    from megakernel.kernel.schedule import tiling_plans
+    from megakernel.kv.cache import KVLayout
+
+    cfg = north_mini_code_config()
+    layout = KVLayout.for_model(cfg, 64)
+
+    def plans(**kw):
+        return {p.tb: p for p in tiling_plans(cfg, layout, 16, True, n_workers=132, **kw) if p.pg_n}
+    auto, off, forced = plans(), plans(moe_pages_x_item=0), plans(moe_pages_x_item=2)
+    assert [(tb, p.pg_x_item, p.pg_n) for tb, p in auto.items()] == [(2, 0, 12), (3, 0, 11), (9, 0, 10), (10, 1, 10),
+                                                                     (16, 1, 10)]
+    assert [(tb, p.pg_n) for tb, p in off.items() if tb >= 10] == [(10, 9), (16, 8)] and not any(
+        p.pg_x_item for p in off.values())
+    for p in (*auto.values(), *off.values(), *forced.values()):
+        assert p.pages_smem_bytes() <= p.smem_bytes() <= O.SMEM_LIMIT - O.SMEM_RESERVE
+        k_in = max(p.I, p.H if p.pg_x_item else 0)
+        assert p.pg_in_bytes >= 2 * p.pg_rows * k_in
+        assert p.pg_state_off >= p.pg_x_off + (0 if p.pg_x_item else 2 * p.tb * p.H)
+    assert all(p.pg_x_item for p in forced.values())
+    cfg, w, st, nxt = _setup("north_like", 3, seed=61)
+    plan = ModelPlan(cfg, st.layout, max_batch=4, tile_batch=3, n_workers=2, split_tokens=4, moe_pages=4,
+                     moe_pages_from=1, moe_pages_x_item=2, slot_pairs=2)
+    assert plan.pg_n and plan.pg_x_item and plan.pg_rows == 2
+    _check_step(cfg, w, st, nxt, plan, seeds=[4, 9])

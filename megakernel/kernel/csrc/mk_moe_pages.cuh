@@ -8,7 +8,8 @@
 //   PAGE_SLOTS item slots (`desc`; an end item after the last), and streams its weight rows into a ring of pg_n
 //   pages (PAGE_BYTES each, whole rows, one bulk copy per page) as pages free: weights never wait on a counter;
 // - the input warp (NW - 2) first loads the layer's x rows (every gate/up item's inputs: the routing the worker
-//   waited for was laid out after them), then walks the items in order: waits for the item's dependency (a down
+//   waited for was laid out after them; pg_x_item: none, each gate/up item's own rows go in its slot instead), then
+//   walks the items in order: waits for the item's dependency (a down
 //   item: its expert's gate/up items; an O item: the attention combines), loads its input rows into the slot and
 //   arrives on the slot's `inp`, so inputs load while earlier pages compute instead of after the item's first page
 //   landed;
@@ -286,14 +287,28 @@ __device__ __forceinline__ void pg_copy_rows(unsigned char* dst, const void* src
 
 // The input warp (lane 0 waits): item slot q's input rows, after their dependency (a down item: its expert's
 // gate/up items; an O item: the attention combines), by cp.async (pg_copy_rows) into the slot's input buffer, and a
-// down item's pairs' weights and ranks (a gate/up item reads the layer's x rows, loaded at the worker's start:
-// nothing to do). False if the wait failed.
+// down item's pairs' weights and ranks. A gate/up item: its pairs' x rows where the plan has pg_x_item (no wait: x
+// was final before the routing the worker waited for), else nothing (it reads the layer's x rows, loaded at the
+// worker's start). False if the wait failed.
 __device__ __forceinline__ bool pg_load_inputs(const Params& P, PgState& G, int ticket, int l, int m, const int* route,
                                                int q) {
     const int lane = threadIdx.x & 31;
     const int* it = G.item[q];
     const int kind = it[1], eslot = it[2], st = it[4], K = it[7], nc = it[11];
-    if (kind == PG_GU) return true;
+    if (kind == PG_GU) {
+        if (!PI(pg_x_item)) return true;
+        const uint4* x = reinterpret_cast<const uint4*>(PP(const bf16*, x) + (size_t)l * PI(Bm) * PI(H));
+        uint4* d = reinterpret_cast<uint4*>(smem + PI(pg_in_off) + (size_t)q * PI(pg_in_bytes));
+        const int kc = K >> 3;                // (K = H: 16-byte chunks per row; every lane's copies in flight)
+        for (int c = lane; c < nc * kc; c += 32) {
+            const int i = c / kc;
+            cp_async16(d + c, x + (size_t)s_route_row[st + i] * kc + (c - i * kc));
+        }
+        cp_async_commit();
+        cp_async_wait_all();
+        __syncwarp();
+        return true;
+    }
     int ok = 1;
     if (lane == 0) {
         if (kind == PG_DN) ok = wait_counter(P, l * PI(cpl) + PI(c_gu) + eslot, PI(gu_tiles), ticket) ? 1 : 0;
@@ -512,8 +527,10 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
         if (stop && lane == 0) ((volatile int*)&G.stop)[0] = 1;
         __syncwarp();                         // (each role's warp meets the block barrier below converged)
     } else if (warp == PG_INPUT_WARP) {       // ---- the input warp ----
-        // the layer's x rows (the gate/up items' inputs), before any item's inputs are announced
-        pg_copy_rows(smem + PI(pg_x_off), PP(const bf16*, x) + (size_t)l * PI(Bm) * PI(H), PI(B) * (PI(H) >> 3));
+        // the layer's x rows (the gate/up items' inputs), before any item's inputs are announced (pg_x_item: each
+        // gate/up item's own rows, with its inputs)
+        if (!PI(pg_x_item))
+            pg_copy_rows(smem + PI(pg_x_off), PP(const bf16*, x) + (size_t)l * PI(Bm) * PI(H), PI(B) * (PI(H) >> 3));
         for (int j = 0;; j++) {
             const int q = j % MK_PAGE_SLOTS;
             if (!pg_wait(P, G, ticket, &G.desc[q], slot_parity(j), STALL_ITEM, j)) break;
@@ -560,7 +577,8 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             const int j = it[0], K = it[7], npages = it[8], row0 = pr & 0xffff, nr = pr >> 16;
             const int kind = it[1], st = it[4], nc = it[11];
             if (!pg_wait(P, G, ticket, &G.inp[q], slot_parity(j), STALL_INPUT, j)) break;
-            // input row i: a gate/up item's pair i's row of x, else row i of the slot's input buffer
+            // input row i: a gate/up item's pair i's row of the shared x rows (without pg_x_item), else row i of
+            // the slot's input buffer
             const bf16* xin = reinterpret_cast<const bf16*>(smem + PI(pg_in_off) + (size_t)q * PI(pg_in_bytes));
             const bf16* xs = reinterpret_cast<const bf16*>(smem + PI(pg_x_off));
             const int os = PI(pg_out_rows), H = PI(H);
@@ -569,7 +587,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             if (lane == 0 && row0 == 0) G.stamp[q][3] = prof_now();   // (its first page landed)
 #endif
             const bf16* W = reinterpret_cast<const bf16*>(smem + (size_t)slot * MK_PAGE_BYTES);
-            const bool gu = kind == PG_GU;
+            const bool gu = kind == PG_GU && !PI(pg_x_item);
             if (nc == 1) {
                 pg_compute(W, gu ? xs + (size_t)s_route_row[st] * H : xin, nr, K, out + row0);
             } else {

@@ -112,10 +112,25 @@ struct Params {
     long long v[MK_NUM_PARAMS];
 };
 
-#define PI(name) ((int)P.v[PRM_##name])
-#define PL(name) (P.v[PRM_##name])
-#define PP(type, name) (reinterpret_cast<type>(P.v[PRM_##name]))
-#define PF(name) (__int_as_float((int)P.v[PRM_##name]))
+// MK_CONST_PARAMS=1: the kernel reads its parameters from __constant__ memory, which mk_launch fills before each
+// launch on the launch's stream, not from the kernel parameter. The task functions that are not inlined take
+// `const Params&`, and there a parameter read is a generic load through L1; every acquire load of a counter
+// (ld.acquire.gpu) invalidates the SM's L1, so after a dependency wait each dependent level of parameter reads is an
+// L2 round trip (a router tile's fused norm had two such levels before its data loads). Constant-cache reads survive
+// the invalidation. 0: the kernel parameter (P.v), as before.
+#ifndef MK_CONST_PARAMS
+#define MK_CONST_PARAMS 1
+#endif
+#if MK_CONST_PARAMS
+__constant__ long long c_params[MK_NUM_PARAMS];
+#define MK_PV(i) (c_params[i])
+#else
+#define MK_PV(i) (P.v[i])
+#endif
+#define PI(name) ((int)MK_PV(PRM_##name))
+#define PL(name) (MK_PV(PRM_##name))
+#define PP(type, name) (reinterpret_cast<type>(MK_PV(PRM_##name)))
+#define PF(name) (__int_as_float((int)MK_PV(PRM_##name)))
 
 __device__ __forceinline__ float bf2f(bf16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ bf16 f2bf(float x) { return __float2bfloat16_rn(x); }

@@ -13,6 +13,10 @@
 
 // ---- the persistent kernel ---------------------------------------------------------------------------------------
 // (MK_BLOCKS_PER_SM resident blocks per SM: the register cap that lets them all fit, 128 registers either way)
+// (the loop's own reads from the kernel parameter either way: with MK_CONST_PARAMS its code generation spilled)
+#pragma push_macro("MK_PV")
+#undef MK_PV
+#define MK_PV(i) (P.v[i])
 extern "C" __global__ void __launch_bounds__(NT, MK_BLOCKS_PER_SM) mk_decode(const __grid_constant__ Params P) {
     __shared__ int s_rec[MK_REC_INTS];
     __shared__ int s_abort;
@@ -94,6 +98,7 @@ extern "C" __global__ void __launch_bounds__(NT, MK_BLOCKS_PER_SM) mk_decode(con
 #endif
     if (threadIdx.x == 0) atomicAdd(ctrl + CTRL_DONE_BLOCKS, 1);
 }
+#pragma pop_macro("MK_PV")
 
 // ---- host entry points (ctypes) ------------------------------------------------------------------------------------
 extern "C" int mk_num_params() { return MK_NUM_PARAMS; }
@@ -148,6 +153,50 @@ extern "C" int mk_encode_kv(void* out, const void* base, unsigned long long rows
     return rc;
 }
 
+#if MK_CONST_PARAMS
+// The parameters' trip to __constant__ memory (MK_CONST_PARAMS), per device: a ring of pinned host copies, so the
+// copy is truly asynchronous (a copy from pageable memory may wait for the stream), each slot reused only after the
+// copy that read it (its event; the engine keeps at most two steps in flight, so this never waits in practice).
+// The copy waits for the previous launch on this device (whatever its stream): a launch must not see the constants
+// change under it.
+#define MK_PARAM_RING 8
+struct ParamRing {
+    long long* host = nullptr;                   // [MK_PARAM_RING][MK_NUM_PARAMS], pinned
+    cudaEvent_t copied[MK_PARAM_RING] = {};
+    cudaEvent_t launched = nullptr;
+    unsigned next = 0;
+};
+static ParamRing g_param_ring[64];
+
+static cudaError_t upload_params(int device, const long long* params, cudaStream_t st) {
+    if (device < 0 || device >= 64) return cudaErrorInvalidDevice;
+    ParamRing& r = g_param_ring[device];
+    cudaError_t e = cudaSuccess;
+    if (r.host == nullptr) {
+        e = cudaHostAlloc(reinterpret_cast<void**>(&r.host), sizeof(long long) * MK_NUM_PARAMS * MK_PARAM_RING,
+                          cudaHostAllocDefault);
+        for (int i = 0; i < MK_PARAM_RING && e == cudaSuccess; i++)
+            e = cudaEventCreateWithFlags(&r.copied[i], cudaEventDisableTiming);
+        if (e == cudaSuccess) e = cudaEventCreateWithFlags(&r.launched, cudaEventDisableTiming);
+        if (e != cudaSuccess) { r.host = nullptr; return e; }
+    }
+    const unsigned k = r.next++ % MK_PARAM_RING;
+    e = cudaEventSynchronize(r.copied[k]);      // (that slot's copy, MK_PARAM_RING launches ago)
+    if (e != cudaSuccess) return e;
+    long long* h = r.host + (size_t)k * MK_NUM_PARAMS;
+    memcpy(h, params, sizeof(long long) * MK_NUM_PARAMS);
+    e = cudaStreamWaitEvent(st, r.launched, 0);  // (never recorded yet: no wait)
+    if (e != cudaSuccess) return e;
+    e = cudaMemcpyToSymbolAsync(c_params, h, sizeof(long long) * MK_NUM_PARAMS, 0, cudaMemcpyHostToDevice, st);
+    if (e != cudaSuccess) return e;
+    return cudaEventRecord(r.copied[k], st);
+}
+
+static cudaError_t record_launch(int device, cudaStream_t st) {
+    return cudaEventRecord(g_param_ring[device].launched, st);
+}
+#endif
+
 // Zeroes the control block and counters, then launches the step, all on `stream`.
 extern "C" int mk_launch(int device, const long long* params, int grid, int smem_bytes, void* sync_ptr,
                          long long sync_bytes, void* stream) {
@@ -158,6 +207,14 @@ extern "C" int mk_launch(int device, const long long* params, int grid, int smem
     cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
     e = cudaMemsetAsync(sync_ptr, 0, (size_t)sync_bytes, st);
     if (e != cudaSuccess) return (int)e;
+#if MK_CONST_PARAMS
+    e = upload_params(device, params, st);
+    if (e != cudaSuccess) return (int)e;
+#endif
     mk_decode<<<grid, NT, smem_bytes, st>>>(P);
-    return (int)cudaGetLastError();
+    e = cudaGetLastError();
+#if MK_CONST_PARAMS
+    if (e == cudaSuccess) e = record_launch(device, st);
+#endif
+    return (int)e;
 }

@@ -469,7 +469,7 @@ class MegakernelBackend(DecodeBackend):
             nblk0=cache.num_blocks[0], nblk1=cache.num_blocks[1] if len(cache.num_blocks) > 1 else 0,
             step=self.step_dev.data_ptr(), tables=self.step_dev.data_ptr() + 4 * n_step,
             part_o=self.part_o.data_ptr(), part_lse=self.part_lse.data_ptr(), logits=logits.data_ptr(),
-            B=si.B, Bm=p.max_batch, H=p.H, n_heads=p.nh, n_kv=p.nkv, head_dim=p.d, E=p.E, topk=p.topk, I=p.I,
+            B=si.B, Bm=p.max_batch, H=p.H, n_heads=p.nh, n_kv=p.nkv, head_dim=p.d, q_dim=p.nh * p.d, E=p.E, topk=p.topk, I=p.I,
             I_mlp=p.I_mlp, V=cfg.vocab_size, L=p.L, n_groups=p.n_groups, block_size=p.layout.block_size,
             split_tokens=si.split_tokens, attn_stages=p.attn_stages, cpl=p.cpl, c_gu=p.c_gu,
             gu_rows=p.gu_rows, gu_tiles=p.gu_tiles, dn_rows=p.dn_rows, dn_tiles=p.dn_tiles, n_slots=p.n_slots,

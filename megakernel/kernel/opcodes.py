@@ -158,6 +158,8 @@ PARAM_FIELDS = (
     "logits", "lm_best", "tokens",
     # dims
     "B", "Bm", "H", "n_heads", "n_kv", "head_dim", "E", "topk", "I", "I_mlp", "V", "L", "n_groups",
+    # n_heads x head_dim (the attention output's width), given so the kernel need not keep the product in a register
+    "q_dim",
     "block_size", "split_tokens", "attn_stages",
     # counters of the per-slot expert gate/up items: layer * cpl + c_gu + slot
     "cpl", "c_gu",

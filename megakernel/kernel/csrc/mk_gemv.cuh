@@ -16,7 +16,7 @@ __device__ __forceinline__ bool is_gemv_op(int op) {
 __device__ __forceinline__ Tile static_tile(const Params& P, int op, int l, int r0, int nr, const bf16** xin = nullptr,
                                             int* xpitch = nullptr) {
     const int H = PI(H), Bm = PI(Bm), L = PI(L);
-    const int Q = PI(n_heads) * PI(head_dim);
+    const int Q = PI(q_dim);
     const long long* wp = l < L ? layer_wptr(P, l) : nullptr;
     Tile T;
     T.w1 = nullptr;
@@ -188,7 +188,7 @@ __device__ __noinline__ void fused_inputs_regs(const Params& P, int l, int flags
 __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_buf) {
     const int op = rec[RF_OP], l = rec[RF_LAYER], r0 = rec[RF_A0], nr = rec[RF_A1];
     const int H = PI(H), Bm = PI(Bm), B = PI(B), L = PI(L);
-    const int Q = PI(n_heads) * PI(head_dim);
+    const int Q = PI(q_dim);
     const long long* wp = l < L ? layer_wptr(P, l) : nullptr;
     const int* li = l < L ? layer_info(P, l) : nullptr;
     const bf16* xin;

@@ -548,7 +548,7 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
         prof_mark(PS_WAITED);
         if (threadIdx.x < it.cnt) {
             const int i = threadIdx.x;
-            s_xrow[i] = oitem ? PP(const bf16*, attn) + ((size_t)l * PI(Bm) + i) * PI(n_heads) * PI(head_dim)
+            s_xrow[i] = oitem ? PP(const bf16*, attn) + ((size_t)l * PI(Bm) + i) * PI(q_dim)
                               : item_xrow(P, l, m, route, it.down, it.st, i);
         }
         __syncthreads();

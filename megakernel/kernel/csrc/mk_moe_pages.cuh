@@ -330,7 +330,7 @@ __device__ __forceinline__ bool pg_load_inputs(const Params& P, PgState& G, int 
     }
     // a down item's pairs' activation rows (consecutive pairs: consecutive rows), an O item's rows of attention
     const bf16* src = kind == PG_DN ? PP(const bf16*, eact) + ((size_t)m * PI(n_pairs) + st) * PI(I)
-                                    : PP(const bf16*, attn) + (size_t)l * PI(Bm) * PI(n_heads) * PI(head_dim);
+                                    : PP(const bf16*, attn) + (size_t)l * PI(Bm) * PI(q_dim);
     pg_copy_rows(smem + PI(pg_in_off) + (size_t)q * PI(pg_in_bytes), src, nc * (K >> 3));
     return true;
 }

@@ -27,11 +27,16 @@ template <bool PACKED>
 __device__ __forceinline__ void topk_load_row(const float* logits, int E, int nq, int* rank, float* raw,
                                               unsigned* key) {
     const int lane = threadIdx.x & 31;
+    // every word's load first, unconditionally (an index past E reads expert E - 1 again: in bounds, then dropped),
+    // so the four L2 round trips overlap; predicated per word, each key waited for its own load before the next
+    // load issued
+#pragma unroll
+    for (int q = 0; q < TOPK_WORDS; q++) raw[q] = ldcg_f(logits + min(q * 32 + lane, E - 1));
 #pragma unroll
     for (int q = 0; q < TOPK_WORDS; q++) {
         const int e = q * 32 + lane;
         const bool in = q < nq && e < E;
-        raw[q] = in ? ldcg_f(logits + e) : 0.f;
+        raw[q] = in ? raw[q] : 0.f;
         key[q] = !in     ? 0u
                  : PACKED ? (max(topk_key(raw[q]) >> 16, 1u) << 16) | (0xffffu - (unsigned)e)
                           : topk_key(raw[q]);

@@ -123,7 +123,16 @@ struct Params {
 #endif
 #if MK_CONST_PARAMS
 __constant__ long long c_params[MK_NUM_PARAMS];
-#define MK_PV(i) (c_params[i])
+// Each read an opaque `ld.const` (ptxas still turns it into a constant-bank operand): read as c_params[i], the
+// compiler hoisted parameter products and sign extensions out of the persistent loop into registers for the whole
+// kernel, and the loop spilled them (32 B in the default build, more in switch builds).
+template <int I>
+__device__ __forceinline__ long long mk_param() {
+    long long v;
+    asm volatile("ld.const.u64 %0, [c_params+%1];" : "=l"(v) : "n"(I * 8));
+    return v;
+}
+#define MK_PV(i) (mk_param<(i)>())
 #else
 #define MK_PV(i) (P.v[i])
 #endif

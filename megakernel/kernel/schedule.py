@@ -323,7 +323,10 @@ class ModelPlan:
                                          # x rows into its item slot (as a down item's activations), not every row
                                          # of x once per worker (64 KB at 16 rows, which held the 16-row plan to 8
                                          # pages where per-item rows leave 10); 0: never; 2: always (tests: tiny
-                                         # dims fill the ring either way). Not yet measured
+                                         # dims fill the ring either way). 8K ms at 1 / 0 / 2 (c1085b3, one
+                                         # process): b16 20.150 / 20.798 / 20.145, b12 16.729 / 17.257 / 16.734,
+                                         # b10 14.650 / 14.787 / 14.649; b8 12.058 / 12.024 / 12.100 (the 4..9-row
+                                         # plan keeps the shared rows at 1)
     workers_early: int = 0               # MoE layers whose O projection is static tasks (more rows than o_queue):
                                          # this many of the layer's n_workers listed right after its QKV tiles,
                                          # ahead of its attention splits, so experts stream while the other blocks

@@ -6,7 +6,9 @@
 #      rows (default "6 3 2": the 4..8-, 3- and 2-row paged plans);
 #   3. the step at $POINTS under $VARIANTS (VARIANTS="" skips), one process;
 #   4. SWEEP=1: the decode sweep of the megakernel and the graph backend (scripts/gpu_decode_sweep.sh, in $OUT/sweep);
-#   5. TRACE_POINT=BxCTX: the profiling build's timeline at that point (summary lines only).
+#   5. TRACE_POINT=BxCTX: the profiling build's timeline at that point (summary lines only);
+#   6. BUILD_AB="MK_X=0 default": the step at $AB_POINTS (default 1x8192,8x8192,16x8192) under each build in its own
+#      process (comma-separated KEY=VAL switch lists as MEGAKERNEL_KERNEL_DEFINES takes them, or "default").
 # Logs and JSON under $OUT (bundle.tgz when more than 8 files).
 #   run(command="MEGAKERNEL_COMMIT=<SHA> SWEEP=1 TRACE_POINT=8x8192 bash scripts/gpu_default_check.sh", timeout_s=600)
 set -u
@@ -45,5 +47,12 @@ if [ -n "${TRACE_POINT:-}" ]; then
     --context $ctx --steps 20 --trace "$OUT/tl_b$bsz.npz" 2>&1 | grep -E "critical|SM time|phases|a layer|MoE workers|normal build|rror"
   rm -f "$OUT/tl_b$bsz.npz"
 fi
+for bld in ${BUILD_AB:-}; do
+  defs=$([ "$bld" = default ] && echo "" || echo "$bld")
+  echo "=== build $bld at $(($(date +%s) - t0)) s"
+  MEGAKERNEL_KERNEL_DEFINES=$defs timeout ${AB_TIMEOUT:-110} python3 benchmarks/megakernel_variants.py \
+    --points "${AB_POINTS:-1x8192,8x8192,16x8192}" --variants "default default" --steps 40 \
+    --json "$OUT/ab_$(echo "$bld" | tr ',=' '__').json" 2>&1 | grep -E "^b|rror"
+done
 echo "=== done at $(($(date +%s) - t0)) s"
 bash scripts/pack_out.sh "$OUT"

@@ -2,6 +2,9 @@
 // list and the no-deadlock argument, opcodes.py for the record layout). One block per SM; blocks claim tasks
 // with one global ticket in list order; a task waits only on the counters of the tasks whose output it reads.
 // The task kinds live in one header each (by role); this file is the persistent loop and the host entry points.
+#include <cstring>
+#include <mutex>
+#include <vector>
 #include "mk_tmap.h"
 #include "mk_common.cuh"
 #include "mk_gemv.cuh"
@@ -154,46 +157,57 @@ extern "C" int mk_encode_kv(void* out, const void* base, unsigned long long rows
 }
 
 #if MK_CONST_PARAMS
-// The parameters' trip to __constant__ memory (MK_CONST_PARAMS), per device: a ring of pinned host copies, so the
-// copy is truly asynchronous (a copy from pageable memory may wait for the stream), each slot reused only after the
-// copy that read it (its event; the engine keeps at most two steps in flight, so this never waits in practice).
-// The copy waits for the previous launch on this device (whatever its stream): a launch must not see the constants
-// change under it.
-#define MK_PARAM_RING 8
+// The parameters' trip to __constant__ memory (MK_CONST_PARAMS), per device. Each launch's copy comes from a pinned
+// host slot, so it is truly asynchronous (a copy from pageable memory may wait for the stream); a slot is reused
+// only once the copy that read it has run (its event), and when the next slot's copy has not run yet (more launches
+// in flight than slots) the ring grows instead of waiting, so the host does not wait for the GPU here (a new slot's
+// pinned allocation, at the first launch or when the ring grows, is the one call that may). Every copy, and
+// the control block's reset, waits for the previous launch on the device whatever its stream (`launched`): a launch
+// must not see its constants or counters change under it. One lock: launches from several threads stay whole.
+struct ParamSlot {
+    long long* host = nullptr;                   // MK_NUM_PARAMS values, pinned
+    cudaEvent_t copied = nullptr;                // recorded after the copy that read them
+};
 struct ParamRing {
-    long long* host = nullptr;                   // [MK_PARAM_RING][MK_NUM_PARAMS], pinned
-    cudaEvent_t copied[MK_PARAM_RING] = {};
-    cudaEvent_t launched = nullptr;
-    unsigned next = 0;
+    std::vector<ParamSlot> slots;
+    cudaEvent_t launched = nullptr;              // recorded after the last launch (or its copy, if it failed)
+    size_t next = 0;
 };
 static ParamRing g_param_ring[64];
+static std::mutex g_launch_lock;
 
-static cudaError_t upload_params(int device, const long long* params, cudaStream_t st) {
-    if (device < 0 || device >= 64) return cudaErrorInvalidDevice;
-    ParamRing& r = g_param_ring[device];
-    cudaError_t e = cudaSuccess;
-    if (r.host == nullptr) {
-        e = cudaHostAlloc(reinterpret_cast<void**>(&r.host), sizeof(long long) * MK_NUM_PARAMS * MK_PARAM_RING,
-                          cudaHostAllocDefault);
-        for (int i = 0; i < MK_PARAM_RING && e == cudaSuccess; i++)
-            e = cudaEventCreateWithFlags(&r.copied[i], cudaEventDisableTiming);
-        if (e == cudaSuccess) e = cudaEventCreateWithFlags(&r.launched, cudaEventDisableTiming);
-        if (e != cudaSuccess) { r.host = nullptr; return e; }
-    }
-    const unsigned k = r.next++ % MK_PARAM_RING;
-    e = cudaEventSynchronize(r.copied[k]);      // (that slot's copy, MK_PARAM_RING launches ago)
-    if (e != cudaSuccess) return e;
-    long long* h = r.host + (size_t)k * MK_NUM_PARAMS;
-    memcpy(h, params, sizeof(long long) * MK_NUM_PARAMS);
-    e = cudaStreamWaitEvent(st, r.launched, 0);  // (never recorded yet: no wait)
-    if (e != cudaSuccess) return e;
-    e = cudaMemcpyToSymbolAsync(c_params, h, sizeof(long long) * MK_NUM_PARAMS, 0, cudaMemcpyHostToDevice, st);
-    if (e != cudaSuccess) return e;
-    return cudaEventRecord(r.copied[k], st);
+static cudaError_t new_param_slot(ParamSlot& s) {
+    cudaError_t e = cudaHostAlloc(reinterpret_cast<void**>(&s.host), sizeof(long long) * MK_NUM_PARAMS,
+                                  cudaHostAllocDefault);
+    if (e != cudaSuccess) { s.host = nullptr; return e; }
+    e = cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming);
+    if (e != cudaSuccess) { cudaFreeHost(s.host); s.host = nullptr; s.copied = nullptr; }
+    return e;
 }
 
-static cudaError_t record_launch(int device, cudaStream_t st) {
-    return cudaEventRecord(g_param_ring[device].launched, st);
+// A slot whose previous copy has run (a new one where the next has not), filled with `params`.
+static cudaError_t take_param_slot(ParamRing& r, const long long* params, ParamSlot** out) {
+    if (r.launched == nullptr) {
+        const cudaError_t e = cudaEventCreateWithFlags(&r.launched, cudaEventDisableTiming);
+        if (e != cudaSuccess) { r.launched = nullptr; return e; }
+    }
+    bool busy = false;
+    if (!r.slots.empty() && cudaEventQuery(r.slots[r.next % r.slots.size()].copied) == cudaErrorNotReady) {
+        busy = true;
+        (void)cudaGetLastError();                // (not an error: not to be reported by a later check)
+    }
+    if (r.slots.empty() || busy) {
+        ParamSlot s;
+        const cudaError_t e = new_param_slot(s);
+        if (e != cudaSuccess) return e;
+        r.next = r.slots.empty() ? 0 : r.next % r.slots.size();
+        r.slots.insert(r.slots.begin() + (long)r.next, s);
+    }
+    ParamSlot& s = r.slots[r.next % r.slots.size()];
+    r.next++;
+    memcpy(s.host, params, sizeof(long long) * MK_NUM_PARAMS);
+    *out = &s;
+    return cudaSuccess;
 }
 #endif
 
@@ -205,16 +219,30 @@ extern "C" int mk_launch(int device, const long long* params, int grid, int smem
     Params P;
     for (int i = 0; i < MK_NUM_PARAMS; i++) P.v[i] = params[i];
     cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
+#if MK_CONST_PARAMS
+    if (device < 0 || device >= 64) return (int)cudaErrorInvalidDevice;
+    std::lock_guard<std::mutex> guard(g_launch_lock);
+    ParamRing& ring = g_param_ring[device];
+    ParamSlot* slot = nullptr;
+    e = take_param_slot(ring, params, &slot);
+    if (e != cudaSuccess) return (int)e;
+    e = cudaStreamWaitEvent(st, ring.launched, 0);   // (never recorded yet: no wait)
+    if (e != cudaSuccess) return (int)e;
+#endif
     e = cudaMemsetAsync(sync_ptr, 0, (size_t)sync_bytes, st);
     if (e != cudaSuccess) return (int)e;
 #if MK_CONST_PARAMS
-    e = upload_params(device, params, st);
+    e = cudaMemcpyToSymbolAsync(c_params, slot->host, sizeof(long long) * MK_NUM_PARAMS, 0, cudaMemcpyHostToDevice,
+                                st);
+    if (e != cudaSuccess) return (int)e;
+    e = cudaEventRecord(slot->copied, st);
     if (e != cudaSuccess) return (int)e;
 #endif
     mk_decode<<<grid, NT, smem_bytes, st>>>(P);
     e = cudaGetLastError();
 #if MK_CONST_PARAMS
-    if (e == cudaSuccess) e = record_launch(device, st);
+    const cudaError_t r = cudaEventRecord(ring.launched, st);   // (after the launch, or after its copy if it failed)
+    if (e == cudaSuccess) e = r;
 #endif
     return (int)e;
 }

@@ -79,23 +79,35 @@ def check_step(out: torch.Tensor, ref: torch.Tensor, k: int, trace_ref: ForwardT
 
 def assert_decode_launches_never_sync(backend: str) -> None:
     """Scheduling and launching decode steps on `backend` (inputs, the step, sampling with every option that keeps
-    state across steps) makes no host/device synchronisation: torch's sync debug mode turns any into an error."""
+    state across steps) makes no host/device synchronisation: torch's sync debug mode turns any of torch's into an
+    error, and (for waits torch cannot see: a CUDA call inside the backend's own library) from the third decode
+    launch on, each launch is queued behind ~50 ms of GPU sleep on the launch stream and must return while the GPU
+    still sleeps."""
     from megakernel import LLM, SamplingParams
 
     llm = LLM(device="cuda", dtype="bfloat16", backend=backend, progress=False)
     eng = llm.engine
     launch = eng._launch
-    checked = {"n": 0}
+    checked = {"n": 0, "behind_sleep": 0}
 
     def strict_launch(chunks):
         if not all(c.is_decode for c in chunks):
             return launch(chunks)                 # steps with prefill chunks may read device values
         checked["n"] += 1
+        behind = checked["n"] > 2                 # (the first launches may set up: pinned buffers, events)
+        if behind:
+            torch.cuda._sleep(100_000_000)        # ~50 ms at ~2 GHz, ahead of this launch on its stream
+            slept = torch.cuda.Event()
+            slept.record()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            return launch(chunks)
+            out = launch(chunks)
         finally:
             torch.cuda.set_sync_debug_mode("default")
+        if behind:
+            assert not slept.query(), "a decode launch waited for the GPU (the sleep queued before it had ended)"
+            checked["behind_sleep"] += 1
+        return out
 
     eng._launch = strict_launch
     params = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=2),
@@ -105,5 +117,5 @@ def assert_decode_launches_never_sync(backend: str) -> None:
               SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True)]
     outs = llm.generate(["def add(a, b):", "class Stack:", "import os"], params, use_tqdm=False)
     assert llm.engine.runner.backend_name == backend
-    assert checked["n"] >= 20
+    assert checked["n"] >= 20 and checked["behind_sleep"] >= 18
     assert [len(o.outputs[0].token_ids) for o in outs] == [24, 24, 24]

@@ -160,8 +160,8 @@ extern "C" int mk_encode_kv(void* out, const void* base, unsigned long long rows
 // The parameters' trip to __constant__ memory (MK_CONST_PARAMS), per device. Each launch's copy comes from a pinned
 // host slot, so it is truly asynchronous (a copy from pageable memory may wait for the stream); a slot is reused
 // only once the copy that read it has run (its event), and when the next slot's copy has not run yet (more launches
-// in flight than slots) the ring grows instead of waiting, so the host does not wait for the GPU here (a new slot's
-// pinned allocation, at the first launch or when the ring grows, is the one call that may). Every copy, and
+// in flight than slots) the ring grows instead of waiting, so the host does not wait for the GPU here (the pinned
+// allocations, at the first launch and when the ring grows, are the calls that may). Every copy, and
 // the control block's reset, waits for the previous launch on the device whatever its stream (`launched`): a launch
 // must not see its constants or counters change under it. One lock: launches from several threads stay whole.
 struct ParamSlot {
@@ -174,6 +174,7 @@ struct ParamRing {
     size_t next = 0;
 };
 static ParamRing g_param_ring[64];
+#define MK_PARAM_SLOTS 16
 static std::mutex g_launch_lock;
 
 static cudaError_t new_param_slot(ParamSlot& s) {
@@ -188,8 +189,16 @@ static cudaError_t new_param_slot(ParamSlot& s) {
 // A slot whose previous copy has run (a new one where the next has not), filled with `params`.
 static cudaError_t take_param_slot(ParamRing& r, const long long* params, ParamSlot** out) {
     if (r.launched == nullptr) {
-        const cudaError_t e = cudaEventCreateWithFlags(&r.launched, cudaEventDisableTiming);
+        cudaError_t e = cudaEventCreateWithFlags(&r.launched, cudaEventDisableTiming);
         if (e != cudaSuccess) { r.launched = nullptr; return e; }
+        // MK_PARAM_SLOTS up front: a page-locked allocation may serialise the device's streams, so the ring grows
+        // only past that many launches in flight (the engine keeps one step of one launch per 16 rows in flight)
+        for (int i = 0; i < MK_PARAM_SLOTS && e == cudaSuccess; i++) {
+            ParamSlot slot;
+            e = new_param_slot(slot);
+            if (e == cudaSuccess) r.slots.push_back(slot);
+        }
+        if (e != cudaSuccess) return e;
     }
     bool busy = false;
     if (!r.slots.empty() && cudaEventQuery(r.slots[r.next % r.slots.size()].copied) == cudaErrorNotReady) {

@@ -12,6 +12,7 @@ inside the kernel; `decode` then raises MegakernelHang naming the stuck counters
 from __future__ import annotations
 
 import ctypes
+import itertools
 import logging
 import os
 import time
@@ -91,9 +92,15 @@ def build_knobs(tuning: dict[str, int]) -> dict[str, int]:
     return knobs
 
 
+_TABLES_VERSIONS = itertools.count(1)   # one per backend's layer tables (MK_CONST_TABLES copies them when it changes)
+
+
 def check_build_runs(plans: list[ModelPlan]) -> None:
     """ValueError if the selected build cannot run one of `plans` (a knob asked for that its switches leave out)."""
     plan = plans[-1]
+    if build.switch_value("MK_CONST_TABLES") and plan.L > O.MAX_TABLE_LAYERS:
+        raise ValueError(f"the MK_CONST_TABLES build keeps the layer tables in constant memory for at most "
+                         f"{O.MAX_TABLE_LAYERS} layers; this model has {plan.L} (use MK_CONST_TABLES=0)")
     if any(p.pg_n for p in plans) and build.switch_value("MK_MOE_LOCAL") == 0:
         raise ValueError("moe_pages needs the kernel's MK_MOE_LOCAL=1 (the paged worker keeps its routing in shared "
                          "memory; a paged plan's large items do not fit the plain worker); this build has "
@@ -196,6 +203,7 @@ class MegakernelBackend(DecodeBackend):
         self.part_o = torch.empty(1, dtype=torch.float32, device=dev)
         self.part_lse = torch.empty(1, dtype=torch.float32, device=dev)
         self.layer_info = torch.from_numpy(p.layer_info()).to(dev)
+        self.tables_version = next(_TABLES_VERSIONS)   # (the tables below are built once per backend)
         self.inv_freq = rope_inv_freq(p.cfg).to(dev)
         self._keep: list[torch.Tensor] = []
 
@@ -469,7 +477,7 @@ class MegakernelBackend(DecodeBackend):
             nblk0=cache.num_blocks[0], nblk1=cache.num_blocks[1] if len(cache.num_blocks) > 1 else 0,
             step=self.step_dev.data_ptr(), tables=self.step_dev.data_ptr() + 4 * n_step,
             part_o=self.part_o.data_ptr(), part_lse=self.part_lse.data_ptr(), logits=logits.data_ptr(),
-            B=si.B, Bm=p.max_batch, H=p.H, n_heads=p.nh, n_kv=p.nkv, head_dim=p.d, q_dim=p.nh * p.d, E=p.E, topk=p.topk, I=p.I,
+            B=si.B, Bm=p.max_batch, H=p.H, n_heads=p.nh, n_kv=p.nkv, head_dim=p.d, q_dim=p.nh * p.d, tables_version=self.tables_version, E=p.E, topk=p.topk, I=p.I,
             I_mlp=p.I_mlp, V=cfg.vocab_size, L=p.L, n_groups=p.n_groups, block_size=p.layout.block_size,
             split_tokens=si.split_tokens, attn_stages=p.attn_stages, cpl=p.cpl, c_gu=p.c_gu,
             gu_rows=p.gu_rows, gu_tiles=p.gu_tiles, dn_rows=p.dn_rows, dn_tiles=p.dn_tiles, n_slots=p.n_slots,

@@ -160,6 +160,9 @@ PARAM_FIELDS = (
     "B", "Bm", "H", "n_heads", "n_kv", "head_dim", "E", "topk", "I", "I_mlp", "V", "L", "n_groups",
     # n_heads x head_dim (the attention output's width), given so the kernel need not keep the product in a register
     "q_dim",
+    # a number that changes whenever the launch's layer_info / wptrs tables may differ from the last launch's (one per
+    # backend): the MK_CONST_TABLES build copies them to constant memory when it changes (host side only)
+    "tables_version",
     "block_size", "split_tokens", "attn_stages",
     # counters of the per-slot expert gate/up items: layer * cpl + c_gu + slot
     "cpl", "c_gu",
@@ -258,6 +261,8 @@ MLP_NONE, MLP_DENSE, MLP_SHARED = 0, 1, 2          # mlp_kind: the static SwiGLU
 
 WPTR_FIELDS = ("norm", "qkv", "qkv_bias", "o", "o_bias", "mlp_gu", "mlp_down", "router", "e_gu", "e_down")
 WPTR_INTS = len(WPTR_FIELDS)
+# the MK_CONST_TABLES build's constant-memory copy of both tables holds this many layers (the backend refuses more)
+MAX_TABLE_LAYERS = 256
 
 NORM_RMS, NORM_LAYER = 0, 1
 SEL_SIGMOID, SEL_SOFTMAX = 0, 1
@@ -283,7 +288,7 @@ def generate_header() -> str:
                   MAX_PAIRS=MAX_PAIRS, MAX_SLOTS=MAX_SLOTS, SMEM_RESERVE=SMEM_RESERVE,
                   SWZ_BOX_ROWS=SWZ_BOX_ROWS, SWZ_ALIGN=SWZ_ALIGN, SWZ_X_PAD=SWZ_X_PAD, TMAP_BYTES=TMAP_BYTES,
                   REC_INTS=REC_INTS, MAX_WAITS=MAX_WAITS, CTRL_INTS=CTRL_INTS, NUM_PARAMS=NUM_PARAMS,
-                  LAYER_INFO_INTS=LAYER_INFO_INTS, WPTR_INTS=WPTR_INTS,
+                  LAYER_INFO_INTS=LAYER_INFO_INTS, WPTR_INTS=WPTR_INTS, MAX_TABLE_LAYERS=MAX_TABLE_LAYERS,
                   ERR_WATCHDOG=ERR_WATCHDOG, ERR_BAD_OPCODE=ERR_BAD_OPCODE, ERR_SMEM=ERR_SMEM, ERR_STALL=ERR_STALL,
                   FLAG_FUSED_NORM=FLAG_FUSED_NORM, FLAG_WRITE_H=FLAG_WRITE_H, FLAG_WRITE_X=FLAG_WRITE_X,
                   MLP_NONE=MLP_NONE, MLP_DENSE=MLP_DENSE, MLP_SHARED=MLP_SHARED,

@@ -435,11 +435,32 @@ __device__ __forceinline__ void task_signal(const Params& P, int c) {
 }
 
 // ---- small accessors -----------------------------------------------------------------------------------------
+// MK_CONST_TABLES=1 (with MK_CONST_PARAMS): the per-layer tables (layer_info, the weight pointers) in __constant__
+// memory as well, copied there by mk_launch when the backend's tables change (params' tables_version), so their
+// reads after a dependency wait (a fused norm's previous-layer MoE index and norm weights, an epilogue's bias
+// pointer or KV group) do not go back to L2 either. Models of at most MK_MAX_TABLE_LAYERS layers (opcodes.py; the
+// backend refuses more). 0: the tables in global memory. Not yet measured
+#ifndef MK_CONST_TABLES
+#define MK_CONST_TABLES 0
+#endif
+#if MK_CONST_TABLES
+static_assert(MK_CONST_PARAMS, "MK_CONST_TABLES needs MK_CONST_PARAMS (the same upload)");
+__constant__ int c_layer_info[MK_MAX_TABLE_LAYERS * MK_LAYER_INFO_INTS];
+__constant__ long long c_wptrs[MK_MAX_TABLE_LAYERS * MK_WPTR_INTS];
+#endif
 __device__ __forceinline__ const int* layer_info(const Params& P, int l) {
+#if MK_CONST_TABLES
+    return c_layer_info + l * MK_LAYER_INFO_INTS;
+#else
     return PP(const int*, layer_info) + l * MK_LAYER_INFO_INTS;
+#endif
 }
 __device__ __forceinline__ const long long* layer_wptr(const Params& P, int l) {
+#if MK_CONST_TABLES
+    return c_wptrs + l * MK_WPTR_INTS;
+#else
     return PP(const long long*, wptrs) + l * MK_WPTR_INTS;
+#endif
 }
 __device__ __forceinline__ const int* step_in(const Params& P) { return PP(const int*, step); }
 

@@ -172,6 +172,7 @@ struct ParamRing {
     std::vector<ParamSlot> slots;
     cudaEvent_t launched = nullptr;              // recorded after the last launch (or its copy, if it failed)
     size_t next = 0;
+    long long tables_version = -1;               // (MK_CONST_TABLES) the tables now in constant memory
 };
 static ParamRing g_param_ring[64];
 #define MK_PARAM_SLOTS 16
@@ -244,6 +245,21 @@ extern "C" int mk_launch(int device, const long long* params, int grid, int smem
     e = cudaMemcpyToSymbolAsync(c_params, slot->host, sizeof(long long) * MK_NUM_PARAMS, 0, cudaMemcpyHostToDevice,
                                 st);
     if (e != cudaSuccess) return (int)e;
+#if MK_CONST_TABLES
+    // the backend's per-layer tables, device to device, when they are not the ones already there (a version per
+    // backend's tables: an address alone could be a freed table's, reused)
+    if (params[PRM_tables_version] != ring.tables_version) {
+        const long long L = params[PRM_L];
+        if (L < 0 || L > MK_MAX_TABLE_LAYERS) return (int)cudaErrorInvalidValue;
+        e = cudaMemcpyToSymbolAsync(c_layer_info, reinterpret_cast<const void*>(params[PRM_layer_info]),
+                                    sizeof(int) * MK_LAYER_INFO_INTS * L, 0, cudaMemcpyDeviceToDevice, st);
+        if (e == cudaSuccess)
+            e = cudaMemcpyToSymbolAsync(c_wptrs, reinterpret_cast<const void*>(params[PRM_wptrs]),
+                                        sizeof(long long) * MK_WPTR_INTS * L, 0, cudaMemcpyDeviceToDevice, st);
+        if (e != cudaSuccess) { ring.tables_version = -1; return (int)e; }
+        ring.tables_version = params[PRM_tables_version];
+    }
+#endif
     e = cudaEventRecord(slot->copied, st);
     if (e != cudaSuccess) return (int)e;
 #endif

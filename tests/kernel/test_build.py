@@ -129,3 +129,27 @@ def test_builds_without_the_paged_worker_get_plain_plans(monkeypatch):
     check_build_runs(local0)
     with pytest.raises(ValueError, match="moe_pages needs the kernel's MK_MOE_LOCAL=1"):
         check_build_runs(plans_for({**DEFAULT_TUNING, "moe_pages": 8}))
+
+
+def test_constant_tables_build_refuses_deeper_models(monkeypatch):
+    """MK_CONST_TABLES=1 keeps the layer tables in constant memory for at most MAX_TABLE_LAYERS layers: North's plans
+    run under it, a model of more layers is refused with a clear error (not a kernel reading past the copy); the
+    default build takes any depth."""
+    import dataclasses
+
+    from megakernel.config import north_mini_code_config
+    from megakernel.kernel.backend import check_build_runs
+    from megakernel.kernel.schedule import ModelPlan
+    from megakernel.kv.cache import KVLayout
+
+    north = north_mini_code_config()
+    n = build.opcodes.MAX_TABLE_LAYERS + 1
+    deep = dataclasses.replace(north, num_layers=n, layer_types=tuple(north.layer_types[i % 4] for i in range(n)),
+                               mlp_layer_types=tuple(north.mlp_layer_types[min(i, 1)] for i in range(n)))
+    plan = lambda cfg: [ModelPlan(cfg, KVLayout.for_model(cfg, 64), max_batch=1, n_workers=132)]  # noqa: E731
+    monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_CONST_TABLES=1")
+    check_build_runs(plan(north))
+    with pytest.raises(ValueError, match="MK_CONST_TABLES"):
+        check_build_runs(plan(deep))
+    monkeypatch.delenv("MEGAKERNEL_KERNEL_DEFINES")
+    check_build_runs(plan(deep))

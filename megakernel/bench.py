@@ -215,7 +215,8 @@ def _run_point(engine, cfg: ModelConfig, B: int, ctx: int, steps: int, kv_fill: 
         engine.step()
     sync()
     step_s = (time.perf_counter() - t0) / steps
-    _checked_step(engine, tag)                               # (a failure inside the timed steps shows here)
+    _checked_step(engine, tag)                               # (resolves the last timed step: a failure in the
+                                                             # timed steps shows here or in `alive` below)
     alive = [r for r in rids if r in engine.requests and not engine.requests[r].seqs[0].finished]
     if len(alive) != B:
         _abort_all(engine)

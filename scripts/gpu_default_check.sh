@@ -47,12 +47,10 @@ if [ -n "${TRACE_POINT:-}" ]; then
     --context $ctx --steps 20 --trace "$OUT/tl_b$bsz.npz" 2>&1 | grep -E "critical|SM time|phases|a layer|MoE workers|normal build|rror"
   rm -f "$OUT/tl_b$bsz.npz"
 fi
-for bld in ${BUILD_AB:-}; do
-  defs=$([ "$bld" = default ] && echo "" || echo "$bld")
-  echo "=== build $bld at $(($(date +%s) - t0)) s"
-  MEGAKERNEL_KERNEL_DEFINES=$defs timeout ${AB_TIMEOUT:-110} python3 benchmarks/megakernel_variants.py \
-    --points "${AB_POINTS:-1x8192,8x8192,16x8192}" --variants "default default" --steps 40 \
-    --json "$OUT/ab_$(echo "$bld" | tr ',=' '__').json" 2>&1 | grep -E "^b|rror"
-done
+if [ -n "${BUILD_AB:-}" ]; then             # (gpu_build_ab.sh's stage 2 alone, into $OUT/ab)
+  echo "=== builds $BUILD_AB at $(($(date +%s) - t0)) s"
+  OUT=$OUT/ab BUILDS="$BUILD_AB" POINTS="${AB_POINTS:-1x8192,8x8192,16x8192}" SKIP_TESTS=1 SKIP_TRACE=1 \
+    VARIANTS_TIMEOUT=${AB_TIMEOUT:-110} bash scripts/gpu_build_ab.sh 2>&1 | grep -E "^b|rror"
+fi
 echo "=== done at $(($(date +%s) - t0)) s"
 bash scripts/pack_out.sh "$OUT"

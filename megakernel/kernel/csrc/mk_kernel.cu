@@ -16,10 +16,6 @@
 
 // ---- the persistent kernel ---------------------------------------------------------------------------------------
 // (MK_BLOCKS_PER_SM resident blocks per SM: the register cap that lets them all fit, 128 registers either way)
-// (the loop's own reads from the kernel parameter either way: with MK_CONST_PARAMS its code generation spilled)
-#pragma push_macro("MK_PV")
-#undef MK_PV
-#define MK_PV(i) (P.v[i])
 extern "C" __global__ void __launch_bounds__(NT, MK_BLOCKS_PER_SM) mk_decode(const __grid_constant__ Params P) {
     __shared__ int s_rec[MK_REC_INTS];
     __shared__ int s_abort;
@@ -101,7 +97,6 @@ extern "C" __global__ void __launch_bounds__(NT, MK_BLOCKS_PER_SM) mk_decode(con
 #endif
     if (threadIdx.x == 0) atomicAdd(ctrl + CTRL_DONE_BLOCKS, 1);
 }
-#pragma pop_macro("MK_PV")
 
 // ---- host entry points (ctypes) ------------------------------------------------------------------------------------
 extern "C" int mk_num_params() { return MK_NUM_PARAMS; }
@@ -174,8 +169,9 @@ struct ParamRing {
     size_t next = 0;
     long long tables_version = -1;               // (MK_CONST_TABLES) the tables now in constant memory
 };
-static ParamRing g_param_ring[64];
-#define MK_PARAM_SLOTS 16
+#define MK_PARAM_DEVICES 64              // devices a process may launch on (their rings)
+#define MK_PARAM_SLOTS 16                // pinned slots per ring at its first launch
+static ParamRing g_param_ring[MK_PARAM_DEVICES];
 static std::mutex g_launch_lock;
 
 static cudaError_t new_param_slot(ParamSlot& s) {
@@ -230,7 +226,7 @@ extern "C" int mk_launch(int device, const long long* params, int grid, int smem
     for (int i = 0; i < MK_NUM_PARAMS; i++) P.v[i] = params[i];
     cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
 #if MK_CONST_PARAMS
-    if (device < 0 || device >= 64) return (int)cudaErrorInvalidDevice;
+    if (device < 0 || device >= MK_PARAM_DEVICES) return (int)cudaErrorInvalidDevice;
     std::lock_guard<std::mutex> guard(g_launch_lock);
     ParamRing& ring = g_param_ring[device];
     ParamSlot* slot = nullptr;

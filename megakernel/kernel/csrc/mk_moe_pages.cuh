@@ -588,12 +588,12 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             if (lane == 0 && row0 == 0) G.stamp[q][3] = prof_now();   // (its first page landed)
 #endif
             const bf16* W = reinterpret_cast<const bf16*>(smem + (size_t)slot * MK_PAGE_BYTES);
-            const bool gu = kind == PG_GU && !PI(pg_x_item);
+            const bool shared_x = kind == PG_GU && !PI(pg_x_item);
             if (nc == 1) {
-                pg_compute(W, gu ? xs + (size_t)s_route_row[st] * H : xin, nr, K, out + row0);
+                pg_compute(W, shared_x ? xs + (size_t)s_route_row[st] * H : xin, nr, K, out + row0);
             } else {
                 const auto xrow = [&](int i) {
-                    return gu ? xs + (size_t)s_route_row[st + i] * H : xin + (size_t)i * K;
+                    return shared_x ? xs + (size_t)s_route_row[st + i] * H : xin + (size_t)i * K;
                 };
                 if (MK_GEMV_TC) pg_compute_rows_tc(W, nr, nc, K, xrow, out + row0, os);
                 else pg_compute_rows(W, nr, nc, K, xrow, out + row0, os);

@@ -117,9 +117,10 @@ TUNING_KEYS = ("split_tokens", "attn_stages", "n_workers", "oproj_first", "qkv_b
                "prefetch", "o_queue", "moe_ring", "router_first", "lm_stream",
                "claim_ahead", "router_tile_rows", "moe_claim_late", "o_after",
                "combine_parts", "worker_topk", "tile_kb", "topk_warp", "router_topk", "wide_split_batch",
-               "short_splits", "fused_qkv", "moe_pages", "moe_pages_max", "split_align",
+               "wider_split_batch", "short_splits", "fused_qkv", "moe_pages", "moe_pages_max", "split_align",
                "moe_tile_kb", "moe_pages_claim_late", "workers_early",
-               "moe_pages_from", "moe_pages_tile_kb", "dn_lag", "slot_pairs", "moe_pages_x_item")
+               "moe_pages_from", "moe_pages_tile_kb", "dn_lag", "slot_pairs", "moe_pages_x_item",
+               "moe_pages_tile_kb_1row")
 DEFAULT_TUNING = {"batch_tiles": 1}     # per-batch tilings: measured ahead (b1 8K 5.44 vs 5.52 ms), and the prefetch
                                         # and expert-ring layouts size their buffers by the launch's rows
 

@@ -173,6 +173,11 @@ class ModelPlan:
                                          # (0: never): with 16+ (row, kv head) pairs, fewer, longer splits cost less
                                          # SM time. 8K, ms at 0 / 4 (838fd59): b4 9.495 / 9.315, b8 15.62 / 15.12,
                                          # b16 26.12 / 25.11; 1024-key splits at b1: 4.68 vs 4.17 (d00cb4d)
+    wider_split_batch: int = 16          # steps of at least this many rows split attention at 4 x DEFAULT_SPLIT_TOKENS
+                                         # (0: never): at 16 rows 2048-key splits put one wave of splits (128) on
+                                         # the sliding layers instead of two. 8K, ms at 1024 / 2048-key splits
+                                         # (6f6d235, one process each): b16 18.767 / 18.387 and 18.715 / 18.329,
+                                         # b12 15.567 / 15.926, b10 13.694 / 14.175, b8 11.345 / 11.584
     split_align: int = 128               # a long context's grown splits (over MAX_SPLITS_PER_HEAD default splits)
                                          # are rounded up to a multiple of this many keys: whole ATTN_CHUNKs. At 64
                                          # they could end in half a chunk (576 keys at 128K, 1088 at 256K: 4.5 and
@@ -298,15 +303,24 @@ class ModelPlan:
                                          # 16 since session 17, with slot_pairs=4 (the 9..16-row plans were +56%
                                          # paged with 16-row item slots: 4 pages; with 4-row slots 8 pages, b16
                                          # -12% against the plain worker, ee2de36)
-    moe_pages_from: int = 2              # the fewest rows (tile_batch) of a paged plan (1: every plan up to moe_pages).
-                                         # 2 since session 16 (with o_queue=1: above); one row stays plain (8K
-                                         # 3.457 plain / 3.490 paged, 128K 5.938 / 5.825: c6a71af)
+    moe_pages_from: int = 1              # the fewest rows (tile_batch) of a paged plan (1: every plan up to moe_pages).
+                                         # 2 in sessions 16-17 (with o_queue=1: above): one row was even or slower
+                                         # paged (8K 3.457 plain / 3.490 paged, 128K 5.938 / 5.825: c6a71af; 3.333
+                                         # / 3.342 at 6f6d235); 1 since session 18 with 128 KB one-row items
+                                         # (moe_pages_tile_kb_1row)
     moe_pages_tile_kb: int = 256         # > 0: a paged plan's expert items of up to this many KiB (paged_item_rows),
                                          # not capped by the plain worker's shared-memory formula (at 8 rows of
                                          # input that formula gives 16-row gate/up halves: 128 KB items, 31 items
                                          # per worker per b8 layer, each paying an epilogue and a signal). 8K, ms
                                          # at 0 / 256, one process (c832144, tensor-core pages): b5 9.458 / 9.340,
                                          # b6 10.692 / 10.585, b7 11.818 / 11.733, b8 12.733 / 12.641
+    moe_pages_tile_kb_1row: int = 128    # > 0: a one-row paged plan's items of up to this many KiB instead of
+                                         # moe_pages_tile_kb's (0: that knob's; moe_pages_tile_kb=0, the plain
+                                         # worker's sizes, applies to every plan). One row, ms at 6f6d235 (one
+                                         # process; the plain worker's 192 KB items / paged 256 / 192 / 128 / 96 /
+                                         # 64): 8K 3.311 / 3.342 / 3.328 / 3.262-3.271 / 3.347 / 3.426; 1K 3.023 /
+                                         # - / 3.000 / 2.943 / 3.065; 128K 5.543 / - / 5.641 / 5.568 / 5.539. Two
+                                         # and four rows keep 256 (128: b2 4.934 / 4.874, b4 7.456 / 7.236)
     moe_tile_kb: int = 0                 # > 0: the expert items' tiles (gate/up, down) of up to this many KiB
                                          # instead of tile_kb's (0). For the paged worker: at 64 a gate/up item is
                                          # 2 x 8 rows of 2048, 4 pages, so its ring of 12 holds three items (its
@@ -412,10 +426,13 @@ class ModelPlan:
         # moe_pages_tile_kb: a paged plan's expert items sized by the knob alone (their weights stream through the
         # pages, never the GEMV buffer), kept only if the page layout still fits with them
         self.big_items = False
-        if self.pg_n and self.moe_pages_tile_kb:
+        kb = self.moe_pages_tile_kb
+        if kb and self.tb == 1 and self.moe_pages_tile_kb_1row:
+            kb = self.moe_pages_tile_kb_1row
+        if self.pg_n and kb:
             plain = (self.gu_rows, self.dn_rows)
-            self.gu_rows = paged_item_rows(self.H, 2, self.moe_pages_tile_kb)
-            self.dn_rows = paged_item_rows(self.I, 1, self.moe_pages_tile_kb)
+            self.gu_rows = paged_item_rows(self.H, 2, kb)
+            self.dn_rows = paged_item_rows(self.I, 1, kb)
             self._page_layout(o_in_queue)
             self.big_items = self.pg_n > 0
             if not self.big_items:
@@ -609,6 +626,8 @@ class ModelPlan:
         s = O.DEFAULT_SPLIT_TOKENS
         if self.wide_split_batch and B >= self.wide_split_batch:
             s *= 2
+        if self.wider_split_batch and B >= self.wider_split_batch:
+            s = 4 * O.DEFAULT_SPLIT_TOKENS
         need = math.ceil(max_range / O.MAX_SPLITS_PER_HEAD)
         if need > s:
             a = max(64, self.split_align)
@@ -639,8 +658,10 @@ def tiling_plans(cfg: ModelConfig, layout: KVLayout, max_batch: int, per_batch: 
         return [full]
     # the streaming LM head's tiles shrink with every row of input; they do not split plans (the plan of the largest
     # tile_batch with the same other tiles serves the smaller launches, its LM tiles sized for its rows)
+    # (a paged plan's expert items are not GEMV tiles: their rows are part of its key, so the one-row plan's own
+    # item size, moe_pages_tile_kb_1row, is not merged into a larger plan's)
     key = lambda p: (tuple(t for t in p.gemv_tiles if t is not p.lm_tile), p.wbuf, p.moe_wbuf > 0,   # noqa: E731
-                     p.lm_wbuf > 0, p.o_items > 0, p.pg_n > 0)
+                     p.lm_wbuf > 0, p.o_items > 0, p.pg_n > 0, (p.gu_rows, p.dn_rows) if p.pg_n else ())
     by_tiles: dict[tuple, ModelPlan] = {}
     shrinking = knobs.get("prefetch", ModelPlan.prefetch) or knobs.get("moe_ring", ModelPlan.moe_ring)
     cands = [1 << i for i in range(max_batch.bit_length()) if 1 << i < max_batch] if shrinking else range(1, max_batch)

@@ -158,9 +158,12 @@ def test_north_task_list_shape():
     assert plan.smem_bytes() <= O.SMEM_LIMIT
     tables = [[list(range(200)), list(range(200))] for _ in range(16)]
     si = step_inputs(plan, [5] * 16, [8191 - i for i in range(16)], tables)
-    # 16 rows >= wide_split_batch: 1024-key splits (full 8K / 1024, sliding 4096 / 1024); one row: 512-key splits
-    assert si.split_tokens == 2 * O.DEFAULT_SPLIT_TOKENS == 1024
-    assert si.nsplit[:, 0].max() == 8 and si.nsplit[:, 1].max() == 4
+    # 16 rows >= wider_split_batch: 2048-key splits (full 8K / 2048, sliding 4096 / 2048); 8 rows >=
+    # wide_split_batch: 1024; one row: 512-key splits
+    assert si.split_tokens == 4 * O.DEFAULT_SPLIT_TOKENS == 2048
+    assert si.nsplit[:, 0].max() == 4 and si.nsplit[:, 1].max() == 2
+    eight = step_inputs(plan, [5] * 8, [8191 - i for i in range(8)], tables[:8])
+    assert eight.split_tokens == 1024 and eight.nsplit[:, 0].max() == 8 and eight.nsplit[:, 1].max() == 4
     one = step_inputs(plan, [5], [8191], tables[:1])
     assert one.split_tokens == 512 and one.nsplit[0, 0] == 16 and one.nsplit[0, 1] == 8
     # one row of a short context (short_splits=4): its longest range (1024 keys) in 4 splits of 256; from 2048 keys
@@ -290,9 +293,14 @@ def test_per_batch_tilings_on_north_dims():
     cfg = north_mini_code_config()
     layout = KVLayout.for_model(cfg, 64)
     paged = tiling_plans(cfg, layout, 16, True, n_workers=132, prefetch=0, o_queue=0, tile_kb=0, moe_pages=8,
-                         slot_pairs=0)
+                         moe_pages_from=2, slot_pairs=0)
     assert [(p.tb, p.pg_rows) for p in paged] == [(8, 8), (9, 0), (16, 0)]     # (the 2..8-row launches paged)
     assert [plan_for_rows(paged, b).tb for b in range(1, 17)] == [9] + [8] * 7 + [9] + [16] * 7
+    every = tiling_plans(cfg, layout, 16, True, n_workers=132, prefetch=0, o_queue=0, tile_kb=0, moe_pages=8,
+                         moe_pages_from=1, slot_pairs=0)                                    # (one row paged too)
+    # (one row: a paged plan of its own, its items of moe_pages_tile_kb_1row; 2..8 rows the 8-row plan's)
+    assert [plan_for_rows(every, b).tb for b in range(1, 17)] == [1] + [8] * 7 + [9] + [16] * 7
+    assert every[0].tb == 1 and every[0].pg_n and every[0].gu_rows < every[1].gu_rows
     five = tiling_plans(cfg, layout, 16, True, n_workers=132, prefetch=0, o_queue=0, tile_kb=0, moe_pages=8,
                         moe_pages_from=5, slot_pairs=0)                                     # (the 1..4-row launches plain)
     assert [plan_for_rows(five, b).tb for b in range(1, 17)] == [9] * 4 + [8] * 4 + [9] + [16] * 7
@@ -390,11 +398,16 @@ def test_tile_kb_tilings_on_north_dims():
 
     cfg = north_mini_code_config()
     layout = KVLayout.for_model(cfg, 64)
-    plans = tiling_plans(cfg, layout, 16, True, n_workers=132, tile_kb=192)
+    plans = tiling_plans(cfg, layout, 16, True, n_workers=132, tile_kb=192, moe_pages_from=2)   # (one row plain)
     default = tiling_plans(cfg, layout, 16, True, n_workers=132)
     one = plan_for_rows(plans, 1)
     assert (one.gu_rows, one.o_rows, one.qkv_rows, one.dn_rows) == (24, 24, 32, 64)
     assert one.gu_tiles == 32 and one.n_o_tiles == math.ceil(2048 / 24)
+    # the default one-row plan is paged, its expert items of moe_pages_tile_kb_1row = 128 KB: 16-row gate/up halves,
+    # 80-row down items (multiples of TILE_ROW_QUANTUM); the static tiles stay tile_kb's
+    paged_one = plan_for_rows(default, 1)
+    assert paged_one.pg_n and (paged_one.gu_rows, paged_one.dn_rows, paged_one.o_rows) == (16, 80, 24)
+    assert 2 * paged_one.gu_rows * 2048 * 2 <= 128 * 1024 and paged_one.dn_rows * 768 * 2 <= 128 * 1024
     full, full0 = plans[-1], default[-1]
     assert (full.gu_rows, full.o_rows, full.qkv_rows, full.dn_rows) == \
         (full0.gu_rows, full0.o_rows, full0.qkv_rows, full0.dn_rows)
@@ -728,12 +741,12 @@ def test_paged_worker_layout_for_several_rows():
                          slot_pairs=0, moe_pages_x_item=0)
     paged = [p for p in plans if p.pg_n]
     assert [p.tb for p in paged] == [1, 2, 3, 4, 8]
-    # the default (moe_pages=16, moe_pages_from=2, o_queue=1, slot_pairs=4): the 2-, 3-, 4..9-, 10- and 11..16-row
-    # plans are paged with item slots of at most 4 rows, the one-row plan (its O items queued) is not; moe_pages=0
-    # has none
+    # the default (moe_pages=16, moe_pages_from=1, o_queue=1, slot_pairs=4): the 1-, 2-, 3-, 4..9-, 10- and
+    # 11..16-row plans are paged with item slots of at most 4 rows, the one-row plan with its O items queued;
+    # moe_pages=0 has none
     dflt = tiling_plans(cfg, layout, 16, True, n_workers=132)
-    assert [(p.tb, p.pg_rows) for p in dflt if p.pg_n] == [(2, 2), (3, 3), (9, 4), (10, 4), (16, 4)]
-    assert not dflt[0].pg_n and dflt[0].o_items
+    assert [(p.tb, p.pg_rows) for p in dflt if p.pg_n] == [(1, 1), (2, 2), (3, 3), (9, 4), (10, 4), (16, 4)]
+    assert dflt[0].pg_n and dflt[0].o_items and not dflt[1].o_items
     assert [p.tb for p in tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages_from=5) if p.pg_n] == [9, 10, 16]
     assert not any(p.pg_n for p in tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=0))
     for p in plans:
@@ -773,8 +786,12 @@ def test_paged_items_sized_by_their_own_knob():
     assert (p.gu_tiles, p.dn_tiles) == (24, 16)
     assert (2048, 64) not in p.gemv_tiles and (768, 128) not in p.gemv_tiles
     assert p.pg_out_rows >= 128 and p.pages_smem_bytes() <= p.smem_bytes() <= O.SMEM_LIMIT - O.SMEM_RESERVE
-    for tb in (1, 16):
-        assert not big[tb].big_items and (big[tb].gu_rows, big[tb].dn_rows) == (base[tb].gu_rows, base[tb].dn_rows)
+    assert not big[16].big_items and (big[16].gu_rows, big[16].dn_rows) == (base[16].gu_rows, base[16].dn_rows)
+    # one row: its own size (moe_pages_tile_kb_1row = 128 KB), or the knob's where that is 0
+    assert big[1].big_items and (big[1].gu_rows, big[1].dn_rows) == (16, 80)
+    own = tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=8, moe_pages_tile_kb=256,
+                       moe_pages_tile_kb_1row=0)[0]
+    assert own.tb == 1 and (own.gu_rows, own.dn_rows) == (32, 128)
     # at 16 rows, 128-row items' outputs would leave fewer than 4 pages: the plain sizes, and their 4 pages
     capped = tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=16, moe_pages_from=16,
                           moe_pages_tile_kb=4096, slot_pairs=0)[-1]
@@ -901,7 +918,7 @@ def test_split_slots_leave_the_paged_ring_more_pages():
 def test_paged_gate_up_items_load_their_own_x_rows_where_that_frees_pages():
     """moe_pages_x_item: at North dims the 10..16-row paged plans drop the shared buffer of every row's x (64 KB at
     16 rows) for per-item x rows in the item slots (4 rows of 2048), which keeps 10 ring pages instead of 8 (9 at 10
-    rows); the 2..9-row plans keep the shared rows (per-item rows would not add a page); 0 turns it off, 2 forces
+    rows); the 1..9-row plans keep the shared rows (per-item rows would not add a page); 0 turns it off, 2 forces
     it; every layout fits, the slots hold pg_rows rows of the widest input; the step stays exact with it forced."""
     from megakernel.config import north_mini_code_config
     from megakernel.kernel.schedule import tiling_plans
@@ -913,8 +930,8 @@ def test_paged_gate_up_items_load_their_own_x_rows_where_that_frees_pages():
     def plans(**kw):
         return {p.tb: p for p in tiling_plans(cfg, layout, 16, True, n_workers=132, **kw) if p.pg_n}
     auto, off, forced = plans(), plans(moe_pages_x_item=0), plans(moe_pages_x_item=2)
-    assert [(tb, p.pg_x_item, p.pg_n) for tb, p in auto.items()] == [(2, 0, 12), (3, 0, 11), (9, 0, 10), (10, 1, 10),
-                                                                     (16, 1, 10)]
+    assert [(tb, p.pg_x_item, p.pg_n) for tb, p in auto.items()] == [(1, 0, 12), (2, 0, 12), (3, 0, 11), (9, 0, 10),
+                                                                     (10, 1, 10), (16, 1, 10)]
     assert [(tb, p.pg_n) for tb, p in off.items() if tb >= 10] == [(10, 9), (16, 8)] and not any(
         p.pg_x_item for p in off.values())
     for p in (*auto.values(), *off.values(), *forced.values()):

@@ -4,7 +4,8 @@
 
 // ---- attention: one split of one (sequence, kv head), on tensor cores ------------------------------------------
 // K/V stream through a ring of `attn_stages` chunks of CH keys (any block boundaries inside a chunk). Each of the
-// ATTN_WARPS computing warps owns one 16-key slice of every chunk and runs its own online softmax over its slices:
+// ATTN_WARPS computing warps (or, MK_ATTN_DSPLIT, pair of warps: half the head dims each) owns one 16-key slice of
+// every chunk and runs its own online softmax over its slices:
 // S = Q K^T with mma.m16n8k16 (the kv head's <= 8 query heads as rows 0-7 of the 16-row tile, rows 8-15 zero), P
 // rounded to bf16 as the A operand of O += P V (V through ldmatrix.trans), fp32 accumulation. After the last chunk
 // the warps' (max, sum, output) merge through shared memory into the split's partial output and log-sum-exp.
@@ -14,6 +15,7 @@
 #define AST MK_ATTN_MAX_STAGES
 #define AWARPS MK_ATTN_WARPS
 static_assert(AWARPS * 16 == CH && AWARPS <= NW, "one 16-key slice per computing warp");
+static_assert(!MK_ATTN_DSPLIT || 2 * AWARPS <= NW, "MK_ATTN_DSPLIT: two computing warps per 16-key slice");
 static_assert(AST <= 4, "cp_async_wait_pending covers up to 3 pending groups");
 
 // Waits until at most `pending` of this thread's newest cp.async groups are still in flight.
@@ -226,9 +228,17 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
     for (int i = threadIdx.x; i < gq * d / 2; i += NT)
         reinterpret_cast<unsigned*>(sQ)[i] = __ldcg(reinterpret_cast<const unsigned*>(qg) + i);
     float m_run = -INFINITY, l_run = 0.f;      // row g's running max (scaled scores) and this thread's partial sum
-    float o[2 * KS][2];                        // row g, dims nt*8 + 2t4 (+1)
+    // MK_ATTN_DSPLIT (head_dim a multiple of 32): two warps per 16-key slice, each accumulating half the output dims
+    // (both compute the slice's scores: the same instructions on the same inputs, so the same softmax state); else
+    // one warp per slice, all dims
+    constexpr bool DS = MK_ATTN_DSPLIT && KS % 2 == 0;
+    constexpr int NPM = DS ? KS / 2 : KS;      // 16-dim pairs of P V per computing warp
+    const int slice = DS ? warp % AWARPS : warp, half = DS ? warp / AWARPS : 0;
+    const bool computes = warp < (DS ? 2 : 1) * AWARPS;
+    const int np0 = half * NPM;                // this warp's first 16-dim pair
+    float o[2 * NPM][2];                       // row g, dims (np0 * 2 + nt) * 8 + 2t4 (+1)
 #pragma unroll
-    for (int nt = 0; nt < 2 * KS; nt++) o[nt][0] = o[nt][1] = 0.f;
+    for (int nt = 0; nt < 2 * NPM; nt++) o[nt][0] = o[nt][1] = 0.f;
     int t0 = a0, c = 0;
     while (t0 < k1) {
         const int n = chunk_len(t0), stage = c % nst;
@@ -250,8 +260,8 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
         }
         __syncthreads();
         if (c == 0) prof_mark(PS_LANDED);      // the first chunk of K/V is in shared memory
-        const int kb = warp * 16;              // this warp's slice of the chunk
-        if (warp < AWARPS && kb < n && kb + 16 > lo_off) {
+        const int kb = slice * 16;             // this warp's slice of the chunk
+        if (computes && kb < n && kb + 16 > lo_off) {
             float sc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};   // keys kb + nt*8 + 2t4 (+1)
 #pragma unroll 2
             for (int ks = 0; ks < KS; ks++) {
@@ -294,17 +304,18 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
             const int vr = kb + (lane & 7) + ((lane >> 3) & 1) * 8;   // this lane's ldmatrix row
             const bf16* vrow = sV + (size_t)(stage * CH + vr) * rowp + (lane >> 4) * 8;
 #pragma unroll
-            for (int np = 0; np < KS; np++) {
+            for (int i = 0; i < NPM; i++) {
+                const int np = np0 + i;
                 unsigned bv[4];
                 if constexpr (TM)
                     ldsm_x4_trans_s(bv, (unsigned)(smem_addr(smem) + tm_v + stage * CH * d * 2 +
                                                    tm_off<NCB>(vr, np * 16 + (lane >> 4) * 8)));
                 else
                     ldsm_x4_trans(bv, vrow + np * 16);
-                o[2 * np][0] *= alpha; o[2 * np][1] *= alpha;
-                o[2 * np + 1][0] *= alpha; o[2 * np + 1][1] *= alpha;
-                mma_rows8(o[2 * np], pa0, pa2, bv[0], bv[1]);
-                mma_rows8(o[2 * np + 1], pa0, pa2, bv[2], bv[3]);
+                o[2 * i][0] *= alpha; o[2 * i][1] *= alpha;
+                o[2 * i + 1][0] *= alpha; o[2 * i + 1][1] *= alpha;
+                mma_rows8(o[2 * i], pa0, pa2, bv[0], bv[1]);
+                mma_rows8(o[2 * i + 1], pa0, pa2, bv[2], bv[3]);
             }
         }
         __syncthreads();
@@ -315,14 +326,17 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
     float* sOw = reinterpret_cast<float*>(smem);
     float* sMw = sOw + AWARPS * gq * d;
     float* sLw = sMw + AWARPS * MK_ATTN_MAX_GROUP;
-    if (warp < AWARPS) {
+    if (computes) {
         l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
         l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
         if (g < gq) {
-            if (t4 == 0) { sMw[warp * MK_ATTN_MAX_GROUP + g] = m_run; sLw[warp * MK_ATTN_MAX_GROUP + g] = l_run; }
-            float* ow = sOw + (size_t)(warp * gq + g) * d + 2 * t4;
+            if (t4 == 0 && half == 0) {        // (a slice's two warps hold the same max and sum)
+                sMw[slice * MK_ATTN_MAX_GROUP + g] = m_run;
+                sLw[slice * MK_ATTN_MAX_GROUP + g] = l_run;
+            }
+            float* ow = sOw + (size_t)(slice * gq + g) * d + np0 * 16 + 2 * t4;
 #pragma unroll
-            for (int nt = 0; nt < 2 * KS; nt++)
+            for (int nt = 0; nt < 2 * NPM; nt++)
                 *reinterpret_cast<float2*>(ow + nt * 8) = make_float2(o[nt][0], o[nt][1]);
         }
     }

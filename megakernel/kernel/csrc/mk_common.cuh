@@ -101,6 +101,14 @@ typedef __nv_bfloat16 bf16;
 #define MK_ATTN_BULK 0
 #endif
 
+// MK_ATTN_DSPLIT: attention's P V accumulators split over two warps per 16-key slice (each half the head dims, both
+// computing the slice's scores), so a computing warp holds 16 accumulators at head_dim 128 instead of 32: the
+// single-warp layout spilled 60-92 bytes per thread there, and with the shared-memory carve-out at its maximum the
+// SM's L1 (~28 KB) cannot hold 256 threads' spills. 0: one warp per slice, all dims.
+#ifndef MK_ATTN_DSPLIT
+#define MK_ATTN_DSPLIT 1
+#endif
+
 // MK_REPEAT_SMALL: an experiment, not a speed-up. The NORM, TOPK and attention-combine tasks run their (idempotent)
 // work this many times before they signal: the second run finds the task's code in the SM's instruction cache, so a trace of the build
 // with 2 against the default's 1 measures how much of a single-block task's ~5-10 us is its first, cold pass.

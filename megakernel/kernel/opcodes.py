@@ -164,6 +164,9 @@ PARAM_FIELDS = (
     # backend): the MK_CONST_TABLES build copies them to constant memory when it changes (host side only)
     "tables_version",
     "block_size", "split_tokens", "attn_stages",
+    # 1: attention splits run two warps per 16-key slice, each half the head dims (ModelPlan.attn_dsplit_rows; builds
+    # with MK_ATTN_DSPLIT=1, else ignored)
+    "attn_dsplit",
     # counters of the per-slot expert gate/up items: layer * cpl + c_gu + slot
     "cpl", "c_gu",
     # expert work items

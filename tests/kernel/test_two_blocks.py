@@ -32,6 +32,8 @@ def test_constants_and_north_plans_fit_half_an_sm():
         plans = tiling_plans(cfg, KVLayout.for_model(cfg, 64), O.MAX_BATCH, True, n_workers=264)
         for p in plans:
             assert p.smem_bytes() <= O.SMEM_LIMIT - O.SMEM_RESERVE, (p.tb, p.smem_bytes())
+        # (the plain worker's one-row tiles: the default pages one row, its items sized by moe_pages_tile_kb_1row)
+        plans = tiling_plans(cfg, KVLayout.for_model(cfg, 64), O.MAX_BATCH, True, n_workers=264, moe_pages_from=2)
         one = plan_for_rows(plans, 1)
         assert one.gu_rows == 12 and 2 * one.gu_rows * one.H * 2 == 96 * 1024
         print("ok", [p.tb for p in plans])

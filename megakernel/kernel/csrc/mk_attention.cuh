@@ -81,7 +81,7 @@ __device__ __forceinline__ int tm_off(int r, int c) {
 // by tensor copies of 16-key boxes through the host's KV maps (MK_ATTN_BULK=2, head_dim a multiple of 64, blocks
 // of a multiple of 16 keys), into the swizzled layout above; else rows padded by 8 elements (d + 8), loaded by one
 // bulk copy per row (MK_ATTN_BULK=1) or 16-byte cp.async (0).
-template <int KS, bool TM>
+template <int KS, bool TM, bool DSPLIT>
 __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ticket) {
     constexpr bool BULK = TM || MK_ATTN_BULK == 1;
     constexpr int NCB = KS / 4;                // TM: 64-column blocks of a row
@@ -228,10 +228,10 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
     for (int i = threadIdx.x; i < gq * d / 2; i += NT)
         reinterpret_cast<unsigned*>(sQ)[i] = __ldcg(reinterpret_cast<const unsigned*>(qg) + i);
     float m_run = -INFINITY, l_run = 0.f;      // row g's running max (scaled scores) and this thread's partial sum
-    // MK_ATTN_DSPLIT (head_dim a multiple of 32): two warps per 16-key slice, each accumulating half the output dims
-    // (both compute the slice's scores: the same instructions on the same inputs, so the same softmax state); else
-    // one warp per slice, all dims
-    constexpr bool DS = MK_ATTN_DSPLIT && KS % 2 == 0;
+    // DSPLIT (head_dim a multiple of 32): two warps per 16-key slice, each accumulating half the output dims (both
+    // compute the slice's scores: the same instructions on the same inputs, so the same softmax state, and the same
+    // sums as one warp per slice); else one warp per slice, all dims
+    constexpr bool DS = DSPLIT && KS % 2 == 0;
     constexpr int NPM = DS ? KS / 2 : KS;      // 16-dim pairs of P V per computing warp
     const int slice = DS ? warp % AWARPS : warp, half = DS ? warp / AWARPS : 0;
     const bool computes = warp < (DS ? 2 : 1) * AWARPS;
@@ -361,24 +361,34 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
     return true;
 }
 
+// The instantiation of task_attn_d for KS and TM, with the two-warps-per-slice variant where ds asks for it and the
+// build has it (MK_ATTN_DSPLIT=1; even KS only).
+template <int KS, bool TM>
+__device__ __forceinline__ bool attn_variant(const Params& P, const int* rec, int ticket, bool ds) {
+    if constexpr (MK_ATTN_DSPLIT && KS % 2 == 0)
+        if (ds) return task_attn_d<KS, TM, true>(P, rec, ticket);
+    return task_attn_d<KS, TM, false>(P, rec, ticket);
+}
+
 __device__ bool task_attn(const Params& P, const int* rec, int ticket) {
     static_assert(MK_ATTN_MAX_HEAD_DIM == 128, "one instantiation per 16 dims up to 128");
+    const bool ds = PI(attn_dsplit) != 0;
 #if MK_ATTN_BULK == 2
     // the tensor-copy path where the host encoded KV maps (head_dim 64 or 128, blocks a multiple of 16 keys)
     if (PP(const void*, kv_tmaps) != nullptr) {
-        if (PI(head_dim) == 128) return task_attn_d<8, true>(P, rec, ticket);
-        if (PI(head_dim) == 64) return task_attn_d<4, true>(P, rec, ticket);
+        if (PI(head_dim) == 128) return attn_variant<8, true>(P, rec, ticket, ds);
+        if (PI(head_dim) == 64) return attn_variant<4, true>(P, rec, ticket, ds);
     }
 #endif
     switch (PI(head_dim) >> 4) {           // check_supported: head_dim a multiple of 16, <= 128
-        case 1: return task_attn_d<1, false>(P, rec, ticket);
-        case 2: return task_attn_d<2, false>(P, rec, ticket);
-        case 3: return task_attn_d<3, false>(P, rec, ticket);
-        case 4: return task_attn_d<4, false>(P, rec, ticket);
-        case 5: return task_attn_d<5, false>(P, rec, ticket);
-        case 6: return task_attn_d<6, false>(P, rec, ticket);
-        case 7: return task_attn_d<7, false>(P, rec, ticket);
-        default: return task_attn_d<8, false>(P, rec, ticket);
+        case 1: return attn_variant<1, false>(P, rec, ticket, ds);
+        case 2: return attn_variant<2, false>(P, rec, ticket, ds);
+        case 3: return attn_variant<3, false>(P, rec, ticket, ds);
+        case 4: return attn_variant<4, false>(P, rec, ticket, ds);
+        case 5: return attn_variant<5, false>(P, rec, ticket, ds);
+        case 6: return attn_variant<6, false>(P, rec, ticket, ds);
+        case 7: return attn_variant<7, false>(P, rec, ticket, ds);
+        default: return attn_variant<8, false>(P, rec, ticket, ds);
     }
 }
 

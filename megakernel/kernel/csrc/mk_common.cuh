@@ -101,10 +101,10 @@ typedef __nv_bfloat16 bf16;
 #define MK_ATTN_BULK 0
 #endif
 
-// MK_ATTN_DSPLIT: attention's P V accumulators split over two warps per 16-key slice (each half the head dims, both
-// computing the slice's scores), so a computing warp holds 16 accumulators at head_dim 128 instead of 32: the
-// single-warp layout spilled 60-92 bytes per thread there, and with the shared-memory carve-out at its maximum the
-// SM's L1 (~28 KB) cannot hold 256 threads' spills. 0: one warp per slice, all dims.
+// MK_ATTN_DSPLIT: the build has attention's second variant, the P V accumulators split over two warps per 16-key slice
+// (each half the head dims, both computing the slice's scores), which launches of few rows select (the param
+// attn_dsplit, ModelPlan.attn_dsplit_rows): a computing warp holds 16 accumulators at head_dim 128 instead of 32 and
+// does not spill (one warp per slice spills 60-92 bytes per thread there). 0: one warp per slice only.
 #ifndef MK_ATTN_DSPLIT
 #define MK_ATTN_DSPLIT 1
 #endif

@@ -115,6 +115,9 @@ KERNEL_SWITCHES = {"MK_SIGNAL_FENCE": 1, "MK_GEMV_TC": 1, "MK_GEMV_B1": 1, "MK_S
                    "MK_SWZ_3D": 0, "MK_MOE_EARLY_ISSUE": 0, "MK_POLL_OVERLAP": 0,
                    "MK_ATTN_BULK": 0, "MK_PG_EPI_WARP": 0, "MK_CONST_PARAMS": 1,
                    "MK_CONST_TABLES": 0, "MK_ATTN_DSPLIT": 1}
+# switches whose default follows another's value: (switch, value of the other) -> this switch's default there
+# (MK_MOE_LOCAL=0's persistent loop spills 24 bytes beside attention's second variant)
+DEPENDENT_DEFAULTS = {("MK_ATTN_DSPLIT", ("MK_MOE_LOCAL", 0)): 0}
 
 
 def switch_value(name: str) -> int:
@@ -129,14 +132,18 @@ def switch_value(name: str) -> int:
 def switch_flags() -> tuple[str, ...]:
     """-D flags for the switches that $MEGAKERNEL_KERNEL_DEFINES sets away from their defaults."""
     text = os.environ.get("MEGAKERNEL_KERNEL_DEFINES", "").strip()
-    flags = []
+    flags, given = [], {}
     for item in filter(None, (x.strip() for x in text.split(","))):
         name, _, val = item.partition("=")
         if name not in KERNEL_SWITCHES or not val.strip().lstrip("-").isdigit():
             raise BuildError(f"MEGAKERNEL_KERNEL_DEFINES: bad item {item!r} (want NAME=INT, NAME in "
                              f"{', '.join(KERNEL_SWITCHES)})")
+        given[name] = int(val)
         if int(val) != KERNEL_SWITCHES[name]:
             flags.append(f"-D{name}={int(val)}")
+    for (name, (other, value)), default in DEPENDENT_DEFAULTS.items():
+        if name not in given and given.get(other) == value:
+            flags.append(f"-D{name}={default}")
     return tuple(flags)
 
 

@@ -190,12 +190,15 @@ class ModelPlan:
                                          # on the critical path. b1 1K, ms at 512 / 256 keys (a30e0a5, one
                                          # process): 3.257-3.261 / 3.094; 8K 3.416 / 3.437, 32K 3.884 / 4.042
     attn_stages: int = O.DEFAULT_ATTN_STAGES   # K/V chunks in the attention ring (2..ATTN_MAX_STAGES)
-    attn_dsplit_rows: int = 1            # steps of at most this many rows run attention with two warps per 16-key slice,
+    attn_dsplit_rows: int = 2            # steps of at most this many rows run attention with two warps per 16-key slice,
                                          # each half the head dims (the MK_ATTN_DSPLIT=1 build's variant: no spills
                                          # at head_dim 128, but every slice's scores computed twice). 8K, ms with /
                                          # without it (c22d611, builds in their own processes): b1 3.239-3.244 /
                                          # 3.266-3.269, 128K 5.539-5.542 / 5.565-5.572; b8 11.357-11.361 /
-                                         # 11.272-11.277, b16 18.549-18.556 / 18.315-18.328
+                                         # 11.272-11.277, b16 18.549-18.556 / 18.315-18.328. At dc645ff (one
+                                         # process, at 1 / 0 / 16 rows): b1 3.258-3.263 / 3.292 / 3.258, b2
+                                         # 4.894-4.900 / 4.895 / 4.862, b8 11.371-11.382 / 11.389 / 11.485, b16
+                                         # 18.487-18.509 / 18.489 / 18.742, 128K 5.607-5.617 / 5.612 / 5.612
     oproj_first: int = 0                 # 1: each layer's O-projection tiles listed ahead of its MoE workers
     qkv_by_head: int = 1                 # 1: QKV tiles listed kv head by head (its K, V, then Q tiles), not Q, K, V
                                          # (with claim_ahead=0 measured b1 8K 4.09 vs 4.16 ms, b8 14.90 vs 15.28)

@@ -104,7 +104,8 @@ typedef __nv_bfloat16 bf16;
 // MK_ATTN_DSPLIT: the build has attention's second variant, the P V accumulators split over two warps per 16-key slice
 // (each half the head dims, both computing the slice's scores), which launches of few rows select (the param
 // attn_dsplit, ModelPlan.attn_dsplit_rows): a computing warp holds 16 accumulators at head_dim 128 instead of 32 and
-// does not spill (one warp per slice spills 60-92 bytes per thread there). 0: one warp per slice only.
+// does not spill (one warp per slice spills 60-92 bytes per thread there). 0: one warp per slice only. (build.py
+// turns it off in MK_MOE_LOCAL=0 builds unless asked: their persistent loop spills 24 bytes beside it.)
 #ifndef MK_ATTN_DSPLIT
 #define MK_ATTN_DSPLIT 1
 #endif

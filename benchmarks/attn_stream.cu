@@ -8,9 +8,15 @@
 // Methods: 0 cp.async of 16 bytes by every thread, one commit group per chunk (today's default path); 1 one bulk
 // copy (TMA) per 256-byte row on a per-stage mbarrier (MK_ATTN_BULK=1); 2 bulk copies of 16 KB of consecutive rows
 // (what a contiguous layout would allow). Stride 1024: the KV pool's rows of one kv head (4 heads x 256 bytes per
-// token); 256: contiguous rows.
+// token); 256: contiguous rows. The cp.async method also runs with the split's own per-chunk math (a chunk's first
+// half of rows as K, the second as V, rows padded to 272 bytes as task_attn_d pads them): "+math" one warp per
+// 16-key slice (task_attn_d's single-warp layout: S = Q K^T, the online softmax, O += P V on mma.m16n8k16, 32 fp32
+// accumulators per thread), "+math2" two warps per slice with half the dims each (MK_ATTN_DSPLIT's variant). Against
+// the same copies without math, they say whether the split's math and barriers hold a chunk (the step's traces: ~3.4
+// us per 64 KB chunk, where the copies alone take ~2).
 #include <cstdio>
 #include <cstdlib>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 constexpr int NT = 512;
@@ -54,14 +60,93 @@ __device__ __forceinline__ void wait_groups(int pending) {
 
 extern __shared__ __align__(128) unsigned char smem[];
 
+constexpr int HD = 128;                       // head_dim of the math modes (one row: HD bf16 = ROW bytes)
+constexpr int PITCH = ROW + 16;               // the math modes' padded rows (task_attn_d: d + 8 elements)
+constexpr int GQ = 8;                         // query heads per kv head (North: 32 / 4)
+
+__device__ __forceinline__ void mma_rows8(float* c, unsigned a0, unsigned a2, unsigned b0, unsigned b1) {
+    float d2 = 0.f, d3 = 0.f;
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(d2), "+f"(d3)
+        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void ldsm_x4_trans(unsigned* r, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)) : "memory");
+}
+__device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const unsigned*>(&v);
+}
+
+// One computing warp's share of a chunk of CH keys (K rows 0..CH-1, V rows CH..2CH-1 at PITCH bytes), as task_attn_d
+// computes it: its 16-key slice's scores against sQ's GQ query rows, the online softmax, and O += P V over NP 16-dim
+// pairs from np0 on (all of them: KS = HD / 16; the two-warp variant: half each).
+template <int NP>
+__device__ __forceinline__ void chunk_math(const unsigned char* chunk, int CH, const __nv_bfloat16* sQ, int slice,
+                                           int np0, float& m_run, float& l_run, float (*o)[2]) {
+    constexpr int KS = HD / 16;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3, kb = slice * 16;
+    const __nv_bfloat16* sK = reinterpret_cast<const __nv_bfloat16*>(chunk);
+    const __nv_bfloat16* sV = reinterpret_cast<const __nv_bfloat16*>(chunk + (size_t)CH * PITCH);
+    constexpr int rowp = PITCH / 2;
+    float sc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+#pragma unroll 2
+    for (int ks = 0; ks < KS; ks++) {
+        const __nv_bfloat16* qr = sQ + (size_t)g * HD + ks * 16 + 2 * t4;
+        const unsigned qa0 = *reinterpret_cast<const unsigned*>(qr), qa2 = *reinterpret_cast<const unsigned*>(qr + 8);
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            const __nv_bfloat16* kr = sK + (size_t)(kb + nt * 8 + g) * rowp + ks * 16 + 2 * t4;
+            mma_rows8(sc[nt], qa0, qa2, *reinterpret_cast<const unsigned*>(kr),
+                      *reinterpret_cast<const unsigned*>(kr + 8));
+        }
+    }
+    float v[4], mx = -INFINITY;
+#pragma unroll
+    for (int e = 0; e < 4; e++) { v[e] = sc[e >> 1][e & 1] * 0.0883883f; mx = fmaxf(mx, v[e]); }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m_run, mx), alpha = expf(m_run - m_new);
+    float pr[4];
+#pragma unroll
+    for (int e = 0; e < 4; e++) pr[e] = expf(v[e] - m_new);
+    l_run = l_run * alpha + (pr[0] + pr[1] + pr[2] + pr[3]);
+    m_run = m_new;
+    const unsigned pa0 = pack_bf16x2(pr[0], pr[1]), pa2 = pack_bf16x2(pr[2], pr[3]);
+    const __nv_bfloat16* vrow = sV + (size_t)(kb + (lane & 7) + ((lane >> 3) & 1) * 8) * rowp + (lane >> 4) * 8;
+#pragma unroll
+    for (int i = 0; i < NP; i++) {
+        unsigned bv[4];
+        ldsm_x4_trans(bv, vrow + (np0 + i) * 16);
+        o[2 * i][0] *= alpha; o[2 * i][1] *= alpha;
+        o[2 * i + 1][0] *= alpha; o[2 * i + 1][1] *= alpha;
+        mma_rows8(o[2 * i], pa0, pa2, bv[0], bv[1]);
+        mma_rows8(o[2 * i + 1], pa0, pa2, bv[2], bv[3]);
+    }
+}
+
 // Block b streams rows [b * rows_per_block, ...) of `src` (row i at i * stride bytes), `rows_chunk` rows per chunk.
-template <int METHOD>
+// MATH (METHOD 0 only): 0 a read of every 16 bytes; 1 the split's math, one warp per 16-key slice; 2 two warps.
+template <int METHOD, int MATH = 0>
 __global__ void __launch_bounds__(NT, 1) stream(const unsigned char* src, long long stride, int rows_per_block,
                                                  int rows_chunk, int stages, float* out) {
+    static_assert(MATH == 0 || METHOD == 0, "the math modes load by cp.async");
+    constexpr int pitch = MATH ? PITCH : ROW;
+    constexpr int KS = HD / 16, NP = MATH == 2 ? KS / 2 : KS;
+    const int warp = threadIdx.x >> 5, CH = rows_chunk / 2, nslices = CH / 16;
+    const int slice = MATH == 2 ? warp % nslices : warp, np0 = MATH == 2 ? (warp / nslices) * NP : 0;
+    const bool computes = warp < (MATH == 2 ? 2 : 1) * nslices;
+    float m_run = -INFINITY, l_run = 0.f, o[2 * NP][2];
+#pragma unroll
+    for (int i = 0; i < 2 * NP; i++) o[i][0] = o[i][1] = 0.f;
     __shared__ __align__(8) unsigned long long bar[4];
     const long long base = (long long)blockIdx.x * rows_per_block;
     const int nchunks = rows_per_block / rows_chunk;
-    const int chunk_bytes = rows_chunk * ROW;
+    const int chunk_bytes = rows_chunk * pitch;
+    __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem + (size_t)stages * chunk_bytes);   // [GQ][HD]
+    if (MATH)
+        for (int i = threadIdx.x; i < GQ * HD; i += NT) sQ[i] = __float2bfloat16(0.01f * ((i * 7) % 13));
     if (threadIdx.x == 0)
         for (int s = 0; s < 4; s++) mbar_init(&bar[s], 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -73,7 +158,7 @@ __global__ void __launch_bounds__(NT, 1) stream(const unsigned char* src, long l
         if (METHOD == 0) {
             for (int u = threadIdx.x; u < rows_chunk * (ROW / 16); u += NT) {
                 const int r = u / (ROW / 16), k = u % (ROW / 16);
-                cp16(dst + r * ROW + k * 16, src + (r0 + r) * stride + k * 16);
+                cp16(dst + r * pitch + k * 16, src + (r0 + r) * stride + k * 16);
             }
             asm volatile("cp.async.commit_group;\n" ::: "memory");
         } else if (METHOD == 1) {
@@ -102,10 +187,17 @@ __global__ void __launch_bounds__(NT, 1) stream(const unsigned char* src, long l
         }
         __syncthreads();
         const unsigned char* s = smem + (size_t)(c % stages) * chunk_bytes;
-        for (int i = threadIdx.x; i < chunk_bytes / 16; i += NT)   // a read of every 16 bytes: the math's reads
-            acc += __int_as_float(reinterpret_cast<const int4*>(s)[i].x & 0x3f800000);
+        if (MATH) {
+            if (computes) chunk_math<NP>(s, CH, sQ, slice, np0, m_run, l_run, o);
+        } else {
+            for (int i = threadIdx.x; i < chunk_bytes / 16; i += NT)   // a read of every 16 bytes
+                acc += __int_as_float(reinterpret_cast<const int4*>(s)[i].x & 0x3f800000);
+        }
         __syncthreads();
     }
+#pragma unroll
+    for (int i = 0; i < 2 * NP; i++) acc += o[i][0] + o[i][1];
+    acc += l_run;
     if (acc == 1234.5f) out[blockIdx.x] = acc;
 }
 
@@ -127,7 +219,9 @@ int main(int argc, char** argv) {
     maxsm -= 1024;                                 // (the kernel's static shared memory: its mbarriers)
     if (cudaFuncSetAttribute(stream<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, maxsm) ||
         cudaFuncSetAttribute(stream<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, maxsm) ||
-        cudaFuncSetAttribute(stream<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, maxsm)) {
+        cudaFuncSetAttribute(stream<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, maxsm) ||
+        cudaFuncSetAttribute(stream<0, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, maxsm) ||
+        cudaFuncSetAttribute(stream<0, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, maxsm)) {
         printf("cudaFuncSetAttribute: %s\n", cudaGetErrorString(cudaGetLastError()));
         return 1;
     }
@@ -135,21 +229,26 @@ int main(int argc, char** argv) {
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
     printf("%d blocks of %d threads, %d rows of %d B per block\n", blocks, NT, rows_per_block, ROW);
-    const char* names[3] = {"cp.async16", "bulk/row", "bulk16KB"};
-    for (int method = 0; method < 3; method++)
+    const char* names[5] = {"cp.async16", "bulk/row", "bulk16KB", "+math", "+math2"};
+    for (int method = 0; method < 5; method++)
         for (long long stride : {1024LL, 256LL}) {
             if (method == 2 && stride != 256) continue;   // (contiguous only)
+            if (method >= 3 && stride != 1024) continue;  // (the math modes: the KV pool's stride)
             for (int rows_chunk : {128, 256})
                 for (int stages = 2; stages <= 4; stages++) {
-                    const size_t sm_need = (size_t)stages * rows_chunk * ROW;
+                    if (method >= 3 && rows_chunk != 256) continue;   // (128 keys: 8 slices, as task_attn_d)
+                    const size_t sm_need = method >= 3 ? (size_t)stages * rows_chunk * PITCH + GQ * HD * 2
+                                                       : (size_t)stages * rows_chunk * ROW;
                     if (sm_need > (size_t)maxsm) continue;
                     auto launch = [&]() {
-                        if (method == 0)
-                            stream<0><<<blocks, NT, sm_need>>>(src, stride, rows_per_block, rows_chunk, stages, out);
-                        else if (method == 1)
-                            stream<1><<<blocks, NT, sm_need>>>(src, stride, rows_per_block, rows_chunk, stages, out);
-                        else
-                            stream<2><<<blocks, NT, sm_need>>>(src, stride, rows_per_block, rows_chunk, stages, out);
+                        const int rpb = rows_per_block;
+                        if (method == 0) stream<0><<<blocks, NT, sm_need>>>(src, stride, rpb, rows_chunk, stages, out);
+                        if (method == 1) stream<1><<<blocks, NT, sm_need>>>(src, stride, rpb, rows_chunk, stages, out);
+                        if (method == 2) stream<2><<<blocks, NT, sm_need>>>(src, stride, rpb, rows_chunk, stages, out);
+                        if (method == 3)
+                            stream<0, 1><<<blocks, NT, sm_need>>>(src, stride, rpb, rows_chunk, stages, out);
+                        if (method == 4)
+                            stream<0, 2><<<blocks, NT, sm_need>>>(src, stride, rpb, rows_chunk, stages, out);
                     };
                     launch();
                     cudaEventRecord(e0);
@@ -161,10 +260,12 @@ int main(int argc, char** argv) {
                     cudaEventElapsedTime(&ms, e0, e1);
                     const cudaError_t err = cudaGetLastError();
                     const double moved = (double)blocks * rows_per_block * ROW * reps;
-                    printf("%-10s stride %4lld chunk %3d rows (%3d KB) stages %d: %7.0f GB/s, %5.1f GB/s per SM%s%s\n",
-                           names[method], stride, rows_chunk, rows_chunk * ROW / 1024, stages,
-                           moved / (ms * 1e6), moved / (ms * 1e6) / blocks, err ? " ERROR " : "",
+                    const double chunk_us = ms * 1e3 / reps / (rows_per_block / rows_chunk);
+                    printf("%-10s stride %4lld chunk %3d rows (%3d KB) stages %d: %7.0f GB/s, %5.1f GB/s per SM, "
+                           "%5.2f us per chunk%s%s\n", names[method], stride, rows_chunk, rows_chunk * ROW / 1024,
+                           stages, moved / (ms * 1e6), moved / (ms * 1e6) / blocks, chunk_us, err ? " ERROR " : "",
                            err ? cudaGetErrorString(err) : "");
+                    if (err) return 1;
                 }
         }
     return 0;

@@ -13,7 +13,10 @@
 // 16-key slice (task_attn_d's single-warp layout: S = Q K^T, the online softmax, O += P V on mma.m16n8k16, 32 fp32
 // accumulators per thread), "+math2" two warps per slice with half the dims each (MK_ATTN_DSPLIT's variant). Against
 // the same copies without math, they say whether the split's math and barriers hold a chunk (the step's traces: ~3.4
-// us per 64 KB chunk, where the copies alone take ~2).
+// us per 64 KB chunk, where the copies alone take ~2). "ws+math": the same math with no block barrier, warp-specialised
+// (one producer warp issues a bulk copy per row into a stage once its `empty` mbarrier says the 8 computing warps
+// left it; each computing warp waits on the stage's `full` mbarrier itself): the design a barrier-free attention
+// split would have.
 #include <cstdio>
 #include <cstdlib>
 #include <cuda_bf16.h>
@@ -41,6 +44,9 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* b, unsigned parity
             smem_u32(b)),
         "r"(parity)
         : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned long long* b) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(b)) : "memory");
 }
 __device__ __forceinline__ void bulk(void* dst, const void* src, unsigned bytes, unsigned long long* b) {
     asm volatile(
@@ -201,6 +207,50 @@ __global__ void __launch_bounds__(NT, 1) stream(const unsigned char* src, long l
     if (acc == 1234.5f) out[blockIdx.x] = acc;
 }
 
+// "ws+math": warp NT/32 - 1 produces (a bulk copy per row, padded, into the stage its `empty` barrier freed), warps
+// 0..CH/16-1 compute (each waits on the stage's `full` barrier, runs its slice, arrives on `empty`); no block barrier.
+__global__ void __launch_bounds__(NT, 1) stream_ws(const unsigned char* src, long long stride, int rows_per_block,
+                                                   int rows_chunk, int stages, float* out) {
+    __shared__ __align__(8) unsigned long long full[4], empty[4];
+    constexpr int KS = HD / 16;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, CH = rows_chunk / 2, nslices = CH / 16;
+    const long long base = (long long)blockIdx.x * rows_per_block;
+    const int nchunks = rows_per_block / rows_chunk, chunk_bytes = rows_chunk * PITCH;
+    __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem + (size_t)stages * chunk_bytes);
+    for (int i = threadIdx.x; i < GQ * HD; i += NT) sQ[i] = __float2bfloat16(0.01f * ((i * 7) % 13));
+    if (threadIdx.x == 0)
+        for (int st = 0; st < 4; st++) { mbar_init(&full[st], 1); mbar_init(&empty[st], nslices); }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    __syncthreads();
+    float acc = 0.f;
+    if (warp == NT / 32 - 1) {
+        for (int c = 0; c < nchunks; c++) {
+            const int st = c % stages, k = c / stages;
+            if (k > 0) mbar_wait(&empty[st], (k - 1) & 1);
+            if (lane == 0) mbar_expect(&full[st], (unsigned)(rows_chunk * ROW));
+            __syncwarp();
+            unsigned char* dst = smem + (size_t)st * chunk_bytes;
+            const long long r0 = base + (long long)c * rows_chunk;
+            for (int r = lane; r < rows_chunk; r += 32) bulk(dst + r * PITCH, src + (r0 + r) * stride, ROW, &full[st]);
+        }
+    } else if (warp < nslices) {
+        float m_run = -INFINITY, l_run = 0.f, o[2 * KS][2];
+#pragma unroll
+        for (int i = 0; i < 2 * KS; i++) o[i][0] = o[i][1] = 0.f;
+        for (int c = 0; c < nchunks; c++) {
+            const int st = c % stages;
+            mbar_wait(&full[st], (c / stages) & 1);
+            chunk_math<KS>(smem + (size_t)st * chunk_bytes, CH, sQ, warp, 0, m_run, l_run, o);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[st]);
+        }
+#pragma unroll
+        for (int i = 0; i < 2 * KS; i++) acc += o[i][0] + o[i][1];
+        acc += l_run;
+    }
+    if (acc == 1234.5f) out[blockIdx.x] = acc;
+}
+
 int main(int argc, char** argv) {
     int dev = 0, sms = 0;
     cudaGetDevice(&dev);
@@ -221,7 +271,8 @@ int main(int argc, char** argv) {
         cudaFuncSetAttribute(stream<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, maxsm) ||
         cudaFuncSetAttribute(stream<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, maxsm) ||
         cudaFuncSetAttribute(stream<0, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, maxsm) ||
-        cudaFuncSetAttribute(stream<0, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, maxsm)) {
+        cudaFuncSetAttribute(stream<0, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, maxsm) ||
+        cudaFuncSetAttribute(stream_ws, cudaFuncAttributeMaxDynamicSharedMemorySize, maxsm)) {
         printf("cudaFuncSetAttribute: %s\n", cudaGetErrorString(cudaGetLastError()));
         return 1;
     }
@@ -229,8 +280,8 @@ int main(int argc, char** argv) {
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
     printf("%d blocks of %d threads, %d rows of %d B per block\n", blocks, NT, rows_per_block, ROW);
-    const char* names[5] = {"cp.async16", "bulk/row", "bulk16KB", "+math", "+math2"};
-    for (int method = 0; method < 5; method++)
+    const char* names[6] = {"cp.async16", "bulk/row", "bulk16KB", "+math", "+math2", "ws+math"};
+    for (int method = 0; method < 6; method++)
         for (long long stride : {1024LL, 256LL}) {
             if (method == 2 && stride != 256) continue;   // (contiguous only)
             if (method >= 3 && stride != 1024) continue;  // (the math modes: the KV pool's stride)
@@ -249,6 +300,8 @@ int main(int argc, char** argv) {
                             stream<0, 1><<<blocks, NT, sm_need>>>(src, stride, rpb, rows_chunk, stages, out);
                         if (method == 4)
                             stream<0, 2><<<blocks, NT, sm_need>>>(src, stride, rpb, rows_chunk, stages, out);
+                        if (method == 5)
+                            stream_ws<<<blocks, NT, sm_need>>>(src, stride, rpb, rows_chunk, stages, out);
                     };
                     launch();
                     cudaEventRecord(e0);

@@ -166,3 +166,20 @@ def test_dependent_switch_defaults(monkeypatch):
     assert build.switch_flags() == ("-DMK_MOE_LOCAL=0",) and build.switch_value("MK_ATTN_DSPLIT") == 1
     monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "")
     assert build.switch_flags() == () and build.switch_value("MK_ATTN_DSPLIT") == 1
+
+
+def test_attn_stream_microbenchmark_compiles(tmp_path):
+    """benchmarks/attn_stream.cu (attention's copy pattern, with and without the split's math) compiles for sm_90a
+    without spills in any mode (the benchmark itself needs an sm_90 GPU)."""
+    import subprocess
+    from pathlib import Path
+
+    nvcc = build.find_nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not installed")
+    src = Path(__file__).resolve().parents[2] / "benchmarks" / "attn_stream.cu"
+    res = subprocess.run([nvcc, "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v",
+                          str(src), "-o", str(tmp_path / "attn_stream")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    spills = re.findall(r"(\d+) bytes spill stores", res.stderr)
+    assert len(spills) == 6 and all(int(n) == 0 for n in spills), res.stderr[-3000:]

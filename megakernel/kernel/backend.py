@@ -89,6 +89,8 @@ def build_knobs(tuning: dict[str, int]) -> dict[str, int]:
         knobs["fused_norm"] = 0          # the default's register path is MK_SMALL_VEC >= 2's
     if "moe_pages" not in knobs and build.switch_value("MK_MOE_LOCAL") == 0:
         knobs["moe_pages"] = 0           # the paged worker is MK_MOE_LOCAL=1's
+    if "attn_dsplit_rows" not in knobs and build.switch_value("MK_ATTN_DSPLIT") == 0:
+        knobs["attn_dsplit_rows"] = 0    # (a build without the variant ignores the param: the plan says so too)
     return knobs
 
 

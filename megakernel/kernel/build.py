@@ -142,7 +142,7 @@ def switch_flags() -> tuple[str, ...]:
         if int(val) != KERNEL_SWITCHES[name]:
             flags.append(f"-D{name}={int(val)}")
     for (name, (other, value)), default in DEPENDENT_DEFAULTS.items():
-        if name not in given and given.get(other) == value:
+        if name not in given and given.get(other, KERNEL_SWITCHES[other]) == value:
             flags.append(f"-D{name}={default}")
     return tuple(flags)
 

@@ -174,8 +174,10 @@ class ModelPlan:
                                          # SM time. 8K, ms at 0 / 4 (838fd59): b4 9.495 / 9.315, b8 15.62 / 15.12,
                                          # b16 26.12 / 25.11; 1024-key splits at b1: 4.68 vs 4.17 (d00cb4d)
     wider_split_batch: int = 16          # steps of at least this many rows split attention at 4 x DEFAULT_SPLIT_TOKENS
-                                         # (0: never): at 16 rows 2048-key splits put one wave of splits (128) on
-                                         # the sliding layers instead of two. 8K, ms at 1024 / 2048-key splits
+                                         # (0: never; whatever wide_split_batch says; KV blocks so small that such
+                                         # a split's blocks outgrow ATTN_TABLE_SLOTS, 4 tokens, keep the wide size):
+                                         # at 16 rows 2048-key splits put one wave of splits (128) on the sliding
+                                         # layers instead of two. 8K, ms at 1024 / 2048-key splits
                                          # (6f6d235, one process each): b16 18.767 / 18.387 and 18.715 / 18.329,
                                          # b12 15.567 / 15.926, b10 13.694 / 14.175, b8 11.345 / 11.584
     split_align: int = 128               # a long context's grown splits (over MAX_SPLITS_PER_HEAD default splits)
@@ -635,8 +637,10 @@ class ModelPlan:
         s = O.DEFAULT_SPLIT_TOKENS
         if self.wide_split_batch and B >= self.wide_split_batch:
             s *= 2
-        if self.wider_split_batch and B >= self.wider_split_batch:
-            s = 4 * O.DEFAULT_SPLIT_TOKENS
+        wider = 4 * O.DEFAULT_SPLIT_TOKENS
+        if (self.wider_split_batch and B >= self.wider_split_batch
+                and wider // self.layout.block_size + 2 <= O.ATTN_TABLE_SLOTS):   # (step_inputs' table bound)
+            s = wider
         need = math.ceil(max_range / O.MAX_SPLITS_PER_HEAD)
         if need > s:
             a = max(64, self.split_align)
@@ -685,7 +689,7 @@ def plan_for_rows(plans: list[ModelPlan], B: int) -> ModelPlan:
     """The plan a launch of B rows runs: the first (largest tiles) whose tile_batch covers B, skipping a paged plan
     (moe_pages) for fewer rows than it is meant for (its tiles may equal a plain plan's that serves them: the paged
     worker runs any B <= tile_batch correctly, but was measured slower below moe_pages_from rows). The last plan
-    (tiling_plans' full one) covers every B; a paged full plan is preceded by a plain one for the fewer rows."""
+    (tiling_plans' full one) covers every B."""
     return next(p for p in plans if p.tb >= B and (not p.pg_n or B >= p.moe_pages_from or p is plans[-1]))
 
 

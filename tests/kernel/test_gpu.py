@@ -93,10 +93,13 @@ def test_long_splits_through_the_attention_ring(stages):
 
 
 @needs_sm90
-def test_attention_over_16_token_blocks_at_head_dim_64():
+@pytest.mark.parametrize("dsplit_rows", [0, 16])
+def test_attention_over_16_token_blocks_at_head_dim_64(dsplit_rows):
     """head_dim 64 over 16-token KV blocks, the shape an MK_ATTN_BULK=2 build loads by tensor copies (16-key boxes
     of one kv head, swizzled; chunks start on 16-key boundaries and the keys outside the split are masked): splits
-    of 48 keys and a window of 40 start inside a box. Each step matches the oracle as in test_tiny_matches_torch."""
+    of 48 keys and a window of 40 start inside a box. Each step matches the oracle as in test_tiny_matches_torch,
+    with attention's one-warp-per-slice layout (dsplit_rows=0) and its two-warp variant (16: every launch; an even
+    head_dim: the tiny models' 16 never takes it)."""
     from megakernel.config import ModelConfig
     from megakernel.kernel import build
     from megakernel.kernel.backend import MegakernelBackend
@@ -108,6 +111,7 @@ def test_attention_over_16_token_blocks_at_head_dim_64():
     st = prefill_state(cfg, w, [300, 170], block_size=16, device="cuda", seed=11, chunk=64)
     model = Cohere2MoeModel(cfg, w, fast_prefill=False)
     be = MegakernelBackend(cfg, w, st.layout, max_batch=4, split_tokens=48, watchdog_s=5)
+    be.set_tuning(attn_dsplit_rows=dsplit_rows)
     poison_scratch(be)
     exempt, mismatched = _decode_against_oracle(be, model, cfg, st, [5, 6], 3)
     assert exempt <= 1 and mismatched <= 1, (exempt, mismatched)

@@ -179,6 +179,10 @@ def test_north_task_list_shape():
     tiny_blocks = ModelPlan(cfg, small, max_batch=1, n_workers=132, split_tokens=4 * O.ATTN_TABLE_SLOTS)
     with pytest.raises(ValueError, match="larger KV blocks"):
         step_inputs(tiny_blocks, [5], [8191], [[list(range(2048)), list(range(2048))]])
+    # 16 rows over 4-token blocks: 2048-key splits would span 514 blocks (> ATTN_TABLE_SLOTS), so the wide 1024 stays
+    small16 = ModelPlan(cfg, small, max_batch=16, n_workers=132)
+    wide = step_inputs(small16, [5] * 16, [8191] * 16, [[list(range(2048)), list(range(2048))]] * 16)
+    assert wide.split_tokens == 1024
     tl = build_tasks(plan, si.B, si.nsplit)
     validate(tl)
     ops = np.bincount(tl.records[:, 0], minlength=13)

@@ -27,17 +27,25 @@ __shared__ unsigned char s_route_rank[MK_MAX_PAIRS];
 // All threads (before a barrier): the route's slots and pairs into shared memory; only the first n_active slots and
 // B * topk pairs hold this step's routing (the rest are never read). OWN: `route` is this worker's own copy in
 // shared memory (worker_topk), read directly, and the pairs' weights and ranks are kept too; else the layer's
-// record in global memory, read from L2.
+// record in global memory, read from L2. A thread's loads of slot i and pair i are issued together before its
+// stores (one L2 round trip per pass: with separate slot and pair loops, the pair loads issued only after the slot
+// stores, two round trips in a row on every MoE layer's path to its first expert item).
 template <bool OWN = false>
 __device__ __forceinline__ void route_to_shared(const Params& P, const int* route) {
     auto at = [&](int i) { return OWN ? route[i] : ldcg_i(route + i); };
-    for (int i = threadIdx.x; i < PI(n_slots); i += NT)
-        s_route_slot[i] = at(PI(r_slot_expert) + i) | (at(PI(r_slot_start) + i) << 9) | (at(PI(r_slot_cnt) + i) << 18);
-    for (int i = threadIdx.x; i < PI(n_pairs); i += NT) {
-        s_route_row[i] = (unsigned char)at(PI(r_pair_row) + i);
-        if (OWN) {
-            s_route_rank[i] = (unsigned char)at(PI(r_pair_rank) + i);
-            s_route_pw[i] = (unsigned short)((unsigned)at(PI(r_pair_w) + i) >> 16);   // (float bits: bf16 exact)
+    const int ns = PI(n_slots), np = PI(n_pairs);
+    for (int i = threadIdx.x; i < max(ns, np); i += NT) {
+        const bool slot = i < ns, pair = i < np;
+        const int e = slot ? at(PI(r_slot_expert) + i) : 0, st = slot ? at(PI(r_slot_start) + i) : 0;
+        const int cnt = slot ? at(PI(r_slot_cnt) + i) : 0, row = pair ? at(PI(r_pair_row) + i) : 0;
+        const int rank = OWN && pair ? at(PI(r_pair_rank) + i) : 0, w = OWN && pair ? at(PI(r_pair_w) + i) : 0;
+        if (slot) s_route_slot[i] = e | (st << 9) | (cnt << 18);
+        if (pair) {
+            s_route_row[i] = (unsigned char)row;
+            if (OWN) {
+                s_route_rank[i] = (unsigned char)rank;
+                s_route_pw[i] = (unsigned short)((unsigned)w >> 16);   // (float bits: bf16 exact)
+            }
         }
     }
 }
@@ -425,10 +433,18 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
     }
 #endif
     {
-        if (threadIdx.x == 0) { s_w[0] = ldcg_i(route); s_w[1] = ldcg_i(route + 1); s_w[2] = atomicAdd(PP(int*, moe_work) + m, 1); }
+        // thread 0's header loads and first claim go out with every thread's route loads, and land in shared
+        // memory after them: one L2 round trip (stored first, the route's loads waited for the header's)
+        int n_act = 0, n_it = 0, first = 0;
+        if (threadIdx.x == 0) {
+            n_act = ldcg_i(route);
+            n_it = ldcg_i(route + 1);
+            first = atomicAdd(PP(int*, moe_work) + m, 1);
+        }
 #if MK_MOE_LOCAL
-        route_to_shared(P, route);           // (the same round trip as the header's)
+        route_to_shared(P, route);
 #endif
+        if (threadIdx.x == 0) { s_w[0] = n_act; s_w[1] = n_it; s_w[2] = first; }
         __syncthreads();
     }
     const int n_active = s_w[0], n_items = s_w[1];

@@ -81,6 +81,13 @@ def tile_rows(K: int, halves: int = 1, elt: int = 2, max_batch: int = O.MAX_BATC
     return max(1, min(O.MAX_TILE_ROWS // halves, rounded))
 
 
+def split_fits_table(split_tokens: int, block_size: int) -> bool:
+    """Whether an attention split of split_tokens keys over block_size-token KV blocks spans at most
+    ATTN_TABLE_SLOTS blocks (the entries the kernel's attention reads into shared memory; a split not aligned to
+    the blocks touches two more)."""
+    return split_tokens // block_size + 2 <= O.ATTN_TABLE_SLOTS
+
+
 def paged_item_rows(K: int, halves: int, kb: int, elt: int = 2) -> int:
     """Rows (per half) of a paged plan's expert item of inner size K under moe_pages_tile_kb = kb: at most kb KiB of
     weights in all halves, a multiple of TILE_ROW_QUANTUM rows, at most PAGE_ITEM_ROWS_MAX rows in all halves."""
@@ -192,9 +199,10 @@ class ModelPlan:
                                          # on the critical path. b1 1K, ms at 512 / 256 keys (a30e0a5, one
                                          # process): 3.257-3.261 / 3.094; 8K 3.416 / 3.437, 32K 3.884 / 4.042
     attn_stages: int = O.DEFAULT_ATTN_STAGES   # K/V chunks in the attention ring (2..ATTN_MAX_STAGES)
-    attn_dsplit_rows: int = 2            # steps of at most this many rows run attention with two warps per 16-key slice,
-                                         # each half the head dims (the MK_ATTN_DSPLIT=1 build's variant: no spills
-                                         # at head_dim 128, but every slice's scores computed twice). 8K, ms with /
+    attn_dsplit_rows: int = 2            # steps of at most this many rows run attention with two warps per 16-key
+                                         # slice, each half the head dims (the MK_ATTN_DSPLIT=1 build's variant: no
+                                         # spills at head_dim 128, but every slice's scores computed twice). 8K, ms
+                                         # with /
                                          # without it (c22d611, builds in their own processes): b1 3.239-3.244 /
                                          # 3.266-3.269, 128K 5.539-5.542 / 5.565-5.572; b8 11.357-11.361 /
                                          # 11.272-11.277, b16 18.549-18.556 / 18.315-18.328. At dc645ff (one
@@ -638,8 +646,7 @@ class ModelPlan:
         if self.wide_split_batch and B >= self.wide_split_batch:
             s *= 2
         wider = 4 * O.DEFAULT_SPLIT_TOKENS
-        if (self.wider_split_batch and B >= self.wider_split_batch
-                and wider // self.layout.block_size + 2 <= O.ATTN_TABLE_SLOTS):   # (step_inputs' table bound)
+        if self.wider_split_batch and B >= self.wider_split_batch and split_fits_table(wider, self.layout.block_size):
             s = wider
         need = math.ceil(max_range / O.MAX_SPLITS_PER_HEAD)
         if need > s:
@@ -726,7 +733,7 @@ def step_inputs(plan: ModelPlan, input_ids: list[int], positions: list[int],
     ranges = pos[:, None] + 1 - los
     S = plan.split_size(int(ranges.max()), B)
     nsplit = ((ranges + S - 1) // S).astype(np.int32)
-    if S // bs + 2 > O.ATTN_TABLE_SLOTS:
+    if not split_fits_table(S, bs):
         raise ValueError(f"attention splits of {S} keys over {bs}-token KV blocks span up to {S // bs + 2} blocks; "
                          f"the kernel holds {O.ATTN_TABLE_SLOTS} (use larger KV blocks or a smaller split_tokens)")
     step = np.zeros(2 * Bm + 2 * Bm * G, dtype=np.int32)

@@ -87,6 +87,12 @@ SWZ_X_PAD = 32               # MK_SWZ builds: elements after each input row of a
 TMAP_BYTES = 128             # one CUtensorMap
 DEFAULT_SPLIT_TOKENS = 512   # keys per attention split (rounded to the KV block size)
 MAX_SPLITS_PER_HEAD = 256    # longer contexts get longer splits
+# ModelPlan.l2_prefetch's bits: what a layer's QKV tile prefetches into L2 (cp.async.bulk.prefetch.L2, no shared
+# memory, nothing waits on it) while the layer's routing leaves HBM idle
+L2PF_OPROJ = 1               # its share of the layer's O-projection weights (read ~40 us later, after attention)
+L2PF_NEXT_QKV = 2            # its own rows of the next layer's QKV weights (read one layer later)
+L2PF_EVICT_LAST = 4          # the prefetched lines with priority evict_last (else evict_normal); weights stream
+                             # evict_first, so either outlives them
 
 # ---- opcodes --------------------------------------------------------------------------------------------------
 
@@ -167,6 +173,9 @@ PARAM_FIELDS = (
     # 1: attention splits run two warps per 16-key slice, each half the head dims (ModelPlan.attn_dsplit_rows; builds
     # with MK_ATTN_DSPLIT=1, else ignored)
     "attn_dsplit",
+    # L2 prefetches issued by a layer's QKV tiles (ModelPlan.l2_prefetch; bits L2PF_*): the slice of the layer's O
+    # weights (and of the next layer's QKV weights) proportional to the tile's rows
+    "l2_pf",
     # counters of the per-slot expert gate/up items: layer * cpl + c_gu + slot
     "cpl", "c_gu",
     # expert work items
@@ -206,6 +215,8 @@ PARAM_FIELDS = (
     # loaded (ModelPlan.moe_pages_claim_late)
     "pg_n", "pg_in_off", "pg_in_bytes", "pg_out_off", "pg_out_rows", "pg_state_off", "pg_claim_late", "pg_rows",
     "pg_x_off", "pg_x_item",
+    # 1: the paged worker sets up its barriers before its wait for the routing, not after (ModelPlan.moe_pages_early)
+    "pg_early",
     # route buffer layout (int32 offsets inside one MoE layer's route record)
     "r_stride", "r_slot_expert", "r_slot_start", "r_slot_cnt", "r_pair_row", "r_pair_rank", "r_pair_w",
     "r_topk_ids",
@@ -298,7 +309,8 @@ def generate_header() -> str:
                   NORM_RMS=NORM_RMS, NORM_LAYER=NORM_LAYER, SEL_SIGMOID=SEL_SIGMOID, SEL_SOFTMAX=SEL_SOFTMAX,
                   COMB_SUM=COMB_SUM, COMB_AVERAGE=COMB_AVERAGE, PROF_INTS=PROF_INTS, PROF_N_STAMPS=len(PROF_STAMPS),
                   PROF_N_MARKS=len(PROF_MARK_FIELDS),
-                  PROF_BLOCK_INTS=PROF_BLOCK_INTS, PROF_ITEM_GU=PROF_ITEM_GU, PROF_ITEM_DN=PROF_ITEM_DN, PROF_ITEM_O=PROF_ITEM_O)
+                  PROF_BLOCK_INTS=PROF_BLOCK_INTS, PROF_ITEM_GU=PROF_ITEM_GU, PROF_ITEM_DN=PROF_ITEM_DN, PROF_ITEM_O=PROF_ITEM_O,
+                  L2PF_OPROJ=L2PF_OPROJ, L2PF_NEXT_QKV=L2PF_NEXT_QKV, L2PF_EVICT_LAST=L2PF_EVICT_LAST)
     lines += [f"#define MK_{k} {v}" for k, v in consts.items()]
     lines.append("")
     lines += [f"#define OP_{op.name} {int(op)}" for op in Op]

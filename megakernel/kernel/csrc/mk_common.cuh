@@ -199,6 +199,19 @@ __device__ __forceinline__ unsigned long long l2_evict_first() {
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
     return pol;
 }
+// L2 policy for weights prefetched into L2 ahead of their reader (ModelPlan.l2_prefetch): kept over the
+// evict-first streams, or with MK_L2PF_EVICT_LAST over everything
+__device__ __forceinline__ unsigned long long l2_policy_prefetched(bool evict_last) {
+    unsigned long long pol;
+    if (evict_last) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
+    else asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(pol));
+    return pol;
+}
+// One thread: prefetch [src, src + bytes) into L2 (both 16-byte multiples; nothing waits on it)
+__device__ __forceinline__ void l2_prefetch_bulk(const void* src, unsigned bytes, unsigned long long policy) {
+    asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;\n"
+                 ::"l"(src), "r"(bytes), "l"(policy) : "memory");
+}
 // One bulk copy global -> shared of `bytes` (a multiple of 16, both addresses 16-byte aligned), completing on bar.
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes, unsigned long long* bar,
                                           unsigned long long policy) {

@@ -183,6 +183,24 @@ __device__ __noinline__ void fused_inputs_regs(const Params& P, int l, int flags
 }
 #endif
 
+// One thread of a QKV tile of rows r0..r0+nr of layer l (ModelPlan.l2_prefetch): the same share of the layer's O
+// weights (rows * H / total, 16-byte aligned, so the tiles cover the matrix) and/or of the next layer's QKV rows
+__device__ __noinline__ void l2_prefetch_shares(const Params& P, int l, int r0, int nr) {
+    const int bits = PI(l2_pf), H = PI(H), Q = PI(q_dim), L = PI(L);
+    const unsigned long long pol = l2_policy_prefetched(bits & MK_L2PF_EVICT_LAST);
+    const long long rows = Q + 2 * PI(n_kv) * PI(head_dim);
+    if (bits & MK_L2PF_OPROJ) {
+        const long long total = (long long)H * Q * 2;   // bytes of the O weights
+        const long long a = (total * r0 / rows) & ~15LL, b = (total * (r0 + nr) / rows) & ~15LL;
+        const char* w = reinterpret_cast<const char*>(layer_wptr(P, l)[WP_O]);
+        if (b > a) l2_prefetch_bulk(w + a, (unsigned)(b - a), pol);
+    }
+    if ((bits & MK_L2PF_NEXT_QKV) && l + 1 < L) {
+        const char* w = reinterpret_cast<const char*>(layer_wptr(P, l + 1)[WP_QKV]);
+        l2_prefetch_bulk(w + (size_t)r0 * H * 2, (unsigned)nr * H * 2, pol);
+    }
+}
+
 // Weights first (this task's, unless prefetched, then the next task's), then the waits, then the inputs, then the
 // math and the task's epilogue. pf_buf: the buffer the previous task issued this task's weights into (-1: none).
 __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_buf) {
@@ -207,6 +225,7 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
         prof_mark(PS_ISSUED);
     }
     prefetch_next(P, buf ^ 1);
+    if (op == OP_QKV && threadIdx.x == 32 && PI(l2_pf)) l2_prefetch_shares(P, l, r0, nr);
     if (!fused && threadIdx.x < B) s_xrow[threadIdx.x] = xin + (size_t)threadIdx.x * xpitch;
     if (!wait_rec(P, rec, ticket)) { drain_weights(); return false; }
     if (fused) {       // the rows' residual and norm straight into sX (the weights keep landing meanwhile)

@@ -405,6 +405,12 @@ __device__ __forceinline__ void issue_item(const Params& P, const Tile& T, int b
 // schedule.py: items run in claim order, every gate/up item precedes every down item, so a worker never holds a
 // gate/up item behind the down item it is waiting on.
 __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
+#if MK_MOE_LOCAL
+    if (PI(pg_n) && PI(pg_early) && !PI(worker_topk)) {   // the paged worker's set-up under the wait for the routing
+        if (!smem_fits(P, (size_t)PI(pg_state_off) + sizeof(PgState), ticket)) return false;
+        pg_setup(P);                          // (wait_rec's block barrier publishes it)
+    }
+#endif
     if (!wait_rec(P, rec, ticket)) return false;
 #if MK_PROFILE
     const long long task_claim = s_prof[PS_CLAIM], task_waited = s_prof[PS_WAITED];   // thread 0's copies

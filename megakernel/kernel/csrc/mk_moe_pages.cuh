@@ -394,24 +394,16 @@ __device__ __forceinline__ void pg_finish_item(const Params& P, PgState& G, int 
 #endif
 }
 
-// All threads, after the worker waited for the routing and claimed its first item: the layer's items on the ring.
-// Returns false if a wait failed (the step is aborted); every copy it issued has landed when it returns.
-__device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l, int m, const int* route,
-                                              const bf16* egu, const bf16* edn, int n_gu, int n_items, int first_item) {
+// All threads (then a block barrier: the caller's): the worker's barriers and bookkeeping. Lane 0 of warp w sets up
+// the barriers of pages w, w + NW, ... and of item slots w, w + NW, ..., in parallel across warps: by thread 0 alone
+// the inits (and at the end the invalidations; 27 each at 12 pages) ran in series, and the trace put ~3.7 us between
+// a paged worker's wait and its first item (1.3 for the plain worker) and ~2.6 us after its closing barrier. With
+// pg_early the worker task runs this before its dependency wait (nothing of the block's is in flight then: a MoE
+// worker is not a GEMV, so no prefetch targets it), so only the route read stands between TOPK and its first item.
+__device__ __noinline__ void pg_setup(const Params& P) {
     const int npg = PI(pg_n);
-    const bool epi_warp = MK_PG_EPI_WARP && npg <= NW - 3;   // (a ring of more pages: the computing warps write them)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (!smem_fits(P, (size_t)PI(pg_state_off) + sizeof(PgState), ticket)) return false;
-    if (npg > NW - 2) {                       // (a ring page per computing warp: the plan keeps pg_n <= NW - 2)
-        if (threadIdx.x == 0) record_error(P, MK_ERR_SMEM, ticket, -1, npg, NW - 2);
-        return false;
-    }
     PgState& G = pg_state(P);
-    if (threadIdx.x == 0) pg_mark(0);
-    // Lane 0 of warp w sets up the barriers of pages w, w + NW, ... and of item slots w, w + NW, ..., in parallel
-    // across warps: by thread 0 alone the inits (and at the end the invalidations; 27 each at 12 pages) ran in series,
-    // and the trace put ~3.7 us between a paged worker's wait and its first item (1.3 for the plain worker) and ~2.6
-    // us after its closing barrier
     if (lane == 0) {
         for (int i = warp; i < npg; i += NW) {
             mbar_init(&G.full[i], 1);
@@ -427,7 +419,26 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
         if (warp == 0) { G.stop = 0; G.issued = 0; }
         fence_mbar_init();
     }
-    __syncthreads();
+}
+
+// All threads, after the worker waited for the routing and claimed its first item: the layer's items on the ring.
+// Returns false if a wait failed (the step is aborted); every copy it issued has landed when it returns.
+__device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l, int m, const int* route,
+                                              const bf16* egu, const bf16* edn, int n_gu, int n_items, int first_item) {
+    const int npg = PI(pg_n);
+    const bool epi_warp = MK_PG_EPI_WARP && npg <= NW - 3;   // (a ring of more pages: the computing warps write them)
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (!smem_fits(P, (size_t)PI(pg_state_off) + sizeof(PgState), ticket)) return false;
+    if (npg > NW - 2) {                       // (a ring page per computing warp: the plan keeps pg_n <= NW - 2)
+        if (threadIdx.x == 0) record_error(P, MK_ERR_SMEM, ticket, -1, npg, NW - 2);
+        return false;
+    }
+    PgState& G = pg_state(P);
+    if (threadIdx.x == 0) pg_mark(0);
+    if (!PI(pg_early) || PI(worker_topk)) {   // (else task_moe_worker ran it before its wait)
+        pg_setup(P);
+        __syncthreads();
+    }
     if (threadIdx.x == 0) pg_mark(1);
     // item j's phase of an item slot's barriers (items q, q + SLOTS, ... complete its phases 0, 1, ...)
     auto slot_parity = [](int j) { return (unsigned)(j / MK_PAGE_SLOTS) & 1u; };

@@ -345,8 +345,10 @@ class ModelPlan:
                                          # 2 x 8 rows of 2048, 4 pages, so its ring of 12 holds three items (its
                                          # item slots), not one, and the layer's tail is cut finer; at 128, 2 x 16
                                          # rows, 8 pages. Not yet measured
-    moe_pages_early: int = 0             # 1: the paged worker sets up its barriers before it waits for TOPK (the
-                                         # b1 trace has ~0.5 us of set-up between the wait and the first item)
+    moe_pages_early: int = 1             # 1: the paged worker sets up its barriers before it waits for TOPK (the
+                                         # b1 trace had ~0.5 us of set-up between the wait and the first item):
+                                         # b1 8K 3.265 against 3.271-3.288, 1K 2.935 / 2.947-2.952, 128K, b8 and
+                                         # b16 even (75d732c, one process)
     l2_prefetch: int = 0                 # bits of opcodes.L2PF_*: a layer's QKV tiles prefetch into L2 their share
                                          # of the layer's O weights (1) and/or their rows of the next layer's QKV
                                          # (2), evict_last with 4. At b1 the routing chain (~11 us a layer) leaves

@@ -49,16 +49,22 @@ PAGE_ITEM_PAGES_MAX = 256    # pages of one paged item at most
 PAGE_OUT_ARRIVALS = 32 * PAGE_ITEM_PAGES_MAX   # the count of an item slot's "pages computed" mbarrier: every lane of
                              # a page's computing warp arrives (each releases its own output stores), the loader the
                              # rest when it publishes the item
-ATTN_CHUNK = 128 // BLOCKS_PER_SM   # keys per shared-memory chunk in attention: one 16-key slice per computing warp
-                             # (two stages of 128 keys, ~140 KB, would not fit half an SM's shared memory)
+# keys per shared-memory chunk in attention: one 16-key slice per computing warp (two stages of 128 keys, ~140 KB,
+# would not fit half an SM's shared memory). The experiment MEGAKERNEL_ATTN_CHUNK=64 (read at import) halves the
+# chunks at one block per SM, so a ring of 4 (MEGAKERNEL_ATTN_MAX_STAGES=4) takes today's shared memory with 3
+# chunks (96 KB) in flight instead of 1 (64 KB): the b1 trace has a 512-key split at ~14 GB/s per SM, its next
+# chunk's load outstanding alone while it waits
+ATTN_CHUNK = int(os.environ.get("MEGAKERNEL_ATTN_CHUNK", str(128 // BLOCKS_PER_SM)))
+if ATTN_CHUNK not in (64, 128) or ATTN_CHUNK * BLOCKS_PER_SM > 128:
+    raise ValueError(f"MEGAKERNEL_ATTN_CHUNK must be 64 or 128 (64 at two blocks per SM), got {ATTN_CHUNK}")
 ATTN_WARPS = ATTN_CHUNK // 16  # warps that run attention's tensor-core math (the others help load)
 # chunks of K/V in the attention ring, at most (the step's value: attn_stages). 2 by default; the experiment
 # MEGAKERNEL_ATTN_MAX_STAGES=3 (read at import, like BLOCKS_PER_SM) builds a ring of three, so attn_stages=3 can be timed
 # against 2 in one process. At 3 the default build's persistent loop does not spill (the attention of 8 rows spills
 # 84 bytes, 68 at 2), the MK_TOPK_PACKED=0 build's spills 24 (2ec61ba); the ring takes 206 KB at North dims.
 ATTN_MAX_STAGES = int(os.environ.get("MEGAKERNEL_ATTN_MAX_STAGES", "2"))
-if ATTN_MAX_STAGES not in (2, 3):
-    raise ValueError(f"MEGAKERNEL_ATTN_MAX_STAGES must be 2 or 3, got {ATTN_MAX_STAGES}")
+if ATTN_MAX_STAGES not in (2, 3, 4):
+    raise ValueError(f"MEGAKERNEL_ATTN_MAX_STAGES must be 2, 3 or 4, got {ATTN_MAX_STAGES}")
 DEFAULT_ATTN_STAGES = 2
 ATTN_MAX_GROUP = 8           # query heads per kv head the attention's 16-row MMA tile serves (rows 8-15 pad)
 ATTN_MAX_HEAD_DIM = 128      # head_dim of the tensor-core attention, at most (a multiple of 16)

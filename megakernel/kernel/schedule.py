@@ -271,9 +271,11 @@ class ModelPlan:
                                          # 8.047 (8.045 / 7.972); the plain worker at b16 23.556 / 23.604 at 0 / 16.
                                          # A lag under ~16 slots (~400 items, what 132 workers hold in flight)
                                          # makes down items wait on gate/up items still loading
-    o_after: int = 6                     # 0..8: eighths of a layer's down items queued ahead of its O items
+    o_after: int = 8                     # 0..8: eighths of a layer's down items queued ahead of its O items
                                          # (o_queue; 0: right after the gate/up items, where a worker that claims
-                                         # one may wait for the combines; 8: after every down item). b1 8K:
+                                         # one may wait for the combines; 8: after every down item). 8 since
+                                         # session 19 (07a390d, one process): b1 8K 3.219 / 3.283 at 8 / 6, 1K
+                                         # 2.919 / 2.950, 128K 5.519 / 5.623, 4 no better than 6. Earlier, b1 8K:
                                          # 3.838 / 3.804 / 3.797 / 3.819 ms at 0 / 2 / 4 / 8 (8786382); with
                                          # fused_norm (6df2330, one process) 3.499-3.512 / 3.434 / 3.445 / 3.451
                                          # at 4 / 6 / 7 / 8, 32K 3.962-3.975 / 3.913, b2 5.242 / 5.254, b4

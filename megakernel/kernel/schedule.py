@@ -280,6 +280,9 @@ class ModelPlan:
                                          # fused_norm (6df2330, one process) 3.499-3.512 / 3.434 / 3.445 / 3.451
                                          # at 4 / 6 / 7 / 8, 32K 3.962-3.975 / 3.913, b2 5.242 / 5.254, b4
                                          # 8.600-8.617 / 8.615
+    o_item_kb: int = 0                   # > 0: plans that queue their O projection (o_queue) cut it into items of
+                                         # at most this many KiB instead of GEMV tiles (192 KB at North dims: 86
+                                         # items, which at b1 run on 86 of the 132 workers at the layer's tail)
     router_first: int = 1                # 1: each MoE layer's router tiles listed ahead of its QKV tiles (0: after)
     moe_ring: int = 0                    # plans of at most this many rows (tile_batch) give the expert items a
                                          # ring of two weight buffers of their own (tiles sized to fill one; the
@@ -444,6 +447,8 @@ class ModelPlan:
         # with the inputs of the plan's rows after it
         self.moe_wbuf = self.wbuf
         o_in_queue = self.tb <= self.o_queue                    # (whose items run on the plain worker)
+        if o_in_queue and self.o_item_kb:    # queued O items of at most o_item_kb KiB (an even count of rows)
+            self.o_rows = min(self.o_rows, max(2, self.o_item_kb * 1024 // (self.Q * 2) // 2 * 2))
         if self.tb <= self.moe_ring and not self.wbuf and self.Lm and not o_in_queue:
             one_row = max(2 * (self.H + O.ROW_PAD) * 2, (self.I + O.ROW_PAD) * 2)   # a gate/up pair, a down row
             self.moe_wbuf = self._two_buffers(max(self.H, self.I), one_row, fused)

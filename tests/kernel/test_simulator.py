@@ -490,15 +490,20 @@ def test_fused_norm_plans_on_north_dims_need_no_more_shared_memory():
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-@pytest.mark.parametrize("B,o_after", [(1, 0), (4, 0), (1, 8), (4, 3)])
-def test_simulator_with_oproj_in_the_expert_queue(variant, B, o_after):
+@pytest.mark.parametrize("B,o_after,o_item_kb", [(1, 0, 0), (4, 0, 0), (1, 8, 0), (4, 3, 0), (1, 8, 1)])
+def test_simulator_with_oproj_in_the_expert_queue(variant, B, o_after, o_item_kb):
     """o_queue: a MoE layer's O-projection tiles are items of its expert queue (after the gate/up items and o_after
     eighths of the down items, waiting for the layer's combines) instead of static OPROJ tasks, and the next layer
     waits on the workers' counter only; dense layers keep their OPROJ tasks. Exact in random orders, with fewer
-    workers than items."""
+    workers than items; o_item_kb cuts the O items smaller than a GEMV tile (an even count of rows)."""
     cfg, w, st, nxt = _setup(variant, B, seed=31 + B)
-    plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=2, split_tokens=4, o_queue=16, o_after=o_after)
+    plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=2, split_tokens=4, o_queue=16, o_after=o_after,
+                     o_item_kb=o_item_kb)
     assert plan.o_items == plan.n_o_tiles > 0
+    if o_item_kb:
+        plain = ModelPlan(cfg, st.layout, max_batch=16, n_workers=2, split_tokens=4, o_queue=16, o_after=o_after)
+        assert plan.o_rows == max(2, o_item_kb * 1024 // (plan.Q * 2) // 2 * 2) < plain.o_rows
+        assert plan.o_items > plain.o_items
     batch = decode_batch(st, nxt)
     si = step_inputs(plan, batch.input_ids.tolist(), batch.positions.tolist(), batch.block_tables)
     rec = build_tasks(plan, si.B, si.nsplit).records

@@ -113,11 +113,14 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
     bf16* sQ = sV + AST * CH * rowp;           // [gq][d], after the ring
     int* sBlk = reinterpret_cast<int*>(sQ + gq * d);
     const int blk0 = k0 / bs, nblk = k1 > k0 ? (k1 - 1) / bs - blk0 + 1 : 0;
-    if (BULK && nblk > MK_ATTN_TABLE_SLOTS) {
+    // MK_ATTN_TABLE: the cp.async path reads them up front too, before its wait (else it looks each KV block segment
+    // up as it goes: kv_slot's table load in front of the segment's copies)
+    constexpr bool tab_smem = BULK || MK_ATTN_TABLE;
+    if (tab_smem && nblk > MK_ATTN_TABLE_SLOTS) {
         if (threadIdx.x == 0) record_error(P, MK_ERR_SMEM, ticket, -1, nblk, MK_ATTN_TABLE_SLOTS);
         return false;
     }
-    if (BULK) {                                // (the cp.async path looks each segment's block up as it goes)
+    if (tab_smem) {
         const int* tab = PP(const int*, tables) + kv_table_off(P, grp, s) + blk0;
         for (int i = threadIdx.x; i < nblk; i += NT) sBlk[i] = tab[i];
         if (TM && threadIdx.x < 32)            // host-written maps: acquired by the tensor-map proxy
@@ -175,7 +178,7 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
             const int per = d >> 3;
             for (int t = 0; t < n;) {
                 const int ts = t0 + t, len = min(n - t, bs - ts % bs);
-                const bf16* kb = kv_slot(P, grp, lig, s, ts) + kvh * d;
+                const bf16* kb = tab_smem ? key_row(ts) : kv_slot(P, grp, lig, s, ts) + kvh * d;
                 const bf16* vb = kb + (size_t)bs * KVs;
                 for (int u = threadIdx.x; u < len * per; u += NT) {
                     const int r = u / per, c = u - r * per;

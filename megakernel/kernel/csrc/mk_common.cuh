@@ -110,6 +110,13 @@ typedef __nv_bfloat16 bf16;
 #define MK_ATTN_DSPLIT 1
 #endif
 
+// MK_ATTN_TABLE: attention's 16-byte cp.async path (MK_ATTN_BULK=0) reads a split's block-table entries into shared
+// memory once, before its dependency wait, as the bulk paths do, instead of kv_slot's table load in front of every
+// KV block segment of every chunk. 0: the per-segment lookups.
+#ifndef MK_ATTN_TABLE
+#define MK_ATTN_TABLE 0
+#endif
+
 // MK_REPEAT_SMALL: an experiment, not a speed-up. The NORM, TOPK and attention-combine tasks run their (idempotent)
 // work this many times before they signal: the second run finds the task's code in the SM's instruction cache, so a trace of the build
 // with 2 against the default's 1 measures how much of a single-block task's ~5-10 us is its first, cold pass.

@@ -35,7 +35,7 @@ def check_build_log(log: str) -> None:
                                      "MK_SWZ=2", "MK_SWZ=2,MK_SWZ_3D=1", "MK_MOE_EARLY_ISSUE=1",
                                      "MK_MOE_EARLY_ISSUE=2", "MK_POLL_OVERLAP=1", "MK_ATTN_BULK=1", "MK_ATTN_BULK=2",
                                      "MK_PG_EPI_WARP=1", "MK_CONST_PARAMS=0", "MK_CONST_TABLES=1",
-                                     "MK_ATTN_DSPLIT=0"])
+                                     "MK_ATTN_DSPLIT=0", "MK_ATTN_TABLE=0"])
 def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     """The builds the switches select besides the default (MK_MOE_LOCAL=0: the MoE worker's routing read from L2 per
     item; MK_SMALL_VEC=1: NORM in three or four waves of loads;
@@ -43,7 +43,8 @@ def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     copies; MK_MOE_EARLY_ISSUE=1: the next expert tile issued during the epilogue; MK_POLL_OVERLAP=1: a poll's two
     loads overlapped; MK_ATTN_BULK=1 / 2: attention by bulk or tensor copies; MK_PG_EPI_WARP=1: the paged worker's
     epilogues on a warp of their own; MK_CONST_PARAMS=0: parameters read from the kernel parameter; MK_CONST_TABLES=1: the layer tables in
-    constant memory too; MK_ATTN_DSPLIT=0: attention without its two-warps-per-slice variant): each compiles, its entry function does
+    constant memory too; MK_ATTN_DSPLIT=0: attention without its two-warps-per-slice variant; MK_ATTN_TABLE=0:
+    attention's cp.async path looking each KV block segment up as it goes): each compiles, its entry function does
     not spill, and its static shared memory fits the
     reserve."""
     if build.find_nvcc() is None:
@@ -158,7 +159,7 @@ def test_constant_tables_build_refuses_deeper_models(monkeypatch):
 
 def test_dependent_switch_defaults(monkeypatch):
     """MK_MOE_LOCAL=0 builds leave out attention's second variant unless asked (their loop spills beside it);
-    asked for, it stays; the default build has it."""
+    asked for, it stays; the default build has it. Likewise MK_CONST_TABLES=1 builds and attention's table copy."""
     monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_MOE_LOCAL=0")
     assert build.switch_flags() == ("-DMK_MOE_LOCAL=0", "-DMK_ATTN_DSPLIT=0")
     assert build.switch_value("MK_ATTN_DSPLIT") == 0
@@ -166,6 +167,10 @@ def test_dependent_switch_defaults(monkeypatch):
     assert build.switch_flags() == ("-DMK_MOE_LOCAL=0",) and build.switch_value("MK_ATTN_DSPLIT") == 1
     monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "")
     assert build.switch_flags() == () and build.switch_value("MK_ATTN_DSPLIT") == 1
+    # MK_CONST_TABLES=1 builds read attention's block table per segment (their loop spills beside the table copy)
+    monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_CONST_TABLES=1")
+    assert build.switch_flags() == ("-DMK_CONST_TABLES=1", "-DMK_ATTN_TABLE=0")
+    assert build.switch_value("MK_ATTN_TABLE") == 0
 
 
 def test_attn_stream_microbenchmark_compiles(tmp_path):

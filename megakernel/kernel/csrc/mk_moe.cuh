@@ -19,17 +19,18 @@ __shared__ unsigned char s_route_row[MK_MAX_PAIRS];
 __shared__ float s_pair_w[MB];
 __shared__ int s_pair_rank[MB];
 
-// worker_topk plans: every pair's routing weight (bf16 bits: topk_route rounds the weights to bf16) and rank, which
-// a down item takes from here instead of the global route record (one worker writes that while the others run).
+// Every pair's routing weight (bf16 bits: topk_route rounds the weights to bf16) and rank, which a down item's
+// epilogue takes from here: read with the rest of the route at the worker's start, not from the route record after
+// the down item's wait for its gate/up counter (an L2 round trip in front of its activation rows' copies).
 __shared__ unsigned short s_route_pw[MK_MAX_PAIRS];
 __shared__ unsigned char s_route_rank[MK_MAX_PAIRS];
 
 // All threads (before a barrier): the route's slots and pairs into shared memory; only the first n_active slots and
 // B * topk pairs hold this step's routing (the rest are never read). OWN: `route` is this worker's own copy in
-// shared memory (worker_topk), read directly, and the pairs' weights and ranks are kept too; else the layer's
-// record in global memory, read from L2. A thread's loads of slot i and pair i are issued together before its
-// stores (one L2 round trip per pass: with separate slot and pair loops, the pair loads issued only after the slot
-// stores, two round trips in a row on every MoE layer's path to its first expert item).
+// shared memory (worker_topk), read directly; else the layer's record in global memory, read from L2. A thread's
+// loads of slot i and pair i are issued together before its stores (one L2 round trip per pass: with separate slot
+// and pair loops, the pair loads issued only after the slot stores, two round trips in a row on every MoE layer's
+// path to its first expert item).
 template <bool OWN = false>
 __device__ __forceinline__ void route_to_shared(const Params& P, const int* route) {
     auto at = [&](int i) { return OWN ? route[i] : ldcg_i(route + i); };
@@ -38,14 +39,12 @@ __device__ __forceinline__ void route_to_shared(const Params& P, const int* rout
         const bool slot = i < ns, pair = i < np;
         const int e = slot ? at(PI(r_slot_expert) + i) : 0, st = slot ? at(PI(r_slot_start) + i) : 0;
         const int cnt = slot ? at(PI(r_slot_cnt) + i) : 0, row = pair ? at(PI(r_pair_row) + i) : 0;
-        const int rank = OWN && pair ? at(PI(r_pair_rank) + i) : 0, w = OWN && pair ? at(PI(r_pair_w) + i) : 0;
+        const int rank = pair ? at(PI(r_pair_rank) + i) : 0, w = pair ? at(PI(r_pair_w) + i) : 0;
         if (slot) s_route_slot[i] = e | (st << 9) | (cnt << 18);
         if (pair) {
             s_route_row[i] = (unsigned char)row;
-            if (OWN) {
-                s_route_rank[i] = (unsigned char)rank;
-                s_route_pw[i] = (unsigned short)((unsigned)w >> 16);   // (float bits: bf16 exact)
-            }
+            s_route_rank[i] = (unsigned char)rank;
+            s_route_pw[i] = (unsigned short)((unsigned)w >> 16);   // (float bits: bf16 exact)
         }
     }
 }
@@ -461,7 +460,9 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
     // plan's tile_batch, or slot_pairs, which TOPK's slots then never exceed), so any launch of the plan runs paged
     // (B > pg_rows with slot_pairs: the plain worker would run the paged layout's 256 KB items, ERR_SMEM)
     if (PI(pg_n)) {
-        if (!moe_worker_pages(P, ticket, l, m, route, egu, edn, n_gu, n_items, s_w[2])) return false;
+        if (!moe_worker_pages(P, ticket, l, m, route, egu, edn, reinterpret_cast<const bf16*>(wp[WP_O_BIAS]), n_gu,
+                              n_items, s_w[2]))
+            return false;
 #if MK_PROFILE
         prof_worker_stamps(task_claim, task_waited);
 #endif
@@ -580,14 +581,9 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
         const bool same = keep_x && inputs_held(it.cnt, it.T.K, x_off);
 #endif
 #if MK_MOE_LOCAL
-        if (it.down && threadIdx.x < it.cnt) {   // the epilogue's pair weights and ranks, loaded with the inputs
-            if (wtopk) {
-                s_pair_w[threadIdx.x] = __uint_as_float((unsigned)s_route_pw[it.st + threadIdx.x] << 16);
-                s_pair_rank[threadIdx.x] = s_route_rank[it.st + threadIdx.x];
-            } else {
-                s_pair_w[threadIdx.x] = __int_as_float(ldcg_i(route + PI(r_pair_w) + it.st + threadIdx.x));
-                s_pair_rank[threadIdx.x] = ldcg_i(route + PI(r_pair_rank) + it.st + threadIdx.x);
-            }
+        if (it.down && threadIdx.x < it.cnt) {   // the epilogue's pair weights and ranks (route_to_shared's)
+            s_pair_w[threadIdx.x] = __uint_as_float((unsigned)s_route_pw[it.st + threadIdx.x] << 16);
+            s_pair_rank[threadIdx.x] = s_route_rank[it.st + threadIdx.x];
         }
 #endif
 #if MK_SWZ

@@ -70,6 +70,8 @@ struct PgState {
     int done[MK_PAGE_SLOTS];                   // pages of the slot's item counted (atomics: elects the epilogue's warp)
     int stop;                                  // a wait failed (aborted step): every warp leaves
     int issued;                                // pages (and end markers) the loader issued
+    const bf16* o_bias;                        // the layer's O-projection bias or null (the loader writes it before
+                                               // its first item: O epilogues read no table after their wait)
 };
 static_assert(sizeof(PgState) <= MK_PAGE_STATE_BYTES, "opcodes.PAGE_STATE_BYTES is too small for PgState");
 
@@ -318,15 +320,10 @@ __device__ __forceinline__ bool pg_load_inputs(const Params& P, PgState& G, int 
     ok = __shfl_sync(0xffffffffu, ok, 0);
     if (!ok) return false;
     __syncwarp();                             // (lane 0's acquire of the counter orders the lanes' loads below)
-    if (kind == PG_DN) {                      // the pairs' weights and ranks (worker_topk: from this worker's own
-        for (int i = lane; i < nc; i += 32) { // routing, like the plain worker: one worker writes the global record
-            if (PI(worker_topk)) {            // while the others run)
-                G.w[q][i] = __uint_as_float((unsigned)s_route_pw[st + i] << 16);
-                G.rank[q][i] = s_route_rank[st + i];
-            } else {
-                G.w[q][i] = __int_as_float(ldcg_i(route + PI(r_pair_w) + st + i));
-                G.rank[q][i] = ldcg_i(route + PI(r_pair_rank) + st + i);
-            }
+    if (kind == PG_DN) {                      // the pairs' weights and ranks (route_to_shared's, read at the start)
+        for (int i = lane; i < nc; i += 32) {
+            G.w[q][i] = __uint_as_float((unsigned)s_route_pw[st + i] << 16);
+            G.rank[q][i] = s_route_rank[st + i];
         }
     }
     // a down item's pairs' activation rows (consecutive pairs: consecutive rows), an O item's rows of attention
@@ -368,7 +365,7 @@ __device__ __forceinline__ void pg_epilogue(const Params& P, PgState& G, int l, 
             for (int r = lane; r < nr; r += 32) y[r] = f2bf(rbf(oi[r]) * w);
         }
     } else {
-        const bf16* bias = reinterpret_cast<const bf16*>(layer_wptr(P, l)[WP_O_BIAS]);
+        const bf16* bias = G.o_bias;
         for (int i = 0; i < nc; i++) {
             bf16* o = PP(bf16*, ao) + ((size_t)l * PI(Bm) + i) * H + r0;
             const float* oi = out + (size_t)i * os;
@@ -424,7 +421,8 @@ __device__ __noinline__ void pg_setup(const Params& P) {
 // All threads, after the worker waited for the routing and claimed its first item: the layer's items on the ring.
 // Returns false if a wait failed (the step is aborted); every copy it issued has landed when it returns.
 __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l, int m, const int* route,
-                                              const bf16* egu, const bf16* edn, int n_gu, int n_items, int first_item) {
+                                              const bf16* egu, const bf16* edn, const bf16* obias, int n_gu,
+                                              int n_items, int first_item) {
     const int npg = PI(pg_n);
     const bool epi_warp = MK_PG_EPI_WARP && npg <= NW - 3;   // (a ring of more pages: the computing warps write them)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -447,6 +445,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
         int item = first_item, j = 0, s = 0;
         int* work = PP(int*, moe_work) + m;
         bool stop = false;
+        if (lane == 0) G.o_bias = obias;      // (published with the first item's description)
         // item j goes into slot j % PAGE_SLOTS once the slot's previous item is done (`free_`); after the last, an end item
         while (!stop) {
             const bool end = item >= n_items;

@@ -6,11 +6,13 @@
 // streaming `local` KB in flight on another warp:
 //   chase: one thread's dependent L2-hit loads (ld.global.cg, a random walk over 4 MB of 128-byte lines);
 //   hop:   a counter hand-off between two SMs (red.release.gpu.add, then the other spins on ld.acquire.gpu), as
-//          task_signal and wait_rec do; per hop, half a round trip.
+//          task_signal and wait_rec do; per hop, half a round trip;
+//   fence / red / signal / acq: one thread's __threadfence(), red.release.gpu, both (task_signal's pair), or a chain
+//          of dependent ld.acquire.gpu L2 hits, back to back: which primitive waits for the SM's copies in flight.
 // Per configuration it prints the probe's ns per access and the HBM read rate of the streams (GB/s, all SMs),
 // so the in-flight depth that saturates HBM and the latency it costs the critical path can be read together.
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a benchmarks/mem_latency.cu -o /tmp/mem_latency
-//   /tmp/mem_latency [iters]
+//   /tmp/mem_latency [iters] [modes]
 #include <cstdio>
 #include <cstdlib>
 #include <cstdint>
@@ -117,6 +119,21 @@ __global__ void __launch_bounds__(NT, 1) bench(const unsigned* chase, const char
         const unsigned long long t1 = gtimer();
         probe_ns[0] = (t1 - t0) + (idx == 0xffffffffu);               // (idx kept live)
         probe_ns[1] = (unsigned long long)iters;
+    } else if (mode >= 2) {
+        // one SM alone: the cost of each signalling primitive back to back (fence: __threadfence; red: the
+        // counter's red.release; signal: both, as task_signal; acquire: a chain of ld.acquire.gpu L2 hits)
+        int* mine = flags + 32 * 4;
+        unsigned idx = 0;
+        const unsigned long long t0 = gtimer();
+        for (int i = 0; i < iters; i++) {
+            if (mode == 2) __threadfence();
+            else if (mode == 3) red_release(mine, 1);
+            else if (mode == 4) { __threadfence(); red_release(mine, 1); }
+            else idx = (unsigned)ld_acquire(reinterpret_cast<const int*>(chase) + idx);
+        }
+        const unsigned long long t1 = gtimer();
+        probe_ns[0] = (t1 - t0) + (idx == 0xffffffffu);
+        probe_ns[1] = (unsigned long long)iters;
     } else {
         int* mine = flags + 32 * blockIdx.x;                          // separate 128-byte lines
         const int* other = flags + 32 * (1 - blockIdx.x);
@@ -173,9 +190,12 @@ int main(int argc, char** argv) {
     printf("%-6s %6s %6s %12s %12s %10s\n", "probe", "bg_kb", "local", "ns/access", "stream_GB/s", "GB/s/SM");
     const int bgs[] = {0, 16, 32, 64, 96, 128, 192};
     const int locals[] = {0, 64, 128};
-    for (int mode = 0; mode < 2; mode++)
+    const char* names[] = {"chase", "hop", "fence", "red", "signal", "acq"};
+    const int modes = argc > 2 ? atoi(argv[2]) : 6;
+    for (int mode = 0; mode < modes; mode++)
         for (int local : locals)
             for (int bg : bgs) {
+                if (mode >= 2 && bg != 0 && bg != 64 && bg != 128) continue;
                 CK(cudaMemset(stop, 0, 4));
                 CK(cudaMemset(flags, 0, 4096));
                 CK(cudaMemset(total, 0, 8));
@@ -191,7 +211,7 @@ int main(int argc, char** argv) {
                 CK(cudaEventElapsedTime(&ms, e0, e1));
                 const double gbs = t / (ms * 1e-3) / 1e9;
                 const int streaming = (bg > 0 ? sms - (mode == 1 ? 2 : 1) : 0) + (local > 0 ? (mode == 1 ? 2 : 1) : 0);
-                printf("%-6s %6d %6d %12.1f %12.1f %10.2f\n", mode == 0 ? "chase" : "hop", bg, local,
+                printf("%-6s %6d %6d %12.1f %12.1f %10.2f\n", names[mode], bg, local,
                        (double)pr[0] / (double)pr[1], gbs, streaming ? gbs / streaming : 0.0);
                 fflush(stdout);
             }

@@ -99,10 +99,6 @@ L2PF_OPROJ = 1               # its share of the layer's O-projection weights (re
 L2PF_NEXT_QKV = 2            # its own rows of the next layer's QKV weights (read one layer later)
 L2PF_EVICT_LAST = 4          # the prefetched lines with priority evict_last (else evict_normal); weights stream
                              # evict_first, so either outlives them
-# ModelPlan.pf_late's bits: task kinds on the b1 routing chain that issue the next ticket's weight prefetch only after
-# their own dependent loads (their inputs), so those loads do not queue behind the SM's 64-192 KB of bulk copies
-PFLATE_ROUTER = 1            # router tiles: after the fused norm's inputs are in shared memory
-PFLATE_QKV = 2               # QKV tiles: as router tiles
 
 # ---- opcodes --------------------------------------------------------------------------------------------------
 
@@ -241,8 +237,6 @@ PARAM_FIELDS = (
     "tmaps",
     # attention's K/V tensor maps (MK_ATTN_BULK=2): one per KV group, TMAP_BYTES each, or 0
     "kv_tmaps",
-    # task kinds that prefetch the next ticket's weights only after their own inputs (ModelPlan.pf_late; PFLATE_*)
-    "pf_late",
 )
 NUM_PARAMS = len(PARAM_FIELDS)
 P = {name: i for i, name in enumerate(PARAM_FIELDS)}
@@ -322,8 +316,7 @@ def generate_header() -> str:
                   COMB_SUM=COMB_SUM, COMB_AVERAGE=COMB_AVERAGE, PROF_INTS=PROF_INTS, PROF_N_STAMPS=len(PROF_STAMPS),
                   PROF_N_MARKS=len(PROF_MARK_FIELDS),
                   PROF_BLOCK_INTS=PROF_BLOCK_INTS, PROF_ITEM_GU=PROF_ITEM_GU, PROF_ITEM_DN=PROF_ITEM_DN, PROF_ITEM_O=PROF_ITEM_O,
-                  L2PF_OPROJ=L2PF_OPROJ, L2PF_NEXT_QKV=L2PF_NEXT_QKV, L2PF_EVICT_LAST=L2PF_EVICT_LAST,
-                  PFLATE_ROUTER=PFLATE_ROUTER, PFLATE_QKV=PFLATE_QKV)
+                  L2PF_OPROJ=L2PF_OPROJ, L2PF_NEXT_QKV=L2PF_NEXT_QKV, L2PF_EVICT_LAST=L2PF_EVICT_LAST)
     lines += [f"#define MK_{k} {v}" for k, v in consts.items()]
     lines.append("")
     lines += [f"#define OP_{op.name} {int(op)}" for op in Op]

@@ -358,11 +358,6 @@ class ModelPlan:
                                          # of the layer's O weights (1) and/or their rows of the next layer's QKV
                                          # (2), evict_last with 4. At b1 the routing chain (~11 us a layer) leaves
                                          # HBM mostly idle while the O weights are read at the layer's end
-    pf_late: int = 0                     # bits of opcodes.PFLATE_*: router tiles (1), QKV tiles (2) issue the next
-                                         # ticket's weight prefetch only after their own input loads. The b1 trace:
-                                         # a router tile's fused-norm loads take 4.4 us after its wait, while its SM
-                                         # has its own 64 KB and the next QKV tile's 128 KB in flight. Not yet
-                                         # measured
     moe_pages_claim_late: int = 0        # 1: the paged worker's loader claims its next item after this item's
                                          # pages are issued and its input row is loaded (its dependency met), not
                                          # before its last page: no item held behind a down item that waits on its

@@ -74,9 +74,6 @@ __device__ __forceinline__ void prefetch_next(const Params& P, int buf) {
     if (threadIdx.x == 0) { s_pf_ticket = next; s_pf_buf = buf; }
 }
 
-// prefetch_next where a task issues it after its inputs (pf_late): a call, not a second inlined copy in task_gemv
-__device__ __noinline__ void prefetch_next_late(const Params& P, int buf) { prefetch_next(P, buf); }
-
 // The O projection's rows r0..r0+nr of every row of the step (in sOut) plus the bias, into ao (a static OPROJ task
 // and an O item of the expert queue share it).
 template <int NTHREADS = NT>   // threads 0..NTHREADS-1
@@ -227,11 +224,7 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
         issue_weights(P, T, buf);
         prof_mark(PS_ISSUED);
     }
-    // pf_late: a tile on the routing chain issues the next ticket's weights after its inputs, which would otherwise
-    // queue behind them on this SM
-    const int late_bit = op == OP_ROUTER ? MK_PFLATE_ROUTER : (op == OP_QKV ? MK_PFLATE_QKV : 0);
-    const bool pf_late = (PI(pf_late) & late_bit) != 0;
-    if (!pf_late) prefetch_next(P, buf ^ 1);
+    prefetch_next(P, buf ^ 1);
     if (op == OP_QKV && threadIdx.x == 32 && PI(l2_pf)) l2_prefetch_shares(P, l, r0, nr);
     if (!fused && threadIdx.x < B) s_xrow[threadIdx.x] = xin + (size_t)threadIdx.x * xpitch;
     if (!wait_rec(P, rec, ticket)) { drain_weights(); return false; }
@@ -246,7 +239,6 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
         load_x(reinterpret_cast<bf16*>(smem + sm_x(P, R, T.K)), B, T.K);
     }
     prof_phase(0);                           // (thread 0's rows stored: the loads have landed)
-    if (pf_late) prefetch_next_late(P, buf ^ 1);
     wait_weights(buf);
     gemv(P, buf, R, T.K, B);
     const float* sOut = reinterpret_cast<const float*>(smem + SM_OUT);

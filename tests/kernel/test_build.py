@@ -69,9 +69,9 @@ def test_kernel_switches_from_the_environment(monkeypatch):
 
     from megakernel.kernel import build
 
-    monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_SIGNAL_FENCE=0")
-    assert build.switch_flags() == ("-DMK_SIGNAL_FENCE=0",)
     monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_SIGNAL_FENCE=1")
+    assert build.switch_flags() == ("-DMK_SIGNAL_FENCE=1",)
+    monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_SIGNAL_FENCE=0")
     assert build.switch_flags() == ()
     for bad in ("MK_NOPE=1", "MK_SIGNAL_FENCE=yes"):
         monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", bad)

@@ -10,9 +10,7 @@ frees the item slot (`free`), and computing warp w owns ring page w (`full` / `e
 code relies on: a warp computes a page only after that page's own copy landed, with its item's inputs in the slot; a
 copy never lands in a page a warp is reading, inputs are never overwritten while a warp reads them; every page is
 computed once and every item's epilogue runs once, after all its pages; down items run only after their gate/up
-items have signalled; and every schedule terminates (no deadlock), an aborted one included. With MK_PG_SIGNALLER the
-epilogue's warp arrives on the slot's `epi` instead, and a signaller warp frees the slot and sends the gate/up signal,
-in item order (the model checks it reads each slot's description before freeing it). With more computing warps than pages and
+items; and every schedule terminates (no deadlock), an aborted one included. With more computing warps than pages and
 parity waits alone (the ambiguity the one-page-per-warp rule removes), the model finds a page read before its copy
 landed.
 """
@@ -75,14 +73,12 @@ class World:
     slots: int = 3
     claim_late: bool = False      # pg_claim_late: the loader goes on to the next item once this one's inputs are in
     epi_warp: bool = False        # MK_PG_EPI_WARP: a warp of its own writes the epilogues, in item order
-    sig_warp: bool = False        # MK_PG_SIGNALLER: a warp of its own frees the slots and signals, in item order
     full: list[Mbar] = field(default_factory=list)
     empty: list[Mbar] = field(default_factory=list)
     desc: list[Mbar] = field(default_factory=list)
     inp: list[Mbar] = field(default_factory=list)
     outs: list[Mbar] = field(default_factory=list)
     free: list[Mbar] = field(default_factory=list)
-    epi: list[Mbar] = field(default_factory=list)                 # (sig_warp) the item's epilogue is written
     page: list[tuple[int, int]] = field(default_factory=list)     # (item slot or -1, page index)
     data: list[int] = field(default_factory=list)                 # sequence whose copy landed in the page
     reading: list[int] = field(default_factory=list)
@@ -95,7 +91,6 @@ class World:
     issued: int = 0                                               # sequence numbers the loader used
     computed: dict[int, int] = field(default_factory=dict)        # (item) -> pages computed
     finished: set[int] = field(default_factory=set)
-    signalled: set[int] = field(default_factory=set)              # items whose signal went out (a gate/up's counter)
 
     def __post_init__(self) -> None:
         self.nwc = self.nwc or self.npg
@@ -105,7 +100,6 @@ class World:
         self.inp = [Mbar() for _ in range(self.slots)]
         self.outs = [Mbar(OUT_ARRIVALS) for _ in range(self.slots)]
         self.free = [Mbar() for _ in range(self.slots)]
-        self.epi = [Mbar() for _ in range(self.slots)]
         self.page = [(-2, -1)] * self.npg
         self.data = [-1] * self.npg
         self.reading = [0] * self.npg
@@ -190,7 +184,7 @@ def input_warp(w: World):
         if q is None:
             return
         it = w.items[j]
-        if not (yield from until(w, lambda: all(d in w.signalled for d in it.deps))):   # its gate/up counter
+        if not (yield from until(w, lambda: all(d in w.finished for d in it.deps))):   # its gate/up counter
             return
         assert w.in_readers[q] == 0, "inputs overwritten while a warp reads them"
         w.inputs_of[q] = j
@@ -232,7 +226,7 @@ def computing_warp(w: World, warp: int):
                 return
             _epilogue(w, j, q)
             w.done[q] = 0
-            (w.epi if w.sig_warp else w.free)[q].arrive()
+            w.free[q].arrive()
         k += 1
 
 
@@ -240,10 +234,8 @@ def _epilogue(w: World, j: int, q: int) -> None:
     """Item j's epilogue (slot q), once its `outs` phase completed: every page computed, its dependencies done."""
     assert w.computed[j] == w.items[j].pages and j not in w.finished
     for d in w.items[j].deps:
-        assert d in w.signalled, "a down item ran before its gate/up item signalled"
+        assert d in w.finished, "a down item ran before its gate/up item"
     w.finished.add(j)
-    if not w.sig_warp:                                 # (its warp signals in the epilogue)
-        w.signalled.add(j)
 
 
 def epilogue_warp(w: World):
@@ -262,28 +254,11 @@ def epilogue_warp(w: World):
         j += 1
 
 
-def signaller(w: World):
-    """MK_PG_SIGNALLER: in item order, once an item's epilogue is written (`epi`), its slot is freed and its signal
-    sent; the item's kind is read from the slot's description before the slot is freed."""
-    j = 0
-    while True:
-        q = yield from _item_desc(w, j, "signaller")
-        if q is None:
-            return
-        if not (yield from until(w, lambda: w.epi[q].done(w.parity(j)))):
-            return
-        assert w.item_of[q] == j and j in w.finished, "the signaller freed a slot that holds another item"
-        w.free[q].arrive()
-        yield                                          # the signal's fences
-        w.signalled.add(j)
-        j += 1
-
-
 def run(w: World, rng: random.Random, max_steps: int = 200_000, stop_at: int | None = None) -> None:
     """Random schedules until every role returned; stop_at: the step at which the step is aborted (then every role
     must still return, and every copy issued still lands before the worker's memory is released)."""
     roles = [loader(w), input_warp(w)] + [computing_warp(w, k) for k in range(w.nwc)] + \
-        ([epilogue_warp(w)] if w.epi_warp else []) + ([signaller(w)] if w.sig_warp else [])
+        ([epilogue_warp(w)] if w.epi_warp else [])
     alive = list(range(len(roles)))
     stalled = 0
     for step in range(max_steps):
@@ -317,15 +292,14 @@ def run(w: World, rng: random.Random, max_steps: int = 200_000, stop_at: int | N
         # the drain waits for the last phase of every page: every copy still in flight is in one
         assert all(s >= w.issued - w.npg for s in w.in_flight)
         return
-    assert w.finished == set(range(len(w.items))) == w.signalled
+    assert w.finished == set(range(len(w.items)))
     assert all(w.computed[j] == it.pages for j, it in enumerate(w.items))
 
 
 def _snapshot(w: World) -> tuple:
-    bars = (w.full, w.empty, w.desc, w.inp, w.outs, w.free, w.epi)
+    bars = (w.full, w.empty, w.desc, w.inp, w.outs, w.free)
     return (tuple((m.completed, m.arrived) for b in bars for m in b), tuple(w.page), tuple(w.item_of),
-            tuple(w.inputs_of), tuple(w.done), tuple(w.reading), len(w.finished), len(w.signalled),
-            sum(w.computed.values()))
+            tuple(w.inputs_of), tuple(w.done), tuple(w.reading), len(w.finished), sum(w.computed.values()))
 
 
 def random_items(rng: random.Random, n: int) -> list[Item]:
@@ -343,19 +317,15 @@ def random_items(rng: random.Random, n: int) -> list[Item]:
     return items
 
 
-MODES = {"plain": {}, "epi_warp": {"epi_warp": True}, "sig_warp": {"sig_warp": True}}
-
-
-@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("epi_warp", [False, True])
 @pytest.mark.parametrize("npg", [4, 5, 6, 9, 12, 14])
-def test_paged_worker_protocol_terminates_and_keeps_its_invariants(npg, mode):
+def test_paged_worker_protocol_terminates_and_keeps_its_invariants(npg, epi_warp):
     """The kernel's rings of 4..14 pages, a computing warp per page, 0..12 items of every kind; the epilogues by the
-    computing warp that counts an item's last page, or (MK_PG_EPI_WARP) by a warp of their own; the slots freed and
-    the signals sent by that warp or (MK_PG_SIGNALLER) by a signaller warp."""
+    computing warp that counts an item's last page, or (MK_PG_EPI_WARP) by a warp of their own."""
     rng = random.Random(npg * 100)
     for trial in range(60):
         items = random_items(rng, rng.randint(0, 12))
-        run(World(items, npg, **MODES[mode]), random.Random(trial))
+        run(World(items, npg, epi_warp=epi_warp), random.Random(trial))
 
 
 @pytest.mark.parametrize("npg", [4, 9, 12])
@@ -367,14 +337,14 @@ def test_paged_worker_protocol_with_the_late_claim(npg):
         run(World(items, npg, claim_late=True), random.Random(trial))
 
 
-@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("epi_warp", [False, True])
 @pytest.mark.parametrize("npg", [4, 12])
-def test_paged_worker_protocol_leaves_on_an_abort(npg, mode):
+def test_paged_worker_protocol_leaves_on_an_abort(npg, epi_warp):
     """An aborted step (a counter wait failed) at a random point: every role still returns, whatever it waited on."""
     rng = random.Random(npg)
     for trial in range(60):
         items = random_items(rng, rng.randint(1, 10))
-        w = World(items, npg, **MODES[mode])
+        w = World(items, npg, epi_warp=epi_warp)
         run(w, random.Random(trial), stop_at=rng.randint(0, 400))
 
 

@@ -11,10 +11,15 @@ typedef __nv_bfloat16 bf16;
 #ifndef MK_PROFILE
 #define MK_PROFILE 0
 #endif
-// MK_SIGNAL_FENCE (build.KERNEL_SWITCHES): a __threadfence() before each counter release. The release after the
-// block barrier may already publish the block's writes (CUTLASS's barrier releases without a fence); 0 measures that.
+// MK_SIGNAL_FENCE (build.KERNEL_SWITCHES): a __threadfence() before each counter release (1), or the release alone
+// (0, the default since session 20). The release after the block barrier (or the warp's, in the paged worker)
+// publishes the writes that barrier ordered before it (a gpu-scope release is cumulative; CUTLASS's barrier releases
+// without a fence). Each fence waits until every copy in flight on the SM has landed (benchmarks/mem_latency.cu:
+// __threadfence 2-6 us, red.release 2-6 us, both 4-12 us with 64-128 KB in flight while the other SMs stream), and
+// the paged worker signals its gate/up items with ~190 KB in flight: without the fence b1 8K -1.3%, b8 -0.9%, b16
+// -0.8% (933582e, each build in its own process).
 #ifndef MK_SIGNAL_FENCE
-#define MK_SIGNAL_FENCE 1
+#define MK_SIGNAL_FENCE 0
 #endif
 // MK_GEMV_TC: the GEMV core on tensor cores for launches of more than one row (1), or on CUDA cores always (0);
 // mk_gemv_core.cuh.

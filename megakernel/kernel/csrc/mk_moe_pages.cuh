@@ -48,16 +48,6 @@
 #define MK_PG_EPI_WARP 0
 #endif
 #define PG_EPI_WARP (NW - 3)
-// MK_PG_SIGNALLER=1: warp NW - 3 (where the ring leaves it free and MK_PG_EPI_WARP is off) frees every item's slot and
-// sends every gate/up item's signal, in item order, once the computing warp that counted the item's last page wrote
-// its epilogue (the `epi` barrier). A signal's release waits until every copy in flight on the SM has landed
-// (benchmarks/mem_latency.cu: __threadfence alone 2-6 us with 64-128 KB in flight while the other SMs stream, both
-// fences of a signal 4-12 us; 0.15-0.5 us with none), and the paged worker's loader keeps ~190 KB in flight: the
-// computing warp that signalled held its ring page's next lap, and the item's slot, that long. 0: it signals itself
-#ifndef MK_PG_SIGNALLER
-#define MK_PG_SIGNALLER 0
-#endif
-#define PG_SIG_WARP (NW - 3)
 #define PG_END (-1)                     // an item description's kind: no more items (the input warp stops)
 
 // The worker's barriers and bookkeeping: in the plan's dynamic shared memory (at pg_state_off, PAGE_STATE_BYTES of
@@ -71,7 +61,6 @@ struct PgState {
     unsigned long long outs[MK_PAGE_SLOTS];    // its pages are computed (count PAGE_OUT_ARRIVALS: the 32 lanes of
                                                // each page's warp, the rest by the loader when it publishes the item)
     unsigned long long free_[MK_PAGE_SLOTS];   // an item's epilogue is written
-    unsigned long long epi[MK_PAGE_SLOTS];     // (MK_PG_SIGNALLER) an item's epilogue is written: the signaller's
     long long stamp[MK_PAGE_SLOTS][5];         // (MK_PROFILE) claim, issued, waited, landed, computed (per item)
     int page[MK_PAGE_MAX][2];                  // item slot (-1: end marker), first row | rows << 16
     int item[MK_PAGE_SLOTS][12];               // sequence j, kind, expert slot, expert, first pair, r0, nr, K, pages,
@@ -346,7 +335,7 @@ __device__ __forceinline__ bool pg_load_inputs(const Params& P, PgState& G, int 
 
 // One warp: item slot q's epilogue from its fp32 outputs (a gate/up item's SiLU(gate) * up into eact and its
 // counter; a down item's weighted rows into y; an O item's rows plus the bias into ao).
-__device__ __forceinline__ void pg_epilogue(const Params& P, PgState& G, int l, int m, int q, bool signal) {
+__device__ __forceinline__ void pg_epilogue(const Params& P, PgState& G, int l, int m, int q) {
     const int lane = threadIdx.x & 31;
     const int* it = G.item[q];
     const int kind = it[1], eslot = it[2], st = it[4], r0 = it[5], nr = it[6], nc = it[11];
@@ -363,7 +352,7 @@ __device__ __forceinline__ void pg_epilogue(const Params& P, PgState& G, int l, 
             }
         }
         __syncwarp();
-        if (signal && lane == 0) {            // (else the signaller warp's, after this warp's `epi` arrival)
+        if (lane == 0) {
             signal_fence();
             red_release(PP(int*, counters) + l * PI(cpl) + PI(c_gu) + eslot, 1);
         }
@@ -391,11 +380,11 @@ __device__ __forceinline__ void pg_epilogue(const Params& P, PgState& G, int l, 
 
 // One warp, once item slot q's pages are all computed (its `outs` phase): the item's epilogue (and its profiling
 // record), every lane's stores done when it returns; the caller then frees the slot (`free_`).
-__device__ __forceinline__ void pg_finish_item(const Params& P, PgState& G, int l, int m, int q, bool signal = true) {
+__device__ __forceinline__ void pg_finish_item(const Params& P, PgState& G, int l, int m, int q) {
 #if MK_PROFILE
     if ((threadIdx.x & 31) == 0) G.stamp[q][4] = prof_now();
 #endif
-    pg_epilogue(P, G, l, m, q, signal);
+    pg_epilogue(P, G, l, m, q);
     __syncwarp();
 #if MK_PROFILE
     if ((threadIdx.x & 31) == 0) pg_prof_item(P, G, l, m, q);
@@ -422,7 +411,6 @@ __device__ __noinline__ void pg_setup(const Params& P) {
             mbar_init(&G.inp[q], 32);         // (every lane of the input warp arrives: each releases its own copies)
             mbar_init(&G.outs[q], MK_PAGE_OUT_ARRIVALS);
             mbar_init(&G.free_[q], 1);
-            mbar_init(&G.epi[q], 1);
             G.done[q] = 0;
         }
         if (warp == 0) { G.stop = 0; G.issued = 0; }
@@ -437,7 +425,6 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                                               int n_items, int first_item) {
     const int npg = PI(pg_n);
     const bool epi_warp = MK_PG_EPI_WARP && npg <= NW - 3;   // (a ring of more pages: the computing warps write them)
-    const bool sig_warp = MK_PG_SIGNALLER && !epi_warp && npg <= NW - 3;   // (else the computing warps signal)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (!smem_fits(P, (size_t)PI(pg_state_off) + sizeof(PgState), ticket)) return false;
     if (npg > NW - 2) {                       // (a ring page per computing warp: the plan keeps pg_n <= NW - 2)
@@ -582,23 +569,6 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             if (lane == 0) mbar_arrive(&G.free_[q]);
         }
         __syncwarp();
-    } else if (sig_warp && warp == PG_SIG_WARP) {   // ---- the signaller (MK_PG_SIGNALLER) ----
-        for (int j = 0;; j++) {
-            const int q = j % MK_PAGE_SLOTS;
-            if (!pg_wait(P, G, ticket, &G.desc[q], slot_parity(j), STALL_ITEM, j)) break;
-            const int kind = G.item[q][1], eslot = G.item[q][2];   // (read before the slot is freed below)
-            if (kind == PG_END) break;
-            if (!pg_wait(P, G, ticket, &G.epi[q], slot_parity(j), STALL_OUTS, j)) break;
-            if (lane == 0) {                  // the slot is the loader's again, then the item's signal: the epilogue's
-                mbar_arrive(&G.free_[q]);     // stores are this warp's to release through `epi` (acquired above)
-                if (kind == PG_GU) {
-                    signal_fence();
-                    red_release(PP(int*, counters) + l * PI(cpl) + PI(c_gu) + eslot, 1);
-                }
-            }
-            __syncwarp();
-        }
-        __syncwarp();
     } else if (warp < npg) {                  // ---- the computing warps: warp w, ring page w ----
         for (int k = 0;; k++) {
             const int slot = warp;
@@ -652,8 +622,8 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             done = __shfl_sync(0xffffffffu, done, 0);
             if (done) {                           // the item's last page counted: its epilogue, then its slot is free
                 if (!pg_wait(P, G, ticket, &G.outs[q], slot_parity(j), STALL_OUTS, j)) break;
-                pg_finish_item(P, G, l, m, q, !sig_warp);
-                if (lane == 0) { atomicExch(&G.done[q], 0); mbar_arrive(sig_warp ? &G.epi[q] : &G.free_[q]); }
+                pg_finish_item(P, G, l, m, q);
+                if (lane == 0) { atomicExch(&G.done[q], 0); mbar_arrive(&G.free_[q]); }
             }
         }
         __syncwarp();
@@ -678,7 +648,6 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             mbar_inval(&G.inp[q]);
             mbar_inval(&G.outs[q]);
             mbar_inval(&G.free_[q]);
-            mbar_inval(&G.epi[q]);
         }
     }
     __syncthreads();

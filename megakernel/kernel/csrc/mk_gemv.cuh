@@ -174,7 +174,7 @@ __device__ __noinline__ void fused_inputs_regs(const Params& P, int l, int flags
     for (int b = 0; b < B; b++) {
         bf16* hdst = (flags & MK_FLAG_WRITE_H) ? PP(bf16*, h) + ((size_t)l * Bm + b) * H : nullptr;
         bf16* xs = sX + (size_t)b * pitch;
-        residual_norm_fused(P, l, b, s_norm_tables, red, xs, hdst);
+        residual_norm_fused(P, l, b, red, xs, hdst);
         if ((flags & MK_FLAG_WRITE_X) && threadIdx.x < (H >> 3))   // the 8 columns this thread normed
             reinterpret_cast<uint4*>(PP(bf16*, x) + ((size_t)l * Bm + b) * H)[threadIdx.x] =
                 reinterpret_cast<const uint4*>(xs)[threadIdx.x];
@@ -227,9 +227,6 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
     prefetch_next(P, buf ^ 1);
     if (op == OP_QKV && threadIdx.x == 32 && PI(l2_pf)) l2_prefetch_shares(P, l, r0, nr);
     if (!fused && threadIdx.x < B) s_xrow[threadIdx.x] = xin + (size_t)threadIdx.x * xpitch;
-#if MK_SMALL_VEC >= 2
-    if (fused && FUSED_NORM_IN_REGS(H)) norm_tables_early(P, l);
-#endif
     if (!wait_rec(P, rec, ticket)) { drain_weights(); return false; }
     if (fused) {       // the rows' residual and norm straight into sX (the weights keep landing meanwhile)
         bf16* sX = reinterpret_cast<bf16*>(smem + sm_x(P, R, T.K));

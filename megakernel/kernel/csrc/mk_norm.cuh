@@ -3,30 +3,6 @@
 #pragma once
 #include "mk_common.cuh"
 
-// The tables the residual and norm of layer l >= 1 read: layer l - 1's MoE index and MLP kind, and layer l's norm
-// weights (the final norm's for l == L). Fixed for the launch, so a task reads them before its dependency wait
-// (norm_tables_early): read after it, they were an L2 round trip of their own in front of the rows' loads, which
-// need the MoE index and the weights' address.
-struct NormTables {
-    int m, kind;
-    const uint4* w;
-};
-__device__ __forceinline__ NormTables norm_tables(const Params& P, int l) {
-    const int* li = layer_info(P, l - 1);
-    NormTables t;
-    t.m = li[LI_MOE_IDX];
-    t.kind = li[LI_MLP_KIND];
-    t.w = reinterpret_cast<const uint4*>(
-        (l == PI(L)) ? PP(const bf16*, final_norm) : reinterpret_cast<const bf16*>(layer_wptr(P, l)[WP_NORM]));
-    return t;
-}
-__shared__ NormTables s_norm_tables;         // thread 0's, before the wait: the wait's block barrier publishes them
-
-// Thread 0, before a task's dependency wait: the tables of the norm of layer l (l >= 1) into s_norm_tables.
-__device__ __forceinline__ void norm_tables_early(const Params& P, int l) {
-    if (threadIdx.x == 0 && l >= 1) s_norm_tables = norm_tables(P, l);
-}
-
 #if MK_SMALL_VEC
 // Both work on 8 consecutive columns per thread (16-byte loads and stores): thread t owns the columns 8c..8c+7 for
 // c = t, t + NT, ... (H is a multiple of 8), and norm_row reads exactly the columns residual_row wrote, so the two
@@ -45,14 +21,16 @@ struct ResidualSrc {
     const uint4 *hp, *ao, *y, *mo;
     int kind, comb, ny;                      // the MLP kind, the shared experts' combination, the routed outputs
 };
-__device__ __forceinline__ ResidualSrc residual_src(const Params& P, int l, int row, int m, int kind) {
+__device__ __forceinline__ ResidualSrc residual_src(const Params& P, int l, int row) {
     const int H = PI(H), Bm = PI(Bm), topk = PI(topk), lp = l - 1;
+    const int* li = layer_info(P, lp);
+    const int m = li[LI_MOE_IDX];
     ResidualSrc r;
     r.hp = reinterpret_cast<const uint4*>(PP(const bf16*, h) + ((size_t)lp * Bm + row) * H);
     r.ao = reinterpret_cast<const uint4*>(PP(const bf16*, ao) + ((size_t)lp * Bm + row) * H);
     r.y = reinterpret_cast<const uint4*>(PP(const bf16*, y) + ((size_t)(m < 0 ? 0 : m) * Bm + row) * topk * H);
     r.mo = reinterpret_cast<const uint4*>(PP(const bf16*, mout) + ((size_t)lp * Bm + row) * H);
-    r.kind = kind;
+    r.kind = li[LI_MLP_KIND];
     r.comb = PI(shared_comb);
     r.ny = m >= 0 ? topk : 0;
     return r;
@@ -104,8 +82,7 @@ __device__ __forceinline__ void residual_row(const Params& P, int l, int row, fl
         for (int c = threadIdx.x; c < C; c += NT) unpack8(__ldg(e + c), sH + 8 * c);
         return;
     }
-    const int* li = layer_info(P, l - 1);
-    const ResidualSrc src = residual_src(P, l, row, li[LI_MOE_IDX], li[LI_MLP_KIND]);
+    const ResidualSrc src = residual_src(P, l, row);
     for (int c = threadIdx.x; c < C; c += NT) {
         const uint4 hv = __ldcg(src.hp + c), av = __ldcg(src.ao + c);
         const uint4 mv = src.kind != MK_MLP_NONE ? __ldcg(src.mo + c) : make_uint4(0, 0, 0, 0);
@@ -165,12 +142,12 @@ __device__ __forceinline__ void norm_row(const Params& P, int l, const float* sH
 // t owns columns 8t..8t+7 as above and issues its h, attention, MLP, norm-weight and first 8 experts' loads
 // together (one L2 round trip where residual_row and norm_row take three or four), keeps the residual in registers,
 // and normalises it there. The same sums in the same order as residual_row + norm_row (bit-identical results).
-// t: the layer's tables (s_norm_tables, read before the task's wait).
-__device__ __forceinline__ void residual_norm_fused(const Params& P, int l, int row, const NormTables& t, float* red,
-                                                    bf16* x, bf16* hout) {
-    const int H = PI(H), C = H >> 3;
-    const ResidualSrc src = residual_src(P, l, row, t.m, t.kind);
-    const uint4* w = t.w;
+__device__ __forceinline__ void residual_norm_fused(const Params& P, int l, int row, float* red, bf16* x,
+                                                    bf16* hout) {
+    const int H = PI(H), C = H >> 3, L = PI(L);
+    const ResidualSrc src = residual_src(P, l, row);
+    const uint4* w = reinterpret_cast<const uint4*>(
+        (l == L) ? PP(const bf16*, final_norm) : reinterpret_cast<const bf16*>(layer_wptr(P, l)[WP_NORM]));
     const int ny = src.ny;
     const float eps = PF(norm_eps);
     const bool rms = PI(norm_type) == MK_NORM_RMS;
@@ -294,7 +271,6 @@ __device__ __forceinline__ void norm_row(const Params& P, int l, const float* sH
 // ---- NORM: residual add (+ MoE combine) and norm of one row ----------------------------------------------------
 // Not inlined into the persistent loop: inlined, its vectorised loads' registers spill there.
 __device__ __noinline__ bool task_norm(const Params& P, const int* rec, int ticket) {
-    norm_tables_early(P, rec[RF_LAYER]);
     if (!wait_rec(P, rec, ticket)) return false;
     const int l = rec[RF_LAYER], row = rec[RF_A0];
     const int H = PI(H), Bm = PI(Bm);
@@ -304,7 +280,7 @@ __device__ __noinline__ bool task_norm(const Params& P, const int* rec, int tick
         if (rep) __syncthreads();
 #if MK_SMALL_VEC >= 2
         if (l > 0 && (H >> 3) <= NT) {
-            residual_norm_fused(P, l, row, s_norm_tables, sH + H, PP(bf16*, x) + ((size_t)l * Bm + row) * H,
+            residual_norm_fused(P, l, row, sH + H, PP(bf16*, x) + ((size_t)l * Bm + row) * H,
                                 PP(bf16*, h) + ((size_t)l * Bm + row) * H);
             prof_phase(1);
             continue;

@@ -122,7 +122,7 @@ TUNING_KEYS = ("split_tokens", "attn_stages", "n_workers", "oproj_first", "qkv_b
                "wider_split_batch", "short_splits", "fused_qkv", "moe_pages", "moe_pages_max", "split_align",
                "moe_tile_kb", "moe_pages_claim_late", "workers_early",
                "moe_pages_from", "moe_pages_tile_kb", "dn_lag", "slot_pairs", "moe_pages_x_item",
-               "moe_pages_tile_kb_1row", "attn_dsplit_rows", "l2_prefetch", "moe_pages_early", "o_item_kb")
+               "moe_pages_tile_kb_1row", "attn_dsplit_rows", "l2_prefetch", "moe_pages_early", "o_item_kb", "topk_warm")
 DEFAULT_TUNING = {"batch_tiles": 1}     # per-batch tilings: measured ahead (b1 8K 5.44 vs 5.52 ms), and the prefetch
                                         # and expert-ring layouts size their buffers by the launch's rows
 
@@ -484,7 +484,7 @@ class MegakernelBackend(DecodeBackend):
             tables_version=self.tables_version, E=p.E, topk=p.topk, I=p.I,
             I_mlp=p.I_mlp, V=cfg.vocab_size, L=p.L, n_groups=p.n_groups, block_size=p.layout.block_size,
             split_tokens=si.split_tokens, attn_stages=p.attn_stages, attn_dsplit=int(si.B <= p.attn_dsplit_rows),
-            l2_pf=p.l2_prefetch,
+            l2_pf=p.l2_prefetch, topk_warm=p.topk_warm,
             cpl=p.cpl, c_gu=p.c_gu,
             gu_rows=p.gu_rows, gu_tiles=p.gu_tiles, dn_rows=p.dn_rows, dn_tiles=p.dn_tiles, n_slots=p.n_slots,
             wbuf=p.wbuf, moe_wbuf=p.moe_wbuf, lm_wbuf=p.lm_wbuf, claim_ahead=p.claim_ahead,

@@ -237,6 +237,9 @@ PARAM_FIELDS = (
     "tmaps",
     # attention's K/V tensor maps (MK_ATTN_BULK=2): one per KV group, TMAP_BYTES each, or 0
     "kv_tmaps",
+    # 1: a TOPK task runs a dry pass of its routing (the previous MoE layer's, into shared memory) before its wait, so
+    # its real pass runs from a warm instruction cache (ModelPlan.topk_warm)
+    "topk_warm",
 )
 NUM_PARAMS = len(PARAM_FIELDS)
 P = {name: i for i, name in enumerate(PARAM_FIELDS)}

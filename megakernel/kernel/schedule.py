@@ -358,10 +358,11 @@ class ModelPlan:
                                          # of the layer's O weights (1) and/or their rows of the next layer's QKV
                                          # (2), evict_last with 4. At b1 the routing chain (~11 us a layer) leaves
                                          # HBM mostly idle while the O weights are read at the layer's end
-    topk_warm: int = 0                   # 1: TOPK runs a dry pass of the previous MoE layer's routing (into shared
+    topk_warm: int = 1                   # 1: TOPK runs a dry pass of the previous MoE layer's routing (into shared
                                          # memory) before its wait: its real pass then runs from a warm instruction
                                          # cache (b1 trace with MK_REPEAT_SMALL=2: a cold pass ~5 us after the wait,
-                                         # a warm one ~2.9). Not yet measured
+                                         # a warm one ~2.9). 31f1f61, one process, 0 / 1: b1 8K 3.132-3.141 /
+                                         # 3.111-3.119, 1K 2.848-2.850 / 2.826-2.828, b8 and b16 even
     moe_pages_claim_late: int = 0        # 1: the paged worker's loader claims its next item after this item's
                                          # pages are issued and its input row is loaded (its dependency met), not
                                          # before its last page: no item held behind a down item that waits on its

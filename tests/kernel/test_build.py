@@ -18,6 +18,18 @@ def test_compiles_for_sm90a(tmp_path, monkeypatch):
     check_build_log((lib.parent / "build.log").read_text())
     # cached: a second call does not rebuild
     assert build.build("sm_90a") == lib
+    # benchmarks/code_size.py reads the kernel's functions out of the library's cubin
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import code_size
+
+    funcs, text = code_size.functions(code_size.kernel_cubin(lib.read_bytes()))
+    sizes = {name.replace("$mk_decode$", ""): size for size, name in funcs}
+    assert sizes["mk_decode"] == len(text) > 0
+    assert any("topk_route" in n for n in sizes) and any("moe_worker_pages" in n for n in sizes)
+    assert sum(size for name, size in sizes.items() if name != "mk_decode") < len(text)
 
 
 def check_build_log(log: str) -> None:
@@ -35,7 +47,8 @@ def check_build_log(log: str) -> None:
                                      "MK_SWZ=2", "MK_SWZ=2,MK_SWZ_3D=1", "MK_MOE_EARLY_ISSUE=1",
                                      "MK_MOE_EARLY_ISSUE=2", "MK_POLL_OVERLAP=1", "MK_ATTN_BULK=1", "MK_ATTN_BULK=2",
                                      "MK_PG_EPI_WARP=1", "MK_CONST_PARAMS=0", "MK_CONST_TABLES=1",
-                                     "MK_ATTN_DSPLIT=0", "MK_ATTN_TABLE=0"])
+                                     "MK_ATTN_DSPLIT=0", "MK_ATTN_TABLE=0", "MK_SIGNAL_FENCE=1",
+                                     "MK_NORM_TABLES_EARLY=1"])
 def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     """The builds the switches select besides the default (MK_MOE_LOCAL=0: the MoE worker's routing read from L2 per
     item; MK_SMALL_VEC=1: NORM in three or four waves of loads;
@@ -44,7 +57,8 @@ def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     loads overlapped; MK_ATTN_BULK=1 / 2: attention by bulk or tensor copies; MK_PG_EPI_WARP=1: the paged worker's
     epilogues on a warp of their own; MK_CONST_PARAMS=0: parameters read from the kernel parameter; MK_CONST_TABLES=1: the layer tables in
     constant memory too; MK_ATTN_DSPLIT=0: attention without its two-warps-per-slice variant; MK_ATTN_TABLE=0:
-    attention's cp.async path looking each KV block segment up as it goes): each compiles, its entry function does
+    attention's cp.async path looking each KV block segment up as it goes; MK_SIGNAL_FENCE=1: a fence before each
+    release; MK_NORM_TABLES_EARLY=1: the fused norm's tables read before the wait): each compiles, its entry function does
     not spill, and its static shared memory fits the
     reserve."""
     if build.find_nvcc() is None:
@@ -171,6 +185,23 @@ def test_dependent_switch_defaults(monkeypatch):
     monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_CONST_TABLES=1")
     assert build.switch_flags() == ("-DMK_CONST_TABLES=1", "-DMK_ATTN_TABLE=0")
     assert build.switch_value("MK_ATTN_TABLE") == 0
+
+
+def test_mem_latency_microbenchmark_compiles(tmp_path):
+    """benchmarks/mem_latency.cu (a dependent access and each signalling primitive under streaming load) compiles for
+    sm_90a without spills (running it needs an sm_90 GPU)."""
+    import subprocess
+    from pathlib import Path
+
+    nvcc = build.find_nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not installed")
+    src = Path(__file__).resolve().parents[2] / "benchmarks" / "mem_latency.cu"
+    res = subprocess.run([nvcc, "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v",
+                          str(src), "-o", str(tmp_path / "mem_latency")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    spills = re.findall(r"(\d+) bytes spill stores", res.stderr)
+    assert spills and all(int(n) == 0 for n in spills), res.stderr[-3000:]
 
 
 def test_attn_stream_microbenchmark_compiles(tmp_path):

@@ -31,6 +31,8 @@ def main() -> int:
     ap.add_argument("--points", default="1x8192,8x8192", help="BxCONTEXT list")
     ap.add_argument("--variants", default="default", help="space-separated variants: default or KEY=INT,KEY=INT")
     ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--peak", choices=("torch", "bulk", "best"), default="torch",
+                    help="the roofline's peak read bandwidth (megakernel bench --peak)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     points = [tuple(int(x) for x in p.split("x")) for p in args.points.split(",")]
@@ -49,7 +51,7 @@ def main() -> int:
     engine = LLMEngine(EngineArgs(backend="megakernel", max_num_seqs=16, max_model_len=max_len,
                                   enable_prefix_caching=False, progress=False), config=cfg, weights=weights)
     be = engine.runner.decode_backend
-    peak = measure_read_bandwidth(engine.device) / 1e9
+    peak = measure_read_bandwidth(engine.device, method=args.peak) / 1e9
     print(f"peak read bandwidth {peak:.0f} GB/s; smem {be.smem} B; tiles {be.plan.gemv_tiles}", flush=True)
     rows = []
     current = lambda: {**{k: getattr(be.plan, k) for k in TUNING_KEYS if k != "batch_tiles"},   # noqa: E731
@@ -81,7 +83,7 @@ def main() -> int:
         import os
 
         doc = dict(**run_record(), kernel_defines=os.environ.get("MEGAKERNEL_KERNEL_DEFINES", ""),
-                   peak_read_gb_per_s=peak, points=rows)
+                   peak_read_gb_per_s=peak, peak_method=args.peak, points=rows)
         Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
     return 0
 

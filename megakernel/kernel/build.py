@@ -22,7 +22,7 @@ from megakernel.kernel import opcodes
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("mk_common.cuh", "mk_loader.cuh", "mk_gemv_core.cuh", "mk_gemv.cuh", "mk_lm_head.cuh", "mk_norm.cuh",
-           "mk_attention.cuh", "mk_routing.cuh", "mk_moe.cuh", "mk_moe_pages.cuh", "mk_gemv_swz.cuh", "mk_tmap.h", "mk_kernel.cu")
+           "mk_attention.cuh", "mk_routing.cuh", "mk_moe.cuh", "mk_moe_pages.cuh", "mk_gemv_swz.cuh", "mk_tmap.h", "mk_peak.cuh", "mk_kernel.cu")
 ARCH_FLAGS = {"sm_90a": ["-gencode=arch=compute_90a,code=sm_90a"], "sm_90": ["-gencode=arch=compute_90,code=sm_90"]}
 NVCC_FLAGS = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-lineinfo",
               "-Xptxas", "-v"]
@@ -174,6 +174,9 @@ def load(arch: str = "sm_90a", profile: bool = False) -> ctypes.CDLL:
         lib.mk_encode_kv.restype = ctypes.c_int
         lib.mk_occupancy.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
         lib.mk_occupancy.restype = ctypes.c_int
+        lib.mk_read_peak_launch.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int,
+                                            ctypes.c_void_p, ctypes.POINTER(ctypes.c_longlong)]
+        lib.mk_read_peak_launch.restype = ctypes.c_int
         if lib.mk_num_params() != opcodes.NUM_PARAMS:
             raise BuildError("the loaded library disagrees with opcodes.py on the parameter count")
         _loaded[key] = lib

@@ -42,3 +42,38 @@ def test_bench_command_runs_on_cpu(tmp_path):
     assert lo <= p["bytes_per_step"] <= hi, (lo, p["bytes_per_step"], hi)
     assert p["gb_per_s"] == pytest.approx(p["bytes_per_step"] / (p["ms_per_step"] / 1e3) / 1e9, rel=1e-6)
     assert p["roofline_pct"] is None and doc["gpu"] == "cpu"      # no roofline without a GPU to measure
+
+
+def test_peak_methods_and_their_refusals():
+    """The roofline's peak read methods: an unknown one is refused by name; the bulk-copy method is unavailable on a
+    CPU device (it needs an sm_90 GPU and nvcc); `--peak` takes the three names and nothing else."""
+    import torch
+
+    from megakernel.bench import PEAK_METHODS, measure_read_bandwidths
+    from megakernel.kernel import peak
+
+    assert PEAK_METHODS == ("torch", "bulk", "best")
+    with pytest.raises(ValueError, match="peak method 'fastest'"):
+        measure_read_bandwidths(torch.device("cpu"), "fastest")
+    assert not peak.available(torch.device("cpu"))
+    r = subprocess.run([sys.executable, "-m", "megakernel", "bench", "--peak", "fastest"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode != 0 and "--peak" in r.stderr and "fastest" in r.stderr
+
+
+@pytest.mark.gpu
+def test_bulk_read_peak_on_the_gpu():
+    """On an sm_90 GPU the bulk-copy read of 1 GiB is timed and lands between a plausible floor and the card's
+    spec, and within 30% of the torch reduction's (they read the same bytes by different means)."""
+    import torch
+
+    from megakernel.bench import measure_read_bandwidths
+    from megakernel.kernel import peak
+
+    if not torch.cuda.is_available() or not peak.available(torch.device("cuda")):
+        pytest.skip("needs an sm_90 GPU and nvcc")
+    rates = measure_read_bandwidths(torch.device("cuda"), "best", gib=1.0)
+    assert set(rates) == {"torch", "bulk"}
+    assert 0.5e12 < rates["bulk"] < 6e12, rates
+    assert 0.7 < rates["bulk"] / rates["torch"] < 1.3, rates
+    print({k: round(v / 1e9) for k, v in rates.items()}, "GB/s")

@@ -13,6 +13,7 @@
 #include "mk_attention.cuh"
 #include "mk_routing.cuh"
 #include "mk_moe.cuh"
+#include "mk_peak.cuh"      // (a kernel of its own: the bench's bulk-copy read peak)
 
 // ---- the persistent kernel ---------------------------------------------------------------------------------------
 // (MK_BLOCKS_PER_SM resident blocks per SM: the register cap that lets them all fit, 128 registers either way)

@@ -187,35 +187,30 @@ def test_dependent_switch_defaults(monkeypatch):
     assert build.switch_value("MK_ATTN_TABLE") == 0
 
 
-def test_mem_latency_microbenchmark_compiles(tmp_path):
-    """benchmarks/mem_latency.cu (a dependent access and each signalling primitive under streaming load) compiles for
-    sm_90a without spills (running it needs an sm_90 GPU)."""
+def compile_microbenchmark(name: str, tmp_path) -> list[int]:
+    """benchmarks/<name>.cu compiled for sm_90a (skipped without nvcc): the spill stores of each of its functions."""
     import subprocess
     from pathlib import Path
 
     nvcc = build.find_nvcc()
     if nvcc is None:
         pytest.skip("nvcc not installed")
-    src = Path(__file__).resolve().parents[2] / "benchmarks" / "mem_latency.cu"
+    src = Path(__file__).resolve().parents[2] / "benchmarks" / f"{name}.cu"
     res = subprocess.run([nvcc, "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v",
-                          str(src), "-o", str(tmp_path / "mem_latency")], capture_output=True, text=True)
+                          str(src), "-o", str(tmp_path / name)], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
-    spills = re.findall(r"(\d+) bytes spill stores", res.stderr)
-    assert spills and all(int(n) == 0 for n in spills), res.stderr[-3000:]
+    return [int(n) for n in re.findall(r"(\d+) bytes spill stores", res.stderr)]
+
+
+def test_mem_latency_microbenchmark_compiles(tmp_path):
+    """benchmarks/mem_latency.cu (a dependent access and each signalling primitive under streaming load) compiles for
+    sm_90a without spills (running it needs an sm_90 GPU)."""
+    spills = compile_microbenchmark("mem_latency", tmp_path)
+    assert spills and not any(spills), spills
 
 
 def test_attn_stream_microbenchmark_compiles(tmp_path):
     """benchmarks/attn_stream.cu (attention's copy pattern, with and without the split's math) compiles for sm_90a
     without spills in any mode (the benchmark itself needs an sm_90 GPU)."""
-    import subprocess
-    from pathlib import Path
-
-    nvcc = build.find_nvcc()
-    if nvcc is None:
-        pytest.skip("nvcc not installed")
-    src = Path(__file__).resolve().parents[2] / "benchmarks" / "attn_stream.cu"
-    res = subprocess.run([nvcc, "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v",
-                          str(src), "-o", str(tmp_path / "attn_stream")], capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr[-3000:]
-    spills = re.findall(r"(\d+) bytes spill stores", res.stderr)
-    assert len(spills) == 6 and all(int(n) == 0 for n in spills), res.stderr[-3000:]
+    spills = compile_microbenchmark("attn_stream", tmp_path)
+    assert len(spills) == 6 and not any(spills), spills

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from megakernel.bench import BenchFailure, _run_point, measure_read_bandwidth, run_record
+from megakernel.bench import PEAK_METHODS, BenchFailure, _run_point, measure_read_bandwidth, run_record
 from megakernel.config import north_mini_code_config
 from megakernel.engine.llm_engine import EngineArgs, LLMEngine
 from megakernel.model.weights import random_weights
@@ -31,7 +31,7 @@ def main() -> int:
     ap.add_argument("--points", default="1x8192,8x8192", help="BxCONTEXT list")
     ap.add_argument("--variants", default="default", help="space-separated variants: default or KEY=INT,KEY=INT")
     ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--peak", choices=("torch", "bulk", "best"), default="torch",
+    ap.add_argument("--peak", choices=PEAK_METHODS, default="torch",
                     help="the roofline's peak read bandwidth (megakernel bench --peak)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()

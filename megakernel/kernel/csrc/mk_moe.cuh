@@ -54,7 +54,7 @@ __device__ __forceinline__ void route_to_shared(const Params& P, const int* rout
 // the header in hdr[0..1]. The worker that claimed item 0 (hdr[2], thread 0's claim) writes the record to global
 // memory for the host (routed-expert counts); nothing in the kernel reads it. Ends on a barrier.
 __device__ __forceinline__ bool route_in_worker(const Params& P, int m, int* route_g, int* hdr, int ticket) {
-    const size_t off = ((size_t)topk_scratch_bytes(PI(E)) + 15) / 16 * 16;
+    const size_t off = route_copy_off(P);
     if (!smem_fits(P, off + (size_t)PI(r_stride) * 4, ticket)) return false;
     int* sr = reinterpret_cast<int*>(smem + off);
     if (threadIdx.x == 0) hdr[2] = atomicAdd(PP(int*, moe_work) + m, 1);   // (its round trip under the routing)

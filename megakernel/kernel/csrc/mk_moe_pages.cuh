@@ -293,8 +293,7 @@ __device__ __forceinline__ void pg_copy_rows(unsigned char* dst, const void* src
 // down item's pairs' weights and ranks. A gate/up item: its pairs' x rows where the plan has pg_x_item (no wait: x
 // was final before the routing the worker waited for), else nothing (it reads the layer's x rows, loaded at the
 // worker's start). False if the wait failed.
-__device__ __forceinline__ bool pg_load_inputs(const Params& P, PgState& G, int ticket, int l, int m, const int* route,
-                                               int q) {
+__device__ __forceinline__ bool pg_load_inputs(const Params& P, PgState& G, int ticket, int l, int m, int q) {
     const int lane = threadIdx.x & 31;
     const int* it = G.item[q];
     const int kind = it[1], eslot = it[2], st = it[4], K = it[7], nc = it[11];
@@ -546,7 +545,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             const int q = j % MK_PAGE_SLOTS;
             if (!pg_wait(P, G, ticket, &G.desc[q], slot_parity(j), STALL_ITEM, j)) break;
             if (G.item[q][1] == PG_END) break;
-            const bool ok = pg_load_inputs(P, G, ticket, l, m, route, q);
+            const bool ok = pg_load_inputs(P, G, ticket, l, m, q);
             __syncwarp();                     // (the warp leaves together on a failed wait)
             if (!ok) {
                 if (lane == 0) ((volatile int*)&G.stop)[0] = 1;

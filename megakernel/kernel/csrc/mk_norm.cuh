@@ -3,16 +3,17 @@
 #pragma once
 #include "mk_common.cuh"
 
-// MK_NORM_TABLES_EARLY=1 (experiment, off): the fused norm's tables (layer l - 1's MoE index and MLP kind, layer l's
-// norm weights' address) read by thread 0 before the task's dependency wait, into shared memory, instead of by every
-// thread after it (an L2 round trip in front of the rows' loads, which need the MoE index and the weights' address).
-// Measured 7-8% slower at b1, b8 and b16 (79f285f, not understood); the switch is there to trace both builds.
+// MK_NORM_TABLES_EARLY=1 (experiment, off): the fused norm's tables (layer l - 1's layer_info row, copied whole in
+// one round trip, and layer l's norm weights' address) read by thread 0 before the task's dependency wait, into
+// shared memory, instead of by every thread after it (an L2 round trip in front of the rows' loads, which need the
+// MoE index and the weights' address). 79f285f (the two fields alone) measured 7-8% slower at b1, b8 and b16, not
+// understood; the switch is there to trace both builds.
 #ifndef MK_NORM_TABLES_EARLY
 #define MK_NORM_TABLES_EARLY 0
 #endif
 #if MK_NORM_TABLES_EARLY
 struct NormTables {
-    int m, kind;
+    int li[MK_LAYER_INFO_INTS];              // layer l - 1's layer_info row
     const uint4* w;
 };
 __shared__ NormTables s_norm_tables;         // thread 0's, before the wait: the wait's block barrier publishes them
@@ -23,8 +24,7 @@ __device__ __forceinline__ void norm_tables_early(const Params& P, int l) {
 #if MK_NORM_TABLES_EARLY
     if (threadIdx.x == 0 && l >= 1) {
         const int* li = layer_info(P, l - 1);
-        s_norm_tables.m = li[LI_MOE_IDX];
-        s_norm_tables.kind = li[LI_MLP_KIND];
+        for (int i = 0; i < MK_LAYER_INFO_INTS; i++) s_norm_tables.li[i] = li[i];
         s_norm_tables.w = reinterpret_cast<const uint4*>(
             (l == PI(L)) ? PP(const bf16*, final_norm) : reinterpret_cast<const bf16*>(layer_wptr(P, l)[WP_NORM]));
     }
@@ -49,17 +49,17 @@ struct ResidualSrc {
     const uint4 *hp, *ao, *y, *mo;
     int kind, comb, ny;                      // the MLP kind, the shared experts' combination, the routed outputs
 };
-// (m: layer l - 1's MoE index, if the caller has it; then r.kind is the caller's to set)
-__device__ __forceinline__ ResidualSrc residual_src(const Params& P, int l, int row, int m_known = -2) {
+// (li: layer l - 1's layer_info row, if the caller has a copy)
+__device__ __forceinline__ ResidualSrc residual_src(const Params& P, int l, int row, const int* li = nullptr) {
     const int H = PI(H), Bm = PI(Bm), topk = PI(topk), lp = l - 1;
-    const int* li = layer_info(P, lp);
-    const int m = m_known != -2 ? m_known : li[LI_MOE_IDX];
+    if (li == nullptr) li = layer_info(P, lp);
+    const int m = li[LI_MOE_IDX];
     ResidualSrc r;
     r.hp = reinterpret_cast<const uint4*>(PP(const bf16*, h) + ((size_t)lp * Bm + row) * H);
     r.ao = reinterpret_cast<const uint4*>(PP(const bf16*, ao) + ((size_t)lp * Bm + row) * H);
     r.y = reinterpret_cast<const uint4*>(PP(const bf16*, y) + ((size_t)(m < 0 ? 0 : m) * Bm + row) * topk * H);
     r.mo = reinterpret_cast<const uint4*>(PP(const bf16*, mout) + ((size_t)lp * Bm + row) * H);
-    r.kind = m_known != -2 ? 0 : li[LI_MLP_KIND];
+    r.kind = li[LI_MLP_KIND];
     r.comb = PI(shared_comb);
     r.ny = m >= 0 ? topk : 0;
     return r;
@@ -175,8 +175,7 @@ __device__ __forceinline__ void residual_norm_fused(const Params& P, int l, int 
                                                     bf16* hout) {
 #if MK_NORM_TABLES_EARLY
     const int H = PI(H), C = H >> 3;
-    ResidualSrc src = residual_src(P, l, row, s_norm_tables.m);
-    src.kind = s_norm_tables.kind;
+    const ResidualSrc src = residual_src(P, l, row, s_norm_tables.li);
     const uint4* w = s_norm_tables.w;
 #else
     const int H = PI(H), C = H >> 3, L = PI(L);

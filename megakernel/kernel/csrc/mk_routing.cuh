@@ -107,6 +107,12 @@ __device__ __forceinline__ int topk_scratch_bytes(int E) {
     return (MB * e32 + 2 * MB * MK_MAX_TOPK + e32 + MB * nq + 2 * nq) * 4;
 }
 
+// Where a route record copied into shared memory starts: past topk_route's scratch, 16-byte aligned (worker_topk's
+// own routing, topk_warm's dry pass); it takes r_stride ints.
+__device__ __forceinline__ size_t route_copy_off(const Params& P) {
+    return ((size_t)topk_scratch_bytes(PI(E)) + 15) / 16 * 16;
+}
+
 // The routing of MoE layer m (every row's experts and weights, the expert queue's slots and pairs) written to
 // `route`: the layer's route record in global memory (TOPK), or a copy in shared memory past the scratch (a MoE
 // worker of a worker_topk plan, mk_moe.cuh). Ends without a barrier after its last writes. Not inlined into the
@@ -288,7 +294,7 @@ __device__ __noinline__ bool task_topk(const Params& P, const int* rec, int tick
     // memory while the router tiles run: TOPK lands on a different SM every layer, and the b1 trace put its first,
     // cold pass at ~5 us after its wait against ~2.9 for a second, warm one (MK_REPEAT_SMALL=2). Nothing global is
     // written; wait_rec's barrier orders the dry pass's shared memory before the real one.
-    const size_t dry = ((size_t)topk_scratch_bytes(PI(E)) + 15) / 16 * 16;
+    const size_t dry = route_copy_off(P);
     if (PI(topk_warm) && m > 0 && dry + (size_t)PI(r_stride) * 4 <= dynamic_smem_bytes())
         topk_route(P, m - 1, reinterpret_cast<int*>(smem + dry), false);
     if (!wait_rec(P, rec, ticket)) return false;

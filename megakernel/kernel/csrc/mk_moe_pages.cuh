@@ -48,6 +48,14 @@
 #define MK_PG_EPI_WARP 0
 #endif
 #define PG_EPI_WARP (NW - 3)
+// MK_PG_PAGE_STATS=1 (with MK_PROFILE, a diagnostic build): a paged item's four marks hold sums over its pages, in ns,
+// instead of stamps: m0 its warps' waits for the page to land (starved), m1 their waits for the item's inputs, m2
+// their math, m3 the loader's waits for the page's ring slot to free. Which of them the item's time goes to says
+// whether the ring is short of bytes in flight (m0) or its warps are the bound (m3 with small m0).
+#ifndef MK_PG_PAGE_STATS
+#define MK_PG_PAGE_STATS 0
+#endif
+#define PG_STATS (MK_PROFILE && MK_PG_PAGE_STATS)
 #define PG_END (-1)                     // an item description's kind: no more items (the input warp stops)
 
 // The worker's barriers and bookkeeping: in the plan's dynamic shared memory (at pg_state_off, PAGE_STATE_BYTES of
@@ -62,6 +70,9 @@ struct PgState {
                                                // each page's warp, the rest by the loader when it publishes the item)
     unsigned long long free_[MK_PAGE_SLOTS];   // an item's epilogue is written
     long long stamp[MK_PAGE_SLOTS][5];         // (MK_PROFILE) claim, issued, waited, landed, computed (per item)
+#if PG_STATS
+    unsigned long long pstat[MK_PAGE_SLOTS][4];   // (MK_PG_PAGE_STATS) the item's page sums (ns), its marks
+#endif
     int page[MK_PAGE_MAX][2];                  // item slot (-1: end marker), first row | rows << 16
     int item[MK_PAGE_SLOTS][12];               // sequence j, kind, expert slot, expert, first pair, r0, nr, K, pages,
                                                // rows in half 0, queue item, input rows
@@ -96,7 +107,11 @@ __device__ __forceinline__ void pg_prof_item(const Params& P, PgState& G, int l,
     r[PF_CLAIM] = st[0]; r[PF_ISSUED] = st[1]; r[PF_WAITED] = st[2];
     r[PF_LANDED] = st[3] > st[2] ? st[3] : st[2]; r[PF_COMPUTED] = st[4] > r[PF_LANDED] ? st[4] : r[PF_LANDED];
     r[PF_END] = prof_now();
+#if PG_STATS
+    for (int k = 0; k < MK_PROF_N_MARKS; k++) r[PF_M0 + k] = k < 4 ? (long long)G.pstat[q][k] : -1;
+#else
     for (int k = 0; k < MK_PROF_N_MARKS; k++) r[PF_M0 + k] = -1;
+#endif
 }
 #endif
 
@@ -183,7 +198,73 @@ __device__ __forceinline__ void pg_rows(const bf16* W, const bf16* x, int nr, in
     }
 }
 
+// One warp, the same product on tensor cores (MK_PG_SEG_TC), with the page's weight rows as the MMA's A operand and
+// K cut into S segments: A row i is (weight row i / S, segment i % S), B column j segment j of x (columns S..7 zero),
+// so C[i][i % S] is a segment's dot product (the other 7 columns of C are waste, against 15 of 16 rows with x as
+// A); a row's S segment sums meet through shuffles over the lanes that hold them. nr * S <= 16, K a multiple of
+// 32 S. Lane (g, t) loads 16 bytes of A rows g and g + 8 and of B column g at k offset 8t of each 32-element step
+// (both operands' k order permuted the same way, as pg_compute_rows_tc), and each segment's steps start at step s
+// and wrap, so a quarter-warp's 8 lanes read different banks (rows a segment apart are 1 KB apart at North dims).
+// Two steps' loads go ahead of their MMAs, into two accumulators. fp32 accumulation; lane (0 of each row's group)
+// writes out[r].
+template <int S>
+__device__ __forceinline__ void pg_rows_seg(const bf16* W, const bf16* x, int nr, int K, float* out) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int KS = K / S, NSTEP = KS >> 5, s = g % S;
+    const bf16* a_lo = W + (size_t)min(g / S, nr - 1) * K + s * KS + 8 * t;         // A row g
+    const bf16* a_hi = W + (size_t)min((g + 8) / S, nr - 1) * K + s * KS + 8 * t;   // A row g + 8
+    const bool has_b = g < S;
+    const bf16* b = x + (has_b ? g : 0) * KS + 8 * t;                               // B column g
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    float c[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    int u = s, k = 0;
+    for (; k + 2 <= NSTEP; k += 2) {
+        uint4 X[2], Y[2], B[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            X[i] = *reinterpret_cast<const uint4*>(a_lo + u * 32);
+            Y[i] = *reinterpret_cast<const uint4*>(a_hi + u * 32);
+            B[i] = has_b ? *reinterpret_cast<const uint4*>(b + u * 32) : zero;
+            u = u + 1 == NSTEP ? 0 : u + 1;
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            mma_bf16(c[i], X[i].x, Y[i].x, X[i].y, Y[i].y, B[i].x, B[i].y);
+            mma_bf16(c[i], X[i].z, Y[i].z, X[i].w, Y[i].w, B[i].z, B[i].w);
+        }
+    }
+    if (k < NSTEP) {                          // (an odd step count)
+        const uint4 X = *reinterpret_cast<const uint4*>(a_lo + u * 32);
+        const uint4 Y = *reinterpret_cast<const uint4*>(a_hi + u * 32);
+        const uint4 B = has_b ? *reinterpret_cast<const uint4*>(b + u * 32) : zero;
+        mma_bf16(c[0], X.x, Y.x, X.y, Y.y, B.x, B.y);
+        mma_bf16(c[0], X.z, Y.z, X.w, Y.w, B.z, B.w);
+    }
+    // lane (g, t) holds C[g][2t..2t+1] and C[g + 8][2t..2t+1]; A rows g and g + 8 (segment s: 8 % S == 0) want
+    // column s, which lanes t = s / 2 hold
+    const bool mine = (s >> 1) == t;
+    float lo = mine ? c[0][s & 1] + c[1][s & 1] : 0.f;
+    float hi = mine ? c[0][2 + (s & 1)] + c[1][2 + (s & 1)] : 0.f;
+#pragma unroll
+    for (int m = 1; m < 4 * S; m <<= 1) {     // over lane bits 0-1 (t) and the low log2(S) bits of g
+        lo += __shfl_xor_sync(0xffffffffu, lo, m);
+        hi += __shfl_xor_sync(0xffffffffu, hi, m);
+    }
+    if (t == 0 && s == 0) {
+        const int r_lo = g / S, r_hi = (g + 8) / S;
+        if (r_lo < nr) out[r_lo] = lo;
+        if (r_hi < nr) out[r_hi] = hi;
+    }
+}
+
 __device__ __forceinline__ void pg_compute(const bf16* W, const bf16* x, int nr, int K, float* out) {
+#if MK_PG_SEG_TC
+    // the widest segmenting that fits: nr * S <= 16 A rows, K in whole 32-element steps per segment
+    if (nr <= 2 && K % 256 == 0) { pg_rows_seg<8>(W, x, nr, K, out); return; }
+    if (nr <= 4 && K % 128 == 0) { pg_rows_seg<4>(W, x, nr, K, out); return; }
+    if (nr <= 8 && K % 64 == 0) { pg_rows_seg<2>(W, x, nr, K, out); return; }
+    if (nr <= 16 && K % 32 == 0) { pg_rows_seg<1>(W, x, nr, K, out); return; }
+#endif
     if (nr <= 2) pg_rows<2>(W, x, nr, K, out);
     else if (nr <= 4) pg_rows<4>(W, x, nr, K, out);
     else if (nr <= 8) pg_rows<8>(W, x, nr, K, out);
@@ -482,6 +563,9 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                 G.stamp[q][0] = prof_now();
                 if (j == 0) pg_mark(2);
 #endif
+#if PG_STATS
+                for (int k = 0; k < 4; k++) G.pstat[q][k] = 0;
+#endif
                 // the arrivals `outs` will not get from pages (the plan keeps an item's pages within the count)
                 if (pages < MK_PAGE_ITEM_PAGES_MAX) mbar_arrive_n(&G.outs[q], MK_PAGE_OUT_ARRIVALS - 32 * pages);
                 mbar_arrive(&G.desc[q]);      // (release: the description before the input warp's reads)
@@ -495,10 +579,16 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                     const int nr = min(rpp, nh - r), slot = s % npg;
                     // the next claim just before this item's last page (its round trip under the page's wait)
                     if (!late && p == pages - 1 && lane == 0) nxt = atomicAdd(work, 1);
+#if PG_STATS
+                    const long long t_ready = prof_now();
+#endif
                     if (s >= npg && !pg_wait(P, G, ticket, &G.empty[slot], ((s / npg) - 1) & 1, STALL_EMPTY, s)) {
                         stop = true;
                         break;
                     }
+#if PG_STATS
+                    if (lane == 0) atomicAdd(&G.pstat[q][3], (unsigned long long)(prof_now() - t_ready));
+#endif
                     if (lane == 0) {
 #if MK_PROFILE
                         if (p == 0) G.stamp[q][1] = prof_now();   // (before the arrive that releases it)
@@ -571,7 +661,13 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
     } else if (warp < npg) {                  // ---- the computing warps: warp w, ring page w ----
         for (int k = 0;; k++) {
             const int slot = warp;
+#if PG_STATS
+            const long long t_free = prof_now();
+#endif
             if (!pg_wait(P, G, ticket, &G.full[slot], (unsigned)k & 1u, STALL_PAGE, warp + k * npg)) break;
+#if PG_STATS
+            const long long t_page = prof_now();
+#endif
             int q = 0, pr = 0;                // (lane 0 alone reads the page's entry: the loader rewrites it once this
             if (lane == 0) { q = G.page[slot][0]; pr = G.page[slot][1]; }   // warp's lane 0 freed the page)
             q = __shfl_sync(0xffffffffu, q, 0);
@@ -587,6 +683,9 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             const int j = it[0], K = it[7], npages = it[8], row0 = pr & 0xffff, nr = pr >> 16;
             const int kind = it[1], st = it[4], nc = it[11];
             if (!pg_wait(P, G, ticket, &G.inp[q], slot_parity(j), STALL_INPUT, j)) break;
+#if PG_STATS
+            const long long t_inp = prof_now();
+#endif
             // input row i: a gate/up item's pair i's row of the shared x rows (without pg_x_item), else row i of
             // the slot's input buffer
             const bf16* xin = reinterpret_cast<const bf16*>(smem + PI(pg_in_off) + (size_t)q * PI(pg_in_bytes));
@@ -607,6 +706,14 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                 if (MK_GEMV_TC) pg_compute_rows_tc(W, nr, nc, K, xrow, out + row0, os);
                 else pg_compute_rows(W, nr, nc, K, xrow, out + row0, os);
             }
+#if PG_STATS
+            if (lane == 0) {
+                const long long t_math = prof_now();
+                atomicAdd(&G.pstat[q][0], (unsigned long long)(t_page - t_free));
+                atomicAdd(&G.pstat[q][1], (unsigned long long)(t_inp - t_page));
+                atomicAdd(&G.pstat[q][2], (unsigned long long)(t_math - t_inp));
+            }
+#endif
             mbar_arrive(&G.outs[q]);                  // every lane (release: its own output stores; the tensor-core
             __syncwarp();                             // product's lanes all store)
             if (epi_warp) {                           // (the epilogue warp takes it from here)

@@ -56,6 +56,12 @@
 #define MK_PG_PAGE_STATS 0
 #endif
 #define PG_STATS (MK_PROFILE && MK_PG_PAGE_STATS)
+// MK_PG_CLAIM_LEAD: the loader claims its next item this many pages before the current item's last page is issued
+// (1: just before it). The claim is an atomic round trip (1.4-3.2 us under load, mem_latency.cu) that the loader
+// waits for after the item's last page; with a larger lead it lands under more of the item's page waits.
+#ifndef MK_PG_CLAIM_LEAD
+#define MK_PG_CLAIM_LEAD 1
+#endif
 #define PG_END (-1)                     // an item description's kind: no more items (the input warp stops)
 
 // The worker's barriers and bookkeeping: in the plan's dynamic shared memory (at pg_state_off, PAGE_STATE_BYTES of
@@ -577,8 +583,14 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                 const bf16* src = h ? it.T.w1 : it.T.w0;
                 for (int r = 0; r < nh; r += rpp, p++) {
                     const int nr = min(rpp, nh - r), slot = s % npg;
-                    // the next claim just before this item's last page (its round trip under the page's wait)
+                    // the next claim MK_PG_CLAIM_LEAD pages before this item's end (its round trip under those
+                    // pages' waits: the loader reads the result after the item's last page)
+#if MK_PG_CLAIM_LEAD == 1
                     if (!late && p == pages - 1 && lane == 0) nxt = atomicAdd(work, 1);
+#else
+                    if (!late && p == (pages > MK_PG_CLAIM_LEAD ? pages - MK_PG_CLAIM_LEAD : 0) && lane == 0)
+                        nxt = atomicAdd(work, 1);
+#endif
 #if PG_STATS
                     const long long t_ready = prof_now();
 #endif

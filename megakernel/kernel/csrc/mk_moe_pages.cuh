@@ -2,9 +2,9 @@
 // order as the plain worker (mk_moe.cuh), but the SM never stops loading at an item boundary. Three roles, no
 // block-wide barrier between pages or items, and every hand-off between warps through an mbarrier (arrive: release,
 // wait: acquire), none through a polled flag, so compute-sanitizer's racecheck sees each one ordered:
-// - the loader (warp NW - 1) claims the next item just before it issues this item's last page (the claim's round trip
-//   under that page's wait, and no item held while a whole item's pages wait for the ring; pg_claim_late: after the
-//   last page, once the input warp has this item's inputs), publishes each item's description in one of
+// - the loader (warp NW - 1) claims the next item as it issues this item's middle page (MK_PG_CLAIM_LEAD: the claim's
+//   round trip under half the item's page waits, and no item held while a whole item's pages wait for the ring;
+//   pg_claim_late: after the last page, once the input warp has this item's inputs), publishes each item's description in one of
 //   PAGE_SLOTS item slots (`desc`; an end item after the last), and streams its weight rows into a ring of pg_n
 //   pages (PAGE_BYTES each, whole rows, one bulk copy per page) as pages free: weights never wait on a counter;
 // - the input warp (NW - 2) first loads the layer's x rows (every gate/up item's inputs: the routing the worker
@@ -57,10 +57,13 @@
 #endif
 #define PG_STATS (MK_PROFILE && MK_PG_PAGE_STATS)
 // MK_PG_CLAIM_LEAD: the loader claims its next item this many pages before the current item's last page is issued
-// (1: just before it). The claim is an atomic round trip (1.4-3.2 us under load, mem_latency.cu) that the loader
-// waits for after the item's last page; with a larger lead it lands under more of the item's page waits.
+// (1: just before it; 0: at the item's middle page). The claim is an atomic round trip (1.4-3.2 us under load,
+// mem_latency.cu) that the loader waits for after the item's last page; with a larger lead it lands under more of
+// the item's page waits, but a worker holds its next item longer (the layer's tail). 8K, ms at 1 / 4 / 8 (961268a,
+// each build in its own process): b1 3.111 / 3.100 / 3.123, b8 10.99 / 10.92 / 10.91, b16 17.69 / 17.59 / 17.56:
+// the best lead is about half an item (b1's gate/up items are 8 pages, b8's and b16's 16).
 #ifndef MK_PG_CLAIM_LEAD
-#define MK_PG_CLAIM_LEAD 1
+#define MK_PG_CLAIM_LEAD 0
 #endif
 #define PG_END (-1)                     // an item description's kind: no more items (the input warp stops)
 
@@ -588,8 +591,9 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
 #if MK_PG_CLAIM_LEAD == 1
                     if (!late && p == pages - 1 && lane == 0) nxt = atomicAdd(work, 1);
 #else
-                    if (!late && p == (pages > MK_PG_CLAIM_LEAD ? pages - MK_PG_CLAIM_LEAD : 0) && lane == 0)
-                        nxt = atomicAdd(work, 1);
+                    const int claim_at = MK_PG_CLAIM_LEAD == 0 ? pages / 2
+                                         : pages > MK_PG_CLAIM_LEAD ? pages - MK_PG_CLAIM_LEAD : 0;
+                    if (!late && p == claim_at && lane == 0) nxt = atomicAdd(work, 1);
 #endif
 #if PG_STATS
                     const long long t_ready = prof_now();

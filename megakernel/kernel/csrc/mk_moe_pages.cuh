@@ -2,8 +2,8 @@
 // order as the plain worker (mk_moe.cuh), but the SM never stops loading at an item boundary. Three roles, no
 // block-wide barrier between pages or items, and every hand-off between warps through an mbarrier (arrive: release,
 // wait: acquire), none through a polled flag, so compute-sanitizer's racecheck sees each one ordered:
-// - the loader (warp NW - 1) claims the next item as it issues this item's middle page (MK_PG_CLAIM_LEAD: the claim's
-//   round trip under half the item's page waits, and no item held while a whole item's pages wait for the ring;
+// - the loader (warp NW - 1) claims the next item as it issues this item's fourth page from the end (MK_PG_CLAIM_LEAD:
+//   the claim's round trip under those pages' waits, and no item held while a whole item's pages wait for the ring;
 //   pg_claim_late: after the last page, once the input warp has this item's inputs), publishes each item's description in one of
 //   PAGE_SLOTS item slots (`desc`; an end item after the last), and streams its weight rows into a ring of pg_n
 //   pages (PAGE_BYTES each, whole rows, one bulk copy per page) as pages free: weights never wait on a counter;
@@ -60,10 +60,11 @@
 // (1: just before it; 0: at the item's middle page). The claim is an atomic round trip (1.4-3.2 us under load,
 // mem_latency.cu) that the loader waits for after the item's last page; with a larger lead it lands under more of
 // the item's page waits, but a worker holds its next item longer (the layer's tail). 8K, ms at 1 / 4 / 8 (961268a,
-// each build in its own process): b1 3.111 / 3.100 / 3.123, b8 10.99 / 10.92 / 10.91, b16 17.69 / 17.59 / 17.56:
-// the best lead is about half an item (b1's gate/up items are 8 pages, b8's and b16's 16).
+// each build in its own process): b1 3.111 / 3.100 / 3.123, b8 10.99 / 10.92 / 10.91, b16 17.69 / 17.59 / 17.56;
+// at 1 / half an item (0) / 4 (8512fc1): b1 3.113 / 3.110 / 3.094, b8 11.04 / 11.01 / 10.97, b16 17.71 / 17.65 /
+// 17.62. 4 pages (a b1 gate/up item is 8, a b8 or b16 one 16).
 #ifndef MK_PG_CLAIM_LEAD
-#define MK_PG_CLAIM_LEAD 0
+#define MK_PG_CLAIM_LEAD 4
 #endif
 #define PG_END (-1)                     // an item description's kind: no more items (the input warp stops)
 

@@ -1,0 +1,66 @@
+"""HBM read rate over one layer of a profiled step, from its raw records (.npz): where in the layer the bytes move.
+
+    python -m megakernel bench --random-north --backend megakernel --batch-size 1 --context 8192 --steps 10 \
+        --trace tl_b1.npz
+    python benchmarks/layer_bandwidth.py tl_b1.npz [--layer 20] [--bin-us 2]
+
+Each task or MoE item's bytes (weights, K/V) are spread evenly over its span from its first copy issued to its math
+done, and summed per time bin from the layer's first router wait to the next layer's. An approximation (a tile's
+bytes land in a burst after its issue, not evenly), but bins of a few us show the layer's phases: in the b1 8K step
+at 7c8d10c the routing window (8-14 us into the layer) moves 0.3-0.8 TB/s, the MoE phase 2-3.9 TB/s
+(SPEED_NOTES, twenty-first session).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+from megakernel.kernel import timeline as T
+
+
+def layer_profile(path: str, layer: int, bin_us: float = 2.0) -> dict:
+    tl = T.to_timeline(T.load_raw(path))
+    spans = []
+    for ev in (tl.tasks, tl.items):
+        ok = (ev.nbytes > 0) & np.isfinite(ev.issued) & np.isfinite(ev.computed) & (ev.computed > ev.issued)
+        spans.append(np.stack([ev.issued[ok], ev.computed[ok], ev.nbytes[ok]], axis=1))
+    a, b, n = np.concatenate(spans).T
+    ops = np.array([T.op_name(int(o)) for o in tl.tasks.op])
+    router = ops == "ROUTER"
+    t0 = float(np.nanmin(tl.tasks.waited[router & (tl.tasks.layer == layer)]))
+    t1 = float(np.nanmin(tl.tasks.waited[router & (tl.tasks.layer == layer + 1)]))
+    dt = bin_us * 1e3
+    edges = np.arange(t0, t1 + dt, dt)
+    rate = n / (b - a)                                   # bytes per ns
+    # overlap of each span with each bin, summed: bytes per bin
+    lo = np.maximum(a[:, None], edges[None, :-1])
+    hi = np.minimum(b[:, None], edges[None, 1:])
+    per_bin = (np.clip(hi - lo, 0, None) * rate[:, None]).sum(axis=0)
+    gbs = per_bin / dt                                   # bytes per ns = GB/s
+    return {"trace": path, "layer": layer, "layer_us": round((t1 - t0) / 1e3, 2), "bin_us": bin_us,
+            "layer_gb_per_s": round(float(per_bin.sum() / (t1 - t0)), 1),
+            "bins": [{"from_us": round(i * bin_us, 2), "gb_per_s": round(float(g), 1)} for i, g in enumerate(gbs)]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("npz")
+    ap.add_argument("--layer", type=int, default=20)
+    ap.add_argument("--bin-us", type=float, default=2.0)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    res = layer_profile(args.npz, args.layer, args.bin_us)
+    print(f"{res['trace']}: layer {res['layer']}, {res['layer_us']} us, {res['layer_gb_per_s']} GB/s on average")
+    for b in res["bins"]:
+        print(f"  {b['from_us']:6.1f} us  {b['gb_per_s']:7.0f} GB/s  " + "#" * int(b["gb_per_s"] / 100))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

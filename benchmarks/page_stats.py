@@ -1,0 +1,89 @@
+"""Where a paged MoE worker's items spend their time, from a profiled step's raw records (.npz).
+
+    MEGAKERNEL_KERNEL_DEFINES=MK_PG_PAGE_STATS=1 python -m megakernel bench --random-north --backend megakernel \
+        --batch-size 1 --context 8192 --steps 10 --trace ps_b1.npz
+    python benchmarks/page_stats.py ps_b1.npz [--layer 20] [--json out.json]
+
+Per item kind (gate/up, down, O), percentiles over the layer's items (and all layers') of the stamps' gaps: claim ->
+first page issued -> inputs loaded -> first page's math -> last page's math -> epilogue written; and each worker's
+rate (its items' bytes over its first issue to its last page's math). With the MK_PG_PAGE_STATS build an item's four
+marks are sums over its pages (mk_moe_pages.cuh): its warps waiting for the page to land (starved), for the item's
+inputs, their math, and the loader waiting for the page's ring slot. A ring whose warps starve while its loader
+never waits is short of bytes in flight or of delivery, not of math (SPEED_NOTES, twenty-first session).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+from megakernel.kernel import opcodes as O
+from megakernel.kernel import timeline as T
+
+KINDS = {O.PROF_ITEM_GU: "gate/up", O.PROF_ITEM_DN: "down", O.PROF_ITEM_O: "O"}
+GAPS = (("claim", "issued"), ("issued", "waited"), ("issued", "landed"), ("landed", "computed"), ("computed", "end"))
+PAGE_SUMS = ("starved", "inputs", "math", "loader blocked")
+
+
+def pct(a: np.ndarray) -> list[float]:
+    return [round(float(v), 2) for v in np.percentile(a, [10, 50, 90])] if len(a) else []
+
+
+def analyse(path: str, layer: int) -> dict:
+    raw = T.load_raw(path)
+    it = T.to_timeline(raw).items
+    F = {k: i for i, k in enumerate(O.PROF_FIELDS)}
+    marks = raw.items[:, [F[k] for k in O.PROF_MARK_FIELDS[:4]]].astype(np.float64)
+    # page sums are durations (a few to ~100 us); stamps would be ~step-sized absolute times
+    has_sums = bool((marks >= 0).all() and len(marks) and marks.max() < 1e7 and (marks[:, 2] > 0).any())
+    out: dict = {"trace": path, "layer": layer, "page_sums": has_sums, "kinds": {}}
+    in_layer = it.layer == layer
+    for op, name in KINDS.items():
+        rec: dict = {}
+        for scope, sel in (("layer", in_layer & (it.op == op)), ("all", it.op == op)):
+            if not sel.any():
+                continue
+            r: dict = {"items": int(sel.sum()), "bytes": float(it.nbytes[sel][0])}
+            for a, b in GAPS:
+                r[f"{a}->{b} us"] = pct((getattr(it, b) - getattr(it, a))[sel] / 1e3)
+            if has_sums:
+                for k, nm in enumerate(PAGE_SUMS):
+                    r[f"{nm} us (page sum)"] = pct(marks[sel, k] / 1e3)
+            rec[scope] = r
+        if rec:
+            out["kinds"][name] = rec
+    rates = []
+    for b in np.unique(it.block[in_layer]):
+        s = in_layer & (it.block == b)
+        span = it.computed[s].max() - it.issued[s].min()
+        if span > 0:
+            rates.append(it.nbytes[s].sum() / span)
+    out["workers"] = {"count": len(rates), "gb_per_s_p10_50_90": pct(np.array(rates))}
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("npz")
+    ap.add_argument("--layer", type=int, default=20)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    res = analyse(args.npz, args.layer)
+    print(f"{res['trace']}: layer {res['layer']}, {res['workers']['count']} workers at "
+          f"{res['workers']['gb_per_s_p10_50_90']} GB/s (p10/50/90)")
+    for name, rec in res["kinds"].items():
+        for scope, r in rec.items():
+            print(f"  {name:8s} {scope:5s} {r['items']:6d} items of {r['bytes'] / 1024:.0f} KB")
+            for k, v in r.items():
+                if k not in ("items", "bytes"):
+                    print(f"      {k:28s} {v}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

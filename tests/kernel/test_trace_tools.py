@@ -1,0 +1,95 @@
+"""benchmarks/layer_bandwidth.py and benchmarks/page_stats.py on a trace emulated from a real task list (CPU): the
+tools the speed notes quote run on a saved .npz and their figures add up. (On the GPU they read the profiling
+build's traces; MK_PG_PAGE_STATS fills the paged items' page sums, which an emulated trace has none of.)"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kernel_helpers import decode_batch, make_cfg, prefill_state, tiny_weights
+from megakernel.kernel import opcodes as O
+from megakernel.kernel import timeline as T
+from megakernel.kernel.schedule import ModelPlan, build_tasks, step_inputs
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory):
+    cfg = make_cfg("north_like")
+    w = tiny_weights(cfg)
+    st = prefill_state(cfg, w, [13, 30, 5], chunk=16)
+    batch = decode_batch(st, [5, 6, 7])
+    plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=8, split_tokens=8)
+    si = step_inputs(plan, batch.input_ids.tolist(), batch.positions.tolist(), batch.block_tables)
+    tl = build_tasks(plan, si.B, si.nsplit)
+    nbytes, item_bytes = T.task_bytes(plan, si, tl.records)
+    raw = T.emulate(tl.records, nbytes, n_blocks=8)
+    path = tmp_path_factory.mktemp("trace") / "emulated.npz"
+    T.save_raw(raw, str(path))
+    return str(path), raw
+
+
+def test_layer_bandwidth_bins_add_up(trace):
+    path, raw = trace
+    res = _load("layer_bandwidth").layer_profile(path, layer=1, bin_us=0.5)
+    assert res["layer_us"] > 0 and res["bins"]
+    rates = np.array([b["gb_per_s"] for b in res["bins"]])
+    assert (rates >= 0).all() and rates.max() > 0
+    # the layer's mean rate is its bins' bytes over its span (the last bin may run past the next layer's start)
+    n = len(rates)
+    assert res["layer_gb_per_s"] <= rates.sum() * res["bin_us"] / res["layer_us"] + 1.0
+    assert res["layer_gb_per_s"] >= rates[:n - 1].sum() * res["bin_us"] / res["layer_us"] - 1.0
+    # no more bytes than the whole step read
+    assert res["layer_gb_per_s"] * res["layer_us"] * 1e3 <= raw.task_bytes.sum() + 1.0
+
+
+def test_page_stats_reads_the_page_sums(trace, tmp_path):
+    """Items with MK_PG_PAGE_STATS marks (sums in ns) come out as the page sums' percentiles, their stamps' gaps
+    as the phases, and each worker's rate as its bytes over its span; without marks, no page sums."""
+    _, raw = trace
+    F = {k: i for i, k in enumerate(O.PROF_FIELDS)}
+    PB = {k: i for i, k in enumerate(O.PROF_BLOCK_FIELDS)}
+    blocks = raw.blocks.copy()                          # %globaltimer stamps: clock = ns on every block
+    blocks[:, PB["c_start"]], blocks[:, PB["c_end"]] = blocks[:, PB["g_start"]], blocks[:, PB["g_end"]]
+    t0 = int(blocks[:, PB["g_start"]].max())
+    rows = []
+    for k in range(4):                                  # 4 gate/up items, two per worker block
+        r = np.full(O.PROF_INTS, -1, dtype=np.int64)
+        r[F["block"]], r[F["sm"]], r[F["op"]], r[F["layer"]], r[F["arg"]] = k % 2, k % 2, O.PROF_ITEM_GU, 1, k
+        base = t0 + 1000 * k
+        for name, off in (("claim", 0), ("issued", 100), ("waited", 150), ("landed", 400), ("computed", 900),
+                          ("end", 1000)):
+            r[F[name]] = base + off
+        r[F["m0"]], r[F["m1"]], r[F["m2"]], r[F["m3"]] = 8000 + k, 200, 3000, 50    # ns
+        rows.append(r)
+    items = np.stack(rows)
+    path = tmp_path / "with_items.npz"
+    T.save_raw(T.RawProfile(raw.tasks, items, blocks, raw.records, raw.task_bytes, {O.PROF_ITEM_GU: 131072}),
+               str(path))
+    res = _load("page_stats").analyse(str(path), layer=1)
+    assert res["page_sums"] is True
+    r = res["kinds"]["gate/up"]["layer"]
+    assert r["items"] == 4 and r["bytes"] == 131072
+    assert r["issued->landed us"] == [0.3, 0.3, 0.3] and r["landed->computed us"] == [0.5, 0.5, 0.5]
+    assert r["math us (page sum)"] == [3.0, 3.0, 3.0] and r["loader blocked us (page sum)"] == [0.05, 0.05, 0.05]
+    assert 8.0 <= r["starved us (page sum)"][1] <= 8.01
+    # worker 0 ran items 0 and 2: 2 x 128 KiB from item 0's issue to item 2's math (2800 ns)
+    assert res["workers"]["count"] == 2
+    assert abs(res["workers"]["gb_per_s_p10_50_90"][1] - 2 * 131072 / 2800) < 0.1
+    items[:, F["m0"]:F["m3"] + 1] = -1                  # a profiling build without MK_PG_PAGE_STATS
+    T.save_raw(T.RawProfile(raw.tasks, items, blocks, raw.records, raw.task_bytes, {O.PROF_ITEM_GU: 131072}),
+               str(path))
+    res = _load("page_stats").analyse(str(path), layer=1)
+    assert res["page_sums"] is False and not any(k.endswith("(page sum)") for k in res["kinds"]["gate/up"]["layer"])

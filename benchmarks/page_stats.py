@@ -8,7 +8,8 @@ Per item kind (gate/up, down, O), percentiles over the layer's items (and all la
 first page issued -> inputs loaded -> first page's math -> last page's math -> epilogue written; and each worker's
 rate (its items' bytes over its first issue to its last page's math). With the MK_PG_PAGE_STATS build an item's four
 marks are sums over its pages (mk_moe_pages.cuh): its warps waiting for the page to land (starved), for the item's
-inputs, their math, and the loader waiting for the page's ring slot. A ring whose warps starve while its loader
+inputs, their math, the loader waiting for the page's ring slot, and (builds from session 21's end on) the mean
+flight, issue to landing, of the pages a warp was already waiting for. A ring whose warps starve while its loader
 never waits is short of bytes in flight or of delivery, not of math (SPEED_NOTES, twenty-first session).
 """
 
@@ -25,6 +26,7 @@ from megakernel.kernel import timeline as T
 KINDS = {O.PROF_ITEM_GU: "gate/up", O.PROF_ITEM_DN: "down", O.PROF_ITEM_O: "O"}
 GAPS = (("claim", "issued"), ("issued", "waited"), ("issued", "landed"), ("landed", "computed"), ("computed", "end"))
 PAGE_SUMS = ("starved", "inputs", "math", "loader blocked")
+LOW = (1 << 32) - 1
 
 
 def pct(a: np.ndarray) -> list[float]:
@@ -35,9 +37,12 @@ def analyse(path: str, layer: int) -> dict:
     raw = T.load_raw(path)
     it = T.to_timeline(raw).items
     F = {k: i for i, k in enumerate(O.PROF_FIELDS)}
-    marks = raw.items[:, [F[k] for k in O.PROF_MARK_FIELDS[:4]]].astype(np.float64)
+    packed = raw.items[:, [F[k] for k in O.PROF_MARK_FIELDS[:4]]].astype(np.int64)
+    # m1 and m3 carry a count and a flight sum in their high 32 bits
+    n_waited, flight = packed[:, 1] >> 32, packed[:, 3] >> 32
+    marks = np.stack([packed[:, 0], packed[:, 1] & LOW, packed[:, 2], packed[:, 3] & LOW], axis=1).astype(np.float64)
     # page sums are durations (a few to ~100 us); stamps would be ~step-sized absolute times
-    has_sums = bool((marks >= 0).all() and len(marks) and marks.max() < 1e7 and (marks[:, 2] > 0).any())
+    has_sums = bool((packed >= 0).all() and len(marks) and marks.max() < 1e7 and (marks[:, 2] > 0).any())
     out: dict = {"trace": path, "layer": layer, "page_sums": has_sums, "kinds": {}}
     in_layer = it.layer == layer
     for op, name in KINDS.items():
@@ -51,6 +56,10 @@ def analyse(path: str, layer: int) -> dict:
             if has_sums:
                 for k, nm in enumerate(PAGE_SUMS):
                     r[f"{nm} us (page sum)"] = pct(marks[sel, k] / 1e3)
+                w = sel & (n_waited > 0)
+                if w.any():
+                    r["flight us per waited-for page"] = pct(flight[w] / n_waited[w] / 1e3)
+                    r["waited-for pages per item"] = pct(n_waited[w].astype(np.float64))
             rec[scope] = r
         if rec:
             out["kinds"][name] = rec

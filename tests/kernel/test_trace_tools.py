@@ -72,7 +72,8 @@ def test_page_stats_reads_the_page_sums(trace, tmp_path):
         for name, off in (("claim", 0), ("issued", 100), ("waited", 150), ("landed", 400), ("computed", 900),
                           ("end", 1000)):
             r[F[name]] = base + off
-        r[F["m0"]], r[F["m1"]], r[F["m2"]], r[F["m3"]] = 8000 + k, 200, 3000, 50    # ns
+        # ns; m1's high half: 2 pages waited for, m3's: their flights' sum, 6 us
+        r[F["m0"]], r[F["m1"]], r[F["m2"]], r[F["m3"]] = 8000 + k, 200 + (2 << 32), 3000, 50 + (6000 << 32)
         rows.append(r)
     items = np.stack(rows)
     path = tmp_path / "with_items.npz"
@@ -84,7 +85,8 @@ def test_page_stats_reads_the_page_sums(trace, tmp_path):
     assert r["items"] == 4 and r["bytes"] == 131072
     assert r["issued->landed us"] == [0.3, 0.3, 0.3] and r["landed->computed us"] == [0.5, 0.5, 0.5]
     assert r["math us (page sum)"] == [3.0, 3.0, 3.0] and r["loader blocked us (page sum)"] == [0.05, 0.05, 0.05]
-    assert 8.0 <= r["starved us (page sum)"][1] <= 8.01
+    assert 8.0 <= r["starved us (page sum)"][1] <= 8.01 and r["inputs us (page sum)"] == [0.2, 0.2, 0.2]
+    assert r["flight us per waited-for page"] == [3.0, 3.0, 3.0] and r["waited-for pages per item"][1] == 2
     # worker 0 ran items 0 and 2: 2 x 128 KiB from item 0's issue to item 2's math (2800 ns)
     assert res["workers"]["count"] == 2
     assert abs(res["workers"]["gb_per_s_p10_50_90"][1] - 2 * 131072 / 2800) < 0.1

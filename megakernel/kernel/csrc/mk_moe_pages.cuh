@@ -49,9 +49,11 @@
 #endif
 #define PG_EPI_WARP (NW - 3)
 // MK_PG_PAGE_STATS=1 (with MK_PROFILE, a diagnostic build): a paged item's four marks hold sums over its pages, in ns,
-// instead of stamps: m0 its warps' waits for the page to land (starved), m1 their waits for the item's inputs, m2
-// their math, m3 the loader's waits for the page's ring slot to free. Which of them the item's time goes to says
-// whether the ring is short of bytes in flight (m0) or its warps are the bound (m3 with small m0).
+// instead of stamps: m0 its warps' waits for the page to land (starved), m1 their waits for the item's inputs (low
+// 32 bits) and the count of pages a warp was already waiting for when they landed (high 32), m2 their math, m3 the
+// loader's waits for the page's ring slot to free (low 32) and, over the counted pages, issue to landing (the
+// page's flight, high 32). Which of them the item's time goes to says whether the ring is short of bytes in flight
+// (m0), its warps are the bound (m3 with small m0), or the copies are slow to land (the flight).
 #ifndef MK_PG_PAGE_STATS
 #define MK_PG_PAGE_STATS 0
 #endif
@@ -82,6 +84,7 @@ struct PgState {
     long long stamp[MK_PAGE_SLOTS][5];         // (MK_PROFILE) claim, issued, waited, landed, computed (per item)
 #if PG_STATS
     unsigned long long pstat[MK_PAGE_SLOTS][4];   // (MK_PG_PAGE_STATS) the item's page sums (ns), its marks
+    long long pissue[MK_PAGE_MAX];             // when the ring page's current copy was issued
 #endif
     int page[MK_PAGE_MAX][2];                  // item slot (-1: end marker), first row | rows << 16
     int item[MK_PAGE_SLOTS][12];               // sequence j, kind, expert slot, expert, first pair, r0, nr, K, pages,
@@ -612,6 +615,9 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
 #endif
                         G.page[slot][0] = q;
                         G.page[slot][1] = (h * n0 + r) | (nr << 16);
+#if PG_STATS
+                        G.pissue[slot] = prof_now();   // (published by the expect_tx arrive below, as the entry)
+#endif
                         fence_proxy_async();  // the page's last reads (its warp's) before the copy's writes
                         mbar_expect_tx(&G.full[slot], (unsigned)(nr * K * 2));
                         bulk_load(smem + (size_t)slot * MK_PAGE_BYTES, src + (size_t)r * K, (unsigned)(nr * K * 2),
@@ -726,9 +732,12 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
 #if PG_STATS
             if (lane == 0) {
                 const long long t_math = prof_now();
+                // a warp that waited for the page saw it land: its flight is issue to then
+                const bool waited = t_page - t_free > 64;
                 atomicAdd(&G.pstat[q][0], (unsigned long long)(t_page - t_free));
-                atomicAdd(&G.pstat[q][1], (unsigned long long)(t_inp - t_page));
+                atomicAdd(&G.pstat[q][1], (unsigned long long)(t_inp - t_page) + (waited ? 1ull << 32 : 0ull));
                 atomicAdd(&G.pstat[q][2], (unsigned long long)(t_math - t_inp));
+                if (waited) atomicAdd(&G.pstat[q][3], (unsigned long long)(t_page - G.pissue[slot]) << 32);
             }
 #endif
             mbar_arrive(&G.outs[q]);                  // every lane (release: its own output stores; the tensor-core

@@ -65,6 +65,11 @@
 // each build in its own process): b1 3.111 / 3.100 / 3.123, b8 10.99 / 10.92 / 10.91, b16 17.69 / 17.59 / 17.56;
 // at 1 / half an item (0) / 4 (8512fc1): b1 3.113 / 3.110 / 3.094, b8 11.04 / 11.01 / 10.97, b16 17.71 / 17.65 /
 // 17.62. 4 pages (a b1 gate/up item is 8, a b8 or b16 one 16).
+// MK_PG_PROXY_FENCE: a proxy fence before each page's copy (1), or none (0: the computing warp's reads are ordered
+// before the copy's writes by the `empty` mbarrier alone, as TMA pipelines commonly do). Under test.
+#ifndef MK_PG_PROXY_FENCE
+#define MK_PG_PROXY_FENCE 1
+#endif
 #ifndef MK_PG_CLAIM_LEAD
 #define MK_PG_CLAIM_LEAD 4
 #endif
@@ -618,7 +623,9 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
 #if PG_STATS
                         G.pissue[slot] = prof_now();   // (published by the expect_tx arrive below, as the entry)
 #endif
+#if MK_PG_PROXY_FENCE
                         fence_proxy_async();  // the page's last reads (its warp's) before the copy's writes
+#endif
                         mbar_expect_tx(&G.full[slot], (unsigned)(nr * K * 2));
                         bulk_load(smem + (size_t)slot * MK_PAGE_BYTES, src + (size_t)r * K, (unsigned)(nr * K * 2),
                                   &G.full[slot], pol);

@@ -152,3 +152,22 @@ def tiny_decode_setup(variant: str, B: int, device: str = "cuda"):
     lens = torch.randint(1, 30, (B,), generator=g).tolist()
     st = prefill_state(cfg, w, lens, device=device, seed=B)
     return cfg, w, st, Cohere2MoeModel(cfg, w, fast_prefill=False), g
+
+
+def emulated_trace(n_blocks: int = 8):
+    """A profiled step's raw records emulated on CPU from a real task list (north_like tiny model, 3 rows): the
+    RawProfile, its Timeline and the TaskList (the timeline tools' tests; no GPU)."""
+    from megakernel.kernel import timeline as T
+    from megakernel.kernel.schedule import ModelPlan, build_tasks, step_inputs
+
+    cfg = make_cfg("north_like")
+    w = tiny_weights(cfg)
+    st = prefill_state(cfg, w, [13, 30, 5], chunk=16)
+    batch = decode_batch(st, [5, 6, 7])
+    plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=n_blocks, split_tokens=8)
+    si = step_inputs(plan, batch.input_ids.tolist(), batch.positions.tolist(), batch.block_tables)
+    tl = build_tasks(plan, si.B, si.nsplit)
+    nbytes, _ = T.task_bytes(plan, si, tl.records)
+    raw = T.emulate(tl.records, nbytes, n_blocks=n_blocks)
+    return raw, T.to_timeline(raw), tl
+

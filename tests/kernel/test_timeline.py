@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from kernel_helpers import decode_batch, make_cfg, prefill_state, tiny_weights
+from kernel_helpers import decode_batch, emulated_trace, make_cfg, prefill_state, tiny_weights
 from megakernel.kernel import opcodes as O
 from megakernel.kernel import timeline as T
 from megakernel.kernel.schedule import ModelPlan, build_tasks, step_inputs
@@ -16,16 +16,7 @@ from megakernel.kernel.schedule import ModelPlan, build_tasks, step_inputs
 
 @pytest.fixture(scope="module")
 def emulated():
-    cfg = make_cfg("north_like")
-    w = tiny_weights(cfg)
-    st = prefill_state(cfg, w, [13, 30, 5], chunk=16)
-    batch = decode_batch(st, [5, 6, 7])
-    plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=8, split_tokens=8)
-    si = step_inputs(plan, batch.input_ids.tolist(), batch.positions.tolist(), batch.block_tables)
-    tl = build_tasks(plan, si.B, si.nsplit)
-    nbytes, item_bytes = T.task_bytes(plan, si, tl.records)
-    raw = T.emulate(tl.records, nbytes, n_blocks=8)
-    return raw, T.to_timeline(raw), tl
+    return emulated_trace()
 
 
 def test_emulated_trace_meets_the_invariants(emulated):

@@ -10,10 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernel_helpers import decode_batch, make_cfg, prefill_state, tiny_weights
+from kernel_helpers import emulated_trace
 from megakernel.kernel import opcodes as O
 from megakernel.kernel import timeline as T
-from megakernel.kernel.schedule import ModelPlan, build_tasks, step_inputs
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
@@ -27,15 +26,7 @@ def _load(name: str):
 
 @pytest.fixture(scope="module")
 def trace(tmp_path_factory):
-    cfg = make_cfg("north_like")
-    w = tiny_weights(cfg)
-    st = prefill_state(cfg, w, [13, 30, 5], chunk=16)
-    batch = decode_batch(st, [5, 6, 7])
-    plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=8, split_tokens=8)
-    si = step_inputs(plan, batch.input_ids.tolist(), batch.positions.tolist(), batch.block_tables)
-    tl = build_tasks(plan, si.B, si.nsplit)
-    nbytes, item_bytes = T.task_bytes(plan, si, tl.records)
-    raw = T.emulate(tl.records, nbytes, n_blocks=8)
+    raw, _, _ = emulated_trace()
     path = tmp_path_factory.mktemp("trace") / "emulated.npz"
     T.save_raw(raw, str(path))
     return str(path), raw
@@ -73,7 +64,9 @@ def test_page_stats_reads_the_page_sums(trace, tmp_path):
                           ("end", 1000)):
             r[F[name]] = base + off
         # ns; m1's high half: 2 pages waited for, m3's: their flights' sum, 6 us
-        r[F["m0"]], r[F["m1"]], r[F["m2"]], r[F["m3"]] = 8000 + k, 200 + (2 << 32), 3000, 50 + (6000 << 32)
+        # (m0's high half: the loader's slot wait, 100 ns; m2's: its claim wait, 1500 ns)
+        r[F["m0"]], r[F["m1"]] = 8000 + k + (100 << 32), 200 + (2 << 32)
+        r[F["m2"]], r[F["m3"]] = 3000 + (1500 << 32), 50 + (6000 << 32)
         rows.append(r)
     items = np.stack(rows)
     path = tmp_path / "with_items.npz"
@@ -87,6 +80,8 @@ def test_page_stats_reads_the_page_sums(trace, tmp_path):
     assert r["math us (page sum)"] == [3.0, 3.0, 3.0] and r["loader blocked us (page sum)"] == [0.05, 0.05, 0.05]
     assert 8.0 <= r["starved us (page sum)"][1] <= 8.01 and r["inputs us (page sum)"] == [0.2, 0.2, 0.2]
     assert r["flight us per waited-for page"] == [3.0, 3.0, 3.0] and r["waited-for pages per item"][1] == 2
+    assert r["loader: item slot wait before publish us"] == [0.1, 0.1, 0.1]
+    assert r["loader: claim result wait before publish us"] == [1.5, 1.5, 1.5]
     # worker 0 ran items 0 and 2: 2 x 128 KiB from item 0's issue to item 2's math (2800 ns)
     assert res["workers"]["count"] == 2
     assert abs(res["workers"]["gb_per_s_p10_50_90"][1] - 2 * 131072 / 2800) < 0.1

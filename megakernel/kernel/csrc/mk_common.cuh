@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 #include "mk_generated.h"
+#include "mk_math.cuh"
 
 typedef __nv_bfloat16 bf16;
 
@@ -174,13 +175,6 @@ __device__ __forceinline__ float bf2f(bf16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ bf16 f2bf(float x) { return __float2bfloat16_rn(x); }
 // Round an fp32 value to bf16 precision (what storing a PyTorch bf16 intermediate does).
 __device__ __forceinline__ float rbf(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
-
-__device__ __forceinline__ void unpack8(const uint4& u, float* f) {
-    f[0] = __uint_as_float(u.x << 16); f[1] = __uint_as_float(u.x & 0xffff0000u);
-    f[2] = __uint_as_float(u.y << 16); f[3] = __uint_as_float(u.y & 0xffff0000u);
-    f[4] = __uint_as_float(u.z << 16); f[5] = __uint_as_float(u.z & 0xffff0000u);
-    f[6] = __uint_as_float(u.w << 16); f[7] = __uint_as_float(u.w & 0xffff0000u);
-}
 
 // Loads of data produced inside this launch go to L2 (.cg), never through the incoherent L1 / nc path.
 __device__ __forceinline__ float ldcg_bf(const bf16* p) {
@@ -370,7 +364,6 @@ __device__ __forceinline__ bool block_wait(const Params& P, int c, int target, i
     return __syncthreads_and(ok) != 0;
 }
 
-
 // Every task kind checks its shared-memory layout against the launch's dynamic shared memory before using it
 // (uniform over the block): a host/kernel layout mismatch is ERR_SMEM with both sizes, never a silent overflow.
 __device__ __forceinline__ unsigned dynamic_smem_bytes() {
@@ -385,11 +378,6 @@ __device__ __forceinline__ bool smem_fits(const Params& P, size_t need, int task
     return false;
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

@@ -3,14 +3,6 @@
 #pragma once
 #include "mk_loader.cuh"
 
-// One m16n8k16 bf16 MMA, fp32 accumulate: c += A B.
-__device__ __forceinline__ void mma_bf16(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
-                                         unsigned b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 // Warps 0..NWC-1, after the tensor-core cores' (16-row block, K slice) items: the slices' partial sums in sRed
 // ([slice][block][16 rows][MB]) added in slice order (deterministic) into sOut, between the barriers that publish
 // sRed and then sOut.

@@ -36,6 +36,7 @@
 #include "mk_common.cuh"
 #include "mk_loader.cuh"
 #include "mk_gemv_core.cuh"
+#include "mk_page_math.cuh"
 
 #define PG_INPUT_WARP (NW - 2)          // warp NW - 2 loads inputs, warp NW - 1 weights; warps 0 .. pg_n - 1 compute
 #define PG_LOADER_WARP (NW - 1)
@@ -52,7 +53,8 @@
 // instead of stamps: m0 its warps' waits for the page to land (starved), m1 their waits for the item's inputs (low
 // 32 bits) and the count of pages a warp was already waiting for when they landed (high 32), m2 their math, m3 the
 // loader's waits for the page's ring slot to free (low 32) and, over the counted pages, issue to landing (the
-// page's flight, high 32). Which of them the item's time goes to says whether the ring is short of bytes in flight
+// page's flight, high 32); the high halves of m0 and m2: the loader's wait for the item's slot and for the claim's
+// result before it published the item. Which of them the item's time goes to says whether the ring is short of bytes in flight
 // (m0), its warps are the bound (m3 with small m0), or the copies are slow to land (the flight).
 #ifndef MK_PG_PAGE_STATS
 #define MK_PG_PAGE_STATS 0
@@ -65,6 +67,13 @@
 // each build in its own process): b1 3.111 / 3.100 / 3.123, b8 10.99 / 10.92 / 10.91, b16 17.69 / 17.59 / 17.56;
 // at 1 / half an item (0) / 4 (8512fc1): b1 3.113 / 3.110 / 3.094, b8 11.04 / 11.01 / 10.97, b16 17.71 / 17.65 /
 // 17.62. 4 pages (a b1 gate/up item is 8, a b8 or b16 one 16).
+// MK_PG_CLAIM_AHEAD: claims in flight per loader: 1, the next item's (made MK_PG_CLAIM_LEAD pages before the current
+// item's end); 2, the next two (item j + 2's made during item j, so its round trip has a whole item to land under;
+// a worker then holds up to two unstarted items at the layer's tail). The no-deadlock argument above holds for
+// either: a worker still claims in queue order and runs its claimed items in that order. 2 is under test.
+#ifndef MK_PG_CLAIM_AHEAD
+#define MK_PG_CLAIM_AHEAD 1
+#endif
 // MK_PG_PROXY_FENCE: a proxy fence before each page's copy (1), or none (0: the computing warp's reads are ordered
 // before the copy's writes by the `empty` mbarrier alone, as TMA pipelines commonly do). Under test.
 #ifndef MK_PG_PROXY_FENCE
@@ -181,98 +190,6 @@ __device__ __forceinline__ bool pg_wait(const Params& P, PgState& G, int ticket,
     ok = __shfl_sync(0xffffffffu, ok, 0);
     if (ok) mbar_wait(bar, parity);
     return ok != 0;
-}
-
-// One warp: rows r < nr (at most RMAX) of the page at W (rows of K elements, contiguous) times x (K elements), the
-// dot products in fp32 into out[r] (lane 0). Each lane takes 16-byte chunks lane, lane + 32, ...; x's chunk is read
-// once for all the page's rows.
-template <int RMAX>
-__device__ __forceinline__ void pg_rows(const bf16* W, const bf16* x, int nr, int K, float* out) {
-    const int lane = threadIdx.x & 31, KC = K >> 3;
-    float acc[RMAX];
-#pragma unroll
-    for (int r = 0; r < RMAX; r++) acc[r] = 0.f;
-    const uint4* wv = reinterpret_cast<const uint4*>(W);
-    const uint4* xv = reinterpret_cast<const uint4*>(x);
-    for (int c = lane; c < KC; c += 32) {
-        float xf[8];
-        unpack8(xv[c], xf);
-#pragma unroll
-        for (int r = 0; r < RMAX; r++) {
-            if (r < nr) {
-                float wf[8];
-                unpack8(wv[(size_t)r * KC + c], wf);
-#pragma unroll
-                for (int e = 0; e < 8; e++) acc[r] = fmaf(wf[e], xf[e], acc[r]);
-            }
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < RMAX; r++) {
-        if (r < nr) {
-            const float v = warp_sum(acc[r]);
-            if (lane == 0) out[r] = v;
-        }
-    }
-}
-
-// One warp, the same product on tensor cores (MK_PG_SEG_TC), with the page's weight rows as the MMA's A operand and
-// K cut into S segments: A row i is (weight row i / S, segment i % S), B column j segment j of x (columns S..7 zero),
-// so C[i][i % S] is a segment's dot product (the other 7 columns of C are waste, against 15 of 16 rows with x as
-// A); a row's S segment sums meet through shuffles over the lanes that hold them. nr * S <= 16, K a multiple of
-// 32 S. Lane (g, t) loads 16 bytes of A rows g and g + 8 and of B column g at k offset 8t of each 32-element step
-// (both operands' k order permuted the same way, as pg_compute_rows_tc), and each segment's steps start at step s
-// and wrap, so a quarter-warp's 8 lanes read different banks (rows a segment apart are 1 KB apart at North dims).
-// Two steps' loads go ahead of their MMAs, into two accumulators. fp32 accumulation; lane (0 of each row's group)
-// writes out[r].
-template <int S>
-__device__ __forceinline__ void pg_rows_seg(const bf16* W, const bf16* x, int nr, int K, float* out) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int KS = K / S, NSTEP = KS >> 5, s = g % S;
-    const bf16* a_lo = W + (size_t)min(g / S, nr - 1) * K + s * KS + 8 * t;         // A row g
-    const bf16* a_hi = W + (size_t)min((g + 8) / S, nr - 1) * K + s * KS + 8 * t;   // A row g + 8
-    const bool has_b = g < S;
-    const bf16* b = x + (has_b ? g : 0) * KS + 8 * t;                               // B column g
-    const uint4 zero = make_uint4(0, 0, 0, 0);
-    float c[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-    int u = s, k = 0;
-    for (; k + 2 <= NSTEP; k += 2) {
-        uint4 X[2], Y[2], B[2];
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            X[i] = *reinterpret_cast<const uint4*>(a_lo + u * 32);
-            Y[i] = *reinterpret_cast<const uint4*>(a_hi + u * 32);
-            B[i] = has_b ? *reinterpret_cast<const uint4*>(b + u * 32) : zero;
-            u = u + 1 == NSTEP ? 0 : u + 1;
-        }
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            mma_bf16(c[i], X[i].x, Y[i].x, X[i].y, Y[i].y, B[i].x, B[i].y);
-            mma_bf16(c[i], X[i].z, Y[i].z, X[i].w, Y[i].w, B[i].z, B[i].w);
-        }
-    }
-    if (k < NSTEP) {                          // (an odd step count)
-        const uint4 X = *reinterpret_cast<const uint4*>(a_lo + u * 32);
-        const uint4 Y = *reinterpret_cast<const uint4*>(a_hi + u * 32);
-        const uint4 B = has_b ? *reinterpret_cast<const uint4*>(b + u * 32) : zero;
-        mma_bf16(c[0], X.x, Y.x, X.y, Y.y, B.x, B.y);
-        mma_bf16(c[0], X.z, Y.z, X.w, Y.w, B.z, B.w);
-    }
-    // lane (g, t) holds C[g][2t..2t+1] and C[g + 8][2t..2t+1]; A rows g and g + 8 (segment s: 8 % S == 0) want
-    // column s, which lanes t = s / 2 hold
-    const bool mine = (s >> 1) == t;
-    float lo = mine ? c[0][s & 1] + c[1][s & 1] : 0.f;
-    float hi = mine ? c[0][2 + (s & 1)] + c[1][2 + (s & 1)] : 0.f;
-#pragma unroll
-    for (int m = 1; m < 4 * S; m <<= 1) {     // over lane bits 0-1 (t) and the low log2(S) bits of g
-        lo += __shfl_xor_sync(0xffffffffu, lo, m);
-        hi += __shfl_xor_sync(0xffffffffu, hi, m);
-    }
-    if (t == 0 && s == 0) {
-        const int r_lo = g / S, r_hi = (g + 8) / S;
-        if (r_lo < nr) out[r_lo] = lo;
-        if (r_hi < nr) out[r_hi] = hi;
-    }
 }
 
 __device__ __forceinline__ void pg_compute(const bf16* W, const bf16* x, int nr, int K, float* out) {
@@ -544,15 +461,31 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
         int* work = PP(int*, moe_work) + m;
         bool stop = false;
         if (lane == 0) G.o_bias = obias;      // (published with the first item's description)
+#if MK_PG_CLAIM_AHEAD == 2
+        // two claims in flight: item j + 1's (`pending`, lane 0) was made during item j - 1, item j + 2's is made
+        // during item j, so each round trip has a whole item's pages to land under (without claim_late)
+        const bool ahead2 = !PI(pg_claim_late);
+        int pending = 0;
+        if (ahead2 && lane == 0) pending = atomicAdd(work, 1);
+#endif
+#if PG_STATS
+        long long t_claim_wait = 0, t_slot_wait = 0;   // before the next item's publish (its m2 / m0 high halves)
+#endif
         // item j goes into slot j % PAGE_SLOTS once the slot's previous item is done (`free_`); after the last, an end item
         while (!stop) {
             const bool end = item >= n_items;
             const int q = j % MK_PAGE_SLOTS;
+#if PG_STATS
+            const long long t_slot = prof_now();
+#endif
             if (j >= MK_PAGE_SLOTS
                 && !pg_wait(P, G, ticket, &G.free_[q], slot_parity(j - MK_PAGE_SLOTS), STALL_SLOT, j)) {
                 stop = true;
                 break;
             }
+#if PG_STATS
+            t_slot_wait = prof_now() - t_slot;
+#endif
             if (end) {                        // the end item: the input warp stops there
                 if (lane == 0) { G.item[q][0] = j; G.item[q][1] = PG_END; mbar_arrive(&G.desc[q]); }
                 break;
@@ -582,7 +515,10 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                 if (j == 0) pg_mark(2);
 #endif
 #if PG_STATS
-                for (int k = 0; k < 4; k++) G.pstat[q][k] = 0;
+                G.pstat[q][0] = (unsigned long long)t_slot_wait << 32;
+                G.pstat[q][1] = 0;
+                G.pstat[q][2] = (unsigned long long)t_claim_wait << 32;
+                G.pstat[q][3] = 0;
 #endif
                 // the arrivals `outs` will not get from pages (the plan keeps an item's pages within the count)
                 if (pages < MK_PAGE_ITEM_PAGES_MAX) mbar_arrive_n(&G.outs[q], MK_PAGE_OUT_ARRIVALS - 32 * pages);
@@ -640,7 +576,22 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                 }
                 if (lane == 0) nxt = atomicAdd(work, 1);
             }
+#if PG_STATS
+            const long long t_claim = prof_now();
+#endif
+#if MK_PG_CLAIM_AHEAD == 2
+            if (ahead2) {                     // the next item was claimed an item ago; this item's claim is for j + 2
+                item = __shfl_sync(0xffffffffu, pending, 0);
+                pending = nxt;
+            } else {
+                item = __shfl_sync(0xffffffffu, nxt, 0);
+            }
+#else
             item = __shfl_sync(0xffffffffu, nxt, 0);
+#endif
+#if PG_STATS
+            t_claim_wait = (item >= 0 ? prof_now() : 0) - t_claim;   // (the result's use: the shuffle waits for it)
+#endif
             j++;
         }
         // One end marker per computing warp, each into its own page (the npg sequence numbers after the last page)

@@ -6,7 +6,9 @@
 #      rows (default "6 3 2": the 4..8-, 3- and 2-row paged plans);
 #   3. the step at $POINTS under $VARIANTS (VARIANTS="" skips), one process;
 #   4. SWEEP=1: the decode sweep of the megakernel and the graph backend (scripts/gpu_decode_sweep.sh, in $OUT/sweep);
-#   5. TRACE_POINT=BxCTX: the profiling build's timeline at that point (summary lines only);
+#   5. TRACE_POINT=BxCTX: the profiling build's timeline at that point (summary lines; TRACE_DEFINES: its switches,
+#      e.g. MK_PG_PAGE_STATS=1; benchmarks/page_stats.py and layer_bandwidth.py JSON beside it; TRACE_KEEP=1 keeps
+#      the .npz);
 #   6. BUILD_AB="MK_X=0 default": the step at $AB_POINTS (default 1x8192,8x8192,16x8192) under each build in its own
 #      process (comma-separated KEY=VAL switch lists as MEGAKERNEL_KERNEL_DEFINES takes them, or "default");
 #   7. ATTN_STREAM=1: benchmarks/attn_stream.cu (attention's copies alone, with the split's math, barrier-free), into
@@ -44,10 +46,14 @@ if [ "${SWEEP:-0}" = 1 ]; then
 fi
 if [ -n "${TRACE_POINT:-}" ]; then
   bsz=${TRACE_POINT%x*}; ctx=${TRACE_POINT#*x}
-  echo "=== trace b$bsz $ctx at $(($(date +%s) - t0)) s"
-  timeout ${TRACE_TIMEOUT:-100} python3 -m megakernel bench --random-north --backend megakernel --batch-size $bsz \
-    --context $ctx --steps 20 --trace "$OUT/tl_b$bsz.npz" 2>&1 | grep -E "critical|SM time|phases|a layer|MoE workers|normal build|rror"
-  rm -f "$OUT/tl_b$bsz.npz"
+  echo "=== trace b$bsz $ctx ${TRACE_DEFINES:-default build} at $(($(date +%s) - t0)) s"
+  MEGAKERNEL_KERNEL_DEFINES=${TRACE_DEFINES:-} timeout ${TRACE_TIMEOUT:-100} python3 -m megakernel bench --random-north \
+    --backend megakernel --batch-size $bsz --context $ctx --steps 20 --trace "$OUT/tl_b$bsz.npz" 2>&1 \
+    | grep -E "critical|SM time|phases|a layer|MoE workers|normal build|rror"
+  # the paged workers' page stats (meaningful under TRACE_DEFINES=MK_PG_PAGE_STATS=1) and the layer's HBM rate
+  python3 benchmarks/page_stats.py "$OUT/tl_b$bsz.npz" --json "$OUT/tl_b${bsz}_page_stats.json" > /dev/null 2>&1
+  python3 benchmarks/layer_bandwidth.py "$OUT/tl_b$bsz.npz" --json "$OUT/tl_b${bsz}_bandwidth.json" > /dev/null 2>&1
+  [ "${TRACE_KEEP:-0}" = 1 ] || rm -f "$OUT/tl_b$bsz.npz"
 fi
 if [ -n "${BUILD_AB:-}" ]; then             # (gpu_build_ab.sh's stage 2 alone, into $OUT/ab)
   echo "=== builds $BUILD_AB at $(($(date +%s) - t0)) s"

@@ -4,9 +4,10 @@
 // wait: acquire), none through a polled flag, so compute-sanitizer's racecheck sees each one ordered:
 // - the loader (warp NW - 1) claims the next item as it issues this item's fourth page from the end (MK_PG_CLAIM_LEAD:
 //   the claim's round trip under those pages' waits, and no item held while a whole item's pages wait for the ring;
-//   pg_claim_late: after the last page, once the input warp has this item's inputs), publishes each item's description in one of
-//   PAGE_SLOTS item slots (`desc`; an end item after the last), and streams its weight rows into a ring of pg_n
-//   pages (PAGE_BYTES each, whole rows, one bulk copy per page) as pages free: weights never wait on a counter;
+//   pg_claim_late: after the last page, once the input warp has this item's inputs), publishes each item's
+//   description in one of PAGE_SLOTS item slots (`desc`; an end item after the last), and streams its weight rows
+//   into a ring of pg_n pages (PAGE_BYTES each, whole rows, one bulk copy per page) as pages free: weights never
+//   wait on a counter;
 // - the input warp (NW - 2) first loads the layer's x rows (every gate/up item's inputs: the routing the worker
 //   waited for was laid out after them; pg_x_item: none, each gate/up item's own rows go in its slot instead), then
 //   walks the items in order: waits for the item's dependency (a down
@@ -54,8 +55,8 @@
 // 32 bits) and the count of pages a warp was already waiting for when they landed (high 32), m2 their math, m3 the
 // loader's waits for the page's ring slot to free (low 32) and, over the counted pages, issue to landing (the
 // page's flight, high 32); the high halves of m0 and m2: the loader's wait for the item's slot and for the claim's
-// result before it published the item. Which of them the item's time goes to says whether the ring is short of bytes in flight
-// (m0), its warps are the bound (m3 with small m0), or the copies are slow to land (the flight).
+// result before it published the item. Which of them the item's time goes to says whether the ring is short of bytes
+// in flight (m0), its warps are the bound (m3 with small m0), or the copies are slow to land (the flight).
 #ifndef MK_PG_PAGE_STATS
 #define MK_PG_PAGE_STATS 0
 #endif
@@ -67,6 +68,9 @@
 // each build in its own process): b1 3.111 / 3.100 / 3.123, b8 10.99 / 10.92 / 10.91, b16 17.69 / 17.59 / 17.56;
 // at 1 / half an item (0) / 4 (8512fc1): b1 3.113 / 3.110 / 3.094, b8 11.04 / 11.01 / 10.97, b16 17.71 / 17.65 /
 // 17.62. 4 pages (a b1 gate/up item is 8, a b8 or b16 one 16).
+#ifndef MK_PG_CLAIM_LEAD
+#define MK_PG_CLAIM_LEAD 4
+#endif
 // MK_PG_CLAIM_AHEAD: claims in flight per loader: 1, the next item's (made MK_PG_CLAIM_LEAD pages before the current
 // item's end); 2, the next two (item j + 2's made during item j, so its round trip has a whole item to land under;
 // a worker then holds up to two unstarted items at the layer's tail). The no-deadlock argument above holds for
@@ -78,9 +82,6 @@
 // before the copy's writes by the `empty` mbarrier alone, as TMA pipelines commonly do). Under test.
 #ifndef MK_PG_PROXY_FENCE
 #define MK_PG_PROXY_FENCE 1
-#endif
-#ifndef MK_PG_CLAIM_LEAD
-#define MK_PG_CLAIM_LEAD 4
 #endif
 #define PG_END (-1)                     // an item description's kind: no more items (the input warp stops)
 

@@ -38,15 +38,15 @@ __device__ __forceinline__ void pg_rows(const bf16* W, const bf16* x, int nr, in
     }
 }
 
-// One warp, the same product on tensor cores (mk_moe_pages.cuh uses it under MK_PG_SEG_TC), with the page's weight
-// rows as the MMA's A operand and K cut into S segments: A row i is (weight row i / S, segment i % S), B column j
-// segment j of x (columns S..7 zero), so C[i][i % S] is a segment's dot product (the other 7 columns of C are waste,
-// against 15 of 16 rows with x as A); a row's S segment sums meet through shuffles over the lanes that hold them.
-// nr * S <= 16, K a multiple of 32 S. Lane (g, t) loads 16 bytes of A rows g and g + 8 and of B column g at k offset 8t of each 32-element step
-// (both operands' k order permuted the same way, as pg_compute_rows_tc), and each segment's steps start at step s
-// and wrap, so a quarter-warp's 8 lanes read different banks (rows a segment apart are 1 KB apart at North dims).
-// Two steps' loads go ahead of their MMAs, into two accumulators. fp32 accumulation; lane (0 of each row's group)
-// writes out[r].
+// One warp, the same product on tensor cores (mk_moe_pages.cuh uses it under MK_PG_SEG_TC), with the page's weight rows
+// as the MMA's A operand and K cut into S segments: A row i is (weight row i / S, segment i % S), B column j segment j
+// of x (columns S..7 zero), so C[i][i % S] is a segment's dot product (the other 7 columns of C are waste, against 15
+// of 16 rows with x as A); a row's S segment sums meet through shuffles over the lanes that hold them. nr * S <= 16, K
+// a multiple of 32 S. Lane (g, t) loads 16 bytes of A rows g and g + 8 and of B column g at k offset 8t of each
+// 32-element step (both operands' k order permuted the same way, as pg_compute_rows_tc), and each segment's steps start
+// at step s and wrap, so a quarter-warp's 8 lanes read different banks (rows a segment apart are 1 KB apart at North
+// dims). Two steps' loads go ahead of their MMAs, into two accumulators. fp32 accumulation; lane (0 of each row's
+// group) writes out[r].
 template <int S>
 __device__ __forceinline__ void pg_rows_seg(const bf16* W, const bf16* x, int nr, int K, float* out) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;

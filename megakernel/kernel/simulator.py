@@ -67,8 +67,16 @@ class SimResult:
 
 
 class Simulator:
-    def __init__(self, plan: ModelPlan, weights: ModelWeights) -> None:
+    def __init__(self, plan: ModelPlan, weights: ModelWeights, claims_held: int = 1) -> None:
+        """claims_held: MoE items a worker holds claimed at once, the one it runs included (1: it claims the next
+        item when it finishes one). The paged worker claims ahead (MK_PG_CLAIM_LEAD, MK_PG_CLAIM_AHEAD=2: up to
+        three claimed while the first waits for its inputs); the no-deadlock argument (mk_moe_pages.cuh) says any
+        number is safe while each worker claims in queue order and runs its items in claim order, which the random
+        orders here check."""
+        if claims_held < 1:
+            raise ValueError(f"claims_held={claims_held}: a worker holds at least the item it runs")
         self.plan = plan
+        self.claims_held = claims_held
         self.w = weights
         self.act = weights.dtype
         self.dev = weights.device
@@ -431,9 +439,12 @@ class Simulator:
         n_o = p.o_items
         o0 = _o_start(p, n_gu)
         I = p.I
+        held: list[int] = []                     # claimed, not yet run, in claim (= queue) order
         while True:
-            item = int(self.moe_work[m])
-            self.moe_work[m] += 1
+            while len(held) < self.claims_held:
+                held.append(int(self.moe_work[m]))
+                self.moe_work[m] += 1
+            item = held.pop(0)
             if item >= n_items:
                 return
             if o0 <= item < o0 + n_o:               # an O-projection tile: waits for the layer's combines

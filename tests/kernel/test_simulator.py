@@ -31,10 +31,10 @@ def _setup(variant: str, B: int, seed: int):
     return cfg, w, st, nxt
 
 
-def _check_step(cfg, w, st, nxt, plan, seeds, steps=1):
+def _check_step(cfg, w, st, nxt, plan, seeds, steps=1, claims_held=1):
     model = Cohere2MoeModel(cfg, w)
     c_sim = clone_cache(st.cache)
-    sim = Simulator(plan, w)
+    sim = Simulator(plan, w, claims_held=claims_held)
     for step in range(steps):
         batch = decode_batch(st, nxt)
         tr = ForwardTrace()
@@ -954,3 +954,24 @@ def test_paged_gate_up_items_load_their_own_x_rows_where_that_frees_pages():
                      moe_pages_from=1, moe_pages_x_item=2, slot_pairs=2)
     assert plan.pg_n and plan.pg_x_item and plan.pg_rows == 2
     _check_step(cfg, w, st, nxt, plan, seeds=[4, 9])
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("B,claims_held", [(1, 3), (4, 2), (4, 3)])
+def test_simulator_with_workers_claiming_ahead(variant, B, claims_held):
+    """The paged worker claims ahead (MK_PG_CLAIM_LEAD, MK_PG_CLAIM_AHEAD=2): a worker holds up to three claimed
+    items while the first waits for its dependency (a down item for its gate/up items, an O item for the
+    combines). With two workers and O items queued, exact in random orders and no deadlock, as the argument in
+    mk_moe_pages.cuh says."""
+    cfg, w, st, nxt = _setup(variant, B, seed=41 + B + claims_held)
+    plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=2, split_tokens=4, o_queue=16)
+    _check_step(cfg, w, st, nxt, plan, seeds=[B, B + 5, B + 11], claims_held=claims_held)
+
+
+def test_simulator_refuses_a_worker_holding_nothing():
+    cfg = make_cfg(sorted(VARIANTS)[0])
+    w = tiny_weights(cfg)
+    st = prefill_state(cfg, w, [5], chunk=16)
+    with pytest.raises(ValueError, match="claims_held=0"):
+        Simulator(ModelPlan(cfg, st.layout, max_batch=16), w, claims_held=0)
+

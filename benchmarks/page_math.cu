@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(512, 1) bench(int warps, int nr, int K, int re
     float s = 0.f;
     const long long t0 = clock64();
     for (int i = 0; i < reps; i++) {
-        if (V == 0) pg_rows<RMAX>(Wp, x, nr, K, outs[warp]);
+        if constexpr (V == 0) pg_rows<RMAX>(Wp, x, nr, K, outs[warp]);
         else pg_rows_seg<RMAX>(Wp, x, nr, K, outs[warp]);
         __syncwarp();
         s += outs[warp][i % nr];

@@ -34,13 +34,6 @@ typedef __nv_bfloat16 bf16;
 #ifndef MK_GEMV_B1
 #define MK_GEMV_B1 1
 #endif
-// MK_PG_SEG_TC: the paged MoE worker's one-input-row page product on tensor cores with K cut into segments
-// (mk_moe_pages.cuh pg_rows_seg; 1), or the CUDA-core loop (pg_rows; 0). benchmarks/page_math.cu, alone on an SM:
-// a gate/up page (4 rows of 2048) 0.76 vs 2.08 us per warp, a down page (10 of 768) 0.97 vs 2.71, an O page (2 of
-// 4096) 0.82 vs 2.04; with 12 warps 139 / 80 / 129 GB/s per SM against 80 / 60 / 81.
-#ifndef MK_PG_SEG_TC
-#define MK_PG_SEG_TC 0
-#endif
 // MK_SMALL_VEC: the single-block tasks on every layer's critical path with all of a thread's L2 loads in flight
 // together (1): NORM's residual add and norm with 8 columns per thread and 16-byte loads (mk_norm.cuh), the
 // attention combine reading each split's log-sum-exp once and 16 splits' partial outputs at a time

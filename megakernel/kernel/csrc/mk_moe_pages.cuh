@@ -61,6 +61,14 @@
 #define MK_PG_PAGE_STATS 0
 #endif
 #define PG_STATS (MK_PROFILE && MK_PG_PAGE_STATS)
+// MK_PG_SEG_TC: the one-input-row page product on tensor cores with K cut into segments (mk_page_math.cuh
+// pg_rows_seg; 1), or the CUDA-core loop (pg_rows; 0). benchmarks/page_math.cu, alone on an SM: a gate/up page (4
+// rows of 2048) 0.76 vs 2.08 us per warp, a down page (10 of 768) 0.97 vs 2.71, an O page (2 of 4096) 0.82 vs 2.04;
+// with 12 warps 139 / 80 / 129 GB/s per SM against 80 / 60 / 81. In the step slower (b1 +3.4%, SPEED_NOTES'
+// twenty-first session): the pages then wait longer for their copies.
+#ifndef MK_PG_SEG_TC
+#define MK_PG_SEG_TC 0
+#endif
 // MK_PG_CLAIM_LEAD: the loader claims its next item this many pages before the current item's last page is issued
 // (1: just before it; 0: at the item's middle page). The claim is an atomic round trip (1.4-3.2 us under load,
 // mem_latency.cu) that the loader waits for after the item's last page; with a larger lead it lands under more of
@@ -534,13 +542,9 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                     const int nr = min(rpp, nh - r), slot = s % npg;
                     // the next claim MK_PG_CLAIM_LEAD pages before this item's end (its round trip under those
                     // pages' waits: the loader reads the result after the item's last page)
-#if MK_PG_CLAIM_LEAD == 1
-                    if (!late && p == pages - 1 && lane == 0) nxt = atomicAdd(work, 1);
-#else
                     const int claim_at = MK_PG_CLAIM_LEAD == 0 ? pages / 2
                                          : pages > MK_PG_CLAIM_LEAD ? pages - MK_PG_CLAIM_LEAD : 0;
                     if (!late && p == claim_at && lane == 0) nxt = atomicAdd(work, 1);
-#endif
 #if PG_STATS
                     const long long t_ready = prof_now();
 #endif
@@ -580,16 +584,14 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
 #if PG_STATS
             const long long t_claim = prof_now();
 #endif
+            int next = nxt;                   // (lane 0's claim)
 #if MK_PG_CLAIM_AHEAD == 2
             if (ahead2) {                     // the next item was claimed an item ago; this item's claim is for j + 2
-                item = __shfl_sync(0xffffffffu, pending, 0);
+                next = pending;
                 pending = nxt;
-            } else {
-                item = __shfl_sync(0xffffffffu, nxt, 0);
             }
-#else
-            item = __shfl_sync(0xffffffffu, nxt, 0);
 #endif
+            item = __shfl_sync(0xffffffffu, next, 0);
 #if PG_STATS
             t_claim_wait = (item >= 0 ? prof_now() : 0) - t_claim;   // (the result's use: the shuffle waits for it)
 #endif

@@ -104,10 +104,34 @@ def resolve_max_tokens(state: ServerState, n_prompt: int, max_tokens: int | None
     return max_tokens
 
 
+# Tokens the end of a cut-off prefix may have that the whole text does not: the cut can split a word (or a run of
+# spaces) whose pieces tokenise into more tokens than the whole; a few tokens in practice, 64 is far beyond any.
+CUT_SLACK_TOKENS = 64
+FIRST_CUT_CHARS_PER_TOKEN = 8     # the first prefix holds 8 characters per allowed token (English averages ~4)
+
+
 def encode(state: ServerState, text: str, add_special_tokens: bool) -> list[int]:
-    """Token ids of text (on a prep thread), cut at max_model_len: a longer prompt is refused anyway, and turning
-    millions of ids into a Python list holds the GIL long enough to stall the event loop."""
+    """Token ids of text (on a prep thread), cut at max_model_len: a longer prompt is refused anyway."""
+    return encode_capped(state.worker_tokenizer, text, add_special_tokens, state.max_model_len)
+
+
+def encode_capped(tokenizer, text: str, add_special_tokens: bool, cap: int) -> list[int]:
+    """The text's token ids when it has fewer than `cap` tokens, else (at least) its first `cap` ids.
+
+    Why not one call with truncation: the Rust tokenizer still tokenises the whole text, and handing back and freeing
+    an encoding of millions of tokens holds the GIL for 50 ms on a quiet machine and several times that on a busy one,
+    stalling the event loop (and /health) behind an 8 MB prompt. So only a prefix is tokenised, at first 8 characters
+    per allowed token, growing 4x while it yields too few tokens: the work is bounded by the cap, not the text.
+    A prefix that already has `cap + CUT_SLACK_TOKENS` tokens settles it: extending a text only re-tokenises its
+    last few tokens, so the whole text has at least `cap`, and its first `cap` ids are the prefix's.
+    """
     if not text:
         return []
-    return state.worker_tokenizer.encode(text, add_special_tokens=add_special_tokens, truncation=True,
-                                         max_length=state.max_model_len)
+    chars = max(cap * FIRST_CUT_CHARS_PER_TOKEN, 4096)
+    while True:
+        whole = len(text) <= chars
+        ids = tokenizer.encode(text if whole else text[:chars], add_special_tokens=add_special_tokens,
+                               truncation=True, max_length=cap + CUT_SLACK_TOKENS)
+        if whole or len(ids) >= cap + CUT_SLACK_TOKENS:
+            return ids[:cap]
+        chars *= 4

@@ -14,7 +14,7 @@ at 7c8d10c the routing window (8-14 us into the layer) moves 0.3-0.8 TB/s, the M
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 
 import numpy as np
 
@@ -57,8 +57,7 @@ def main() -> int:
     for b in res["bins"]:
         print(f"  {b['from_us']:6.1f} us  {b['gb_per_s']:7.0f} GB/s  " + "#" * int(b["gb_per_s"] / 100))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1)
+        T.write_derived_json(res, args.json, args.npz, "python " + " ".join(["benchmarks/layer_bandwidth.py", *sys.argv[1:]]))
     return 0
 
 

@@ -17,7 +17,7 @@ never waits is short of bytes in flight or of delivery, not of math (SPEED_NOTES
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 
 import numpy as np
 
@@ -93,8 +93,7 @@ def main() -> int:
                 if k not in ("items", "bytes"):
                     print(f"      {k:28s} {v}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1)
+        T.write_derived_json(res, args.json, args.npz, "python " + " ".join(["benchmarks/page_stats.py", *sys.argv[1:]]))
     return 0
 
 

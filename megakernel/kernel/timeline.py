@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -634,6 +635,22 @@ def load_raw(path: str) -> RawProfile:
     return RawProfile(z["tasks"], z["items"], z["blocks"], z["records"], z["task_bytes"],
                       {int(k): v for k, v in json.loads(str(z["item_bytes"])).items()},
                       {int(k): v for k, v in json.loads(str(z["counter_names"])).items()}, json.loads(str(z["meta"])))
+
+
+def write_derived_json(res: dict, out_path: str, npz_path: str, script: str) -> None:
+    """Write `res`, a figure derived from the trace at npz_path, as JSON that names what it came from: the trace's
+    commit, date, GPU, bench command and build switches (from the summary bench wrote beside it, when there is one)
+    and the script that derived it."""
+    summary = Path(npz_path[:-4] + ".summary.json") if npz_path.endswith(".npz") else None
+    rec: dict = {}
+    if summary is not None and summary.exists():
+        run = json.loads(summary.read_text())
+        rec = {k: run[k] for k in ("commit", "date", "gpu") if k in run}
+        rec["trace_command"] = run.get("command")
+        if run.get("env"):
+            rec["trace_env"] = run["env"]
+    rec["derived_by"] = script
+    Path(out_path).write_text(json.dumps({**rec, **res}, indent=1) + "\n")
 
 
 # ---- bytes each task moves --------------------------------------------------------------------------------------

@@ -5,6 +5,11 @@ build's traces; MK_PG_PAGE_STATS fills the paged items' page sums, which an emul
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -90,3 +95,29 @@ def test_page_stats_reads_the_page_sums(trace, tmp_path):
                str(path))
     res = _load("page_stats").analyse(str(path), layer=1)
     assert res["page_sums"] is False and not any(k.endswith("(page sum)") for k in res["kinds"]["gate/up"]["layer"])
+
+
+def test_derived_json_names_the_trace_it_came_from(trace, tmp_path):
+    """The scripts' --json carries the trace's commit, date, GPU, bench command and build switches (from the summary
+    bench wrote beside the .npz) and the command that derived it; a trace without a summary gets the latter only."""
+    src, _ = trace
+    npz = tmp_path / "tl_b1.npz"
+    shutil.copy(src, npz)
+    run = {"commit": "abc1234", "date": "2026-12-04T18:00:00+00:00", "gpu": "NVIDIA H200",
+           "command": "megakernel bench --trace tl_b1.npz", "env": {"MEGAKERNEL_KERNEL_DEFINES": "MK_PG_PAGE_STATS=1"},
+           "step_us": 1.0}
+    (tmp_path / "tl_b1.summary.json").write_text(json.dumps(run))
+    repo = BENCH.parent
+    for script, extra in (("layer_bandwidth", ["--bin-us", "0.5"]), ("page_stats", [])):
+        out = tmp_path / f"{script}.json"
+        subprocess.run([sys.executable, str(BENCH / f"{script}.py"), str(npz), "--layer", "1", *extra, "--json",
+                        str(out)], check=True, cwd=repo, capture_output=True, env={**os.environ, "PYTHONPATH": str(repo)})
+        res = json.loads(out.read_text())
+        assert {k: res[k] for k in ("commit", "date", "gpu")} == {k: run[k] for k in ("commit", "date", "gpu")}
+        assert res["trace_command"] == run["command"] and res["trace_env"] == run["env"]
+        assert res["derived_by"].startswith(f"python benchmarks/{script}.py ") and "--json" in res["derived_by"]
+        assert res["layer"] == 1 and "step_us" not in res
+    bare = tmp_path / "bare.npz"
+    shutil.copy(src, bare)
+    T.write_derived_json({"x": 1}, str(tmp_path / "bare.json"), str(bare), "script")
+    assert json.loads((tmp_path / "bare.json").read_text()) == {"derived_by": "script", "x": 1}

@@ -12,7 +12,8 @@
 #   6. BUILD_AB="MK_X=0 default": the step at $AB_POINTS (default 1x8192,8x8192,16x8192) under each build in its own
 #      process (comma-separated KEY=VAL switch lists as MEGAKERNEL_KERNEL_DEFINES takes them, or "default");
 #   7. ATTN_STREAM=1: benchmarks/attn_stream.cu (attention's copies alone, with the split's math, barrier-free), into
-#      $OUT/attn_stream.txt.
+#      $OUT/attn_stream.txt;
+#   8. MICRO="smem_align sm_stream": each benchmarks/NAME.cu built and run (60 s at most), into $OUT/NAME.txt.
 # Logs and JSON under $OUT (bundle.tgz when more than 8 files).
 #   run(command="MEGAKERNEL_COMMIT=<SHA> SWEEP=1 TRACE_POINT=8x8192 bash scripts/gpu_default_check.sh", timeout_s=600)
 set -u
@@ -65,5 +66,10 @@ if [ "${ATTN_STREAM:-0}" = 1 ]; then
   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a benchmarks/attn_stream.cu -o /tmp/attn_stream \
     && timeout 60 /tmp/attn_stream | tee "$OUT/attn_stream.txt"
 fi
+for name in ${MICRO:-}; do
+  echo "=== $name at $(($(date +%s) - t0)) s"
+  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a benchmarks/$name.cu -o /tmp/$name \
+    && timeout 60 /tmp/$name > "$OUT/$name.txt" 2>&1; echo "rc=$?"; tail -20 "$OUT/$name.txt"
+done
 echo "=== done at $(($(date +%s) - t0)) s"
 bash scripts/pack_out.sh "$OUT"

@@ -404,7 +404,16 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
 #define NW MK_NUM_WARPS
 #define MB MK_MAX_BATCH
 
-extern __shared__ __align__(16) unsigned char smem[];
+// MK_SMEM_ALIGN: the alignment of the dynamic shared memory's start. It begins right after the static shared memory
+// (1 KB reserved + mk_decode's own; nvcc pads that to this alignment), so at 16 every page, tile and KV buffer the
+// plans place at multiples of 128 bytes from it lies 32 bytes past a 128-byte line in mk_decode (3616 static bytes)
+// and 64 in mk_read_peak (1088). Whether a bulk copy lands slower there: benchmarks/smem_align.cu. 128 costs the
+// static reserve 96 bytes (test_build checks the padded figure against opcodes.SMEM_RESERVE). Under test.
+#ifndef MK_SMEM_ALIGN
+#define MK_SMEM_ALIGN 16
+#endif
+static_assert(MK_SMEM_ALIGN >= 16 && (MK_SMEM_ALIGN & (MK_SMEM_ALIGN - 1)) == 0, "MK_SMEM_ALIGN: a power of two >= 16");
+extern __shared__ __align__(MK_SMEM_ALIGN) unsigned char smem[];
 
 // The offset from the dynamic shared memory's start of the first MK_SWZ_ALIGN-aligned address at or after `off`
 // (a swizzled tile's buffer: every box lands at a multiple of 1024 bytes, the 128-byte swizzle's period).

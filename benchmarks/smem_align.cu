@@ -1,0 +1,96 @@
+// Microbenchmark: does a 16 KB bulk copy (TMA) land slower into a shared-memory address that is not 128-byte aligned?
+// Why it is asked: csrc/mk_peak.cuh and sm_stream.cu stream the same copies (every SM its own slice, 16 KB copies,
+// 128 KB in flight, evict-first), yet mk_peak reads 3.4-3.5 TB/s and sm_stream 4.3-4.6 (SPEED_NOTES, twenty-first
+// session). One difference: sm_stream's dynamic shared memory is declared __align__(128), the package's __align__(16),
+// and both kernels have static shared memory before it. The package's cubin (.nv.shared.* sections) says mk_read_peak
+// has 1088 static bytes (1024 reserved + its 64-byte barriers) and mk_decode 3616, so if dynamic shared memory
+// starts right after them, every page of the megakernel's ring starts 32 bytes past a 128-byte line (mk_peak's 64).
+// This kernel has the same 64 bytes of static barriers and an __align__(16) extern array like mk_peak; it prints
+// where its dynamic shared memory starts (mod 1024), then streams with the ring at each offset from a 1024-aligned
+// address, all SMs, then 88 SMs (the MoE phase's streaming SMs).
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a benchmarks/smem_align.cu -o /tmp/smem_align
+//   /tmp/smem_align
+#include <cstdio>
+#include <cstdlib>
+#include <cuda_runtime.h>
+
+constexpr int CHUNK = 16384;
+constexpr int STAGES = 8;                          // 128 KB in flight per SM, as mk_peak
+constexpr size_t BYTES = 4ull << 30;               // read per launch (the bench's peak buffer)
+constexpr int PAD = 2048;                          // room to move the ring to any offset from a 1024-aligned address
+
+#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
+    fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); exit(1); } } while (0)
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+extern __shared__ __align__(16) unsigned char smem[];
+
+__global__ void __launch_bounds__(32, 1) stream(const char* src, unsigned long long slice, int offset,
+                                                unsigned* base_out) {
+    __shared__ __align__(8) unsigned long long bar[STAGES];
+    if (threadIdx.x != 0) return;
+    const unsigned base = smem_u32(smem);
+    if (blockIdx.x == 0) *base_out = base;
+    const unsigned ring = ((base + 1023u) & ~1023u) + (unsigned)offset;      // shared-window address of stage 0
+    const char* from = src + (size_t)blockIdx.x * slice;
+    const long long n = (long long)(slice / CHUNK);
+    for (int s = 0; s < STAGES; s++)
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bar[s])) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    unsigned long long pol;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    auto issue = [&](int s, long long i) {
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(&bar[s])), "r"(CHUNK)
+                     : "memory");
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], "
+                     "%2, [%3], %4;" ::"r"(ring + s * CHUNK), "l"(from + i * CHUNK), "r"(CHUNK),
+                     "r"(smem_u32(&bar[s])), "l"(pol) : "memory");
+    };
+    for (long long i = 0; i < n && i < STAGES; i++) issue((int)i, i);
+    for (long long i = 0; i < n; i++) {
+        const int s = (int)(i % STAGES);
+        asm volatile("{\n.reg .pred p;\nW: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W;\n}"
+                     ::"r"(smem_u32(&bar[s])), "r"((unsigned)((i / STAGES) & 1)) : "memory");
+        if (i + STAGES < n) issue(s, i + STAGES);
+    }
+}
+
+int main() {
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    char* src;
+    unsigned* base;
+    CK(cudaMalloc(&src, BYTES));
+    CK(cudaMemset(src, 1, BYTES));
+    CK(cudaMalloc(&base, 4));
+    const int smem_bytes = STAGES * CHUNK + PAD;
+    CK(cudaFuncSetAttribute(stream, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    const int offsets[] = {0, 16, 32, 64, 96, 128, 0};
+    const int grids[] = {prop.multiProcessorCount, 88};
+    printf("# %s; 16 KB bulk copies, %d in flight per SM, %zu MB per launch; GB/s best of 3 launches\n", prop.name,
+           STAGES, BYTES >> 20);
+    for (int grid : grids)
+        for (int offset : offsets) {
+            const unsigned long long slice = BYTES / grid / CHUNK * CHUNK;
+            float best = 1e30f;
+            for (int rep = 0; rep < 4; rep++) {             // (the first launch warms up)
+                CK(cudaEventRecord(e0));
+                stream<<<grid, 32, smem_bytes>>>(src, slice, offset, base);
+                CK(cudaEventRecord(e1));
+                CK(cudaEventSynchronize(e1));
+                CK(cudaGetLastError());
+                float ms = 0.f;
+                CK(cudaEventElapsedTime(&ms, e0, e1));
+                if (rep > 0 && ms < best) best = ms;
+            }
+            unsigned b = 0;
+            CK(cudaMemcpy(&b, base, 4, cudaMemcpyDeviceToHost));
+            printf("sms %3d  ring offset %4d (mod 128: %3d)  %8.1f GB/s   dynamic smem base %u (mod 128: %u)\n", grid,
+                   offset, offset % 128, slice * grid / (best * 1e-3) / 1e9, b, b % 128);
+        }
+    return 0;
+}

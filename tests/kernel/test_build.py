@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -19,17 +20,22 @@ def test_compiles_for_sm90a(tmp_path, monkeypatch):
     # cached: a second call does not rebuild
     assert build.build("sm_90a") == lib
     # benchmarks/code_size.py reads the kernel's functions out of the library's cubin
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    import code_size
-
+    code_size = code_size_module()
     funcs, text = code_size.functions(code_size.kernel_cubin(lib.read_bytes()))
     sizes = {name.replace("$mk_decode$", ""): size for size, name in funcs}
     assert sizes["mk_decode"] == len(text) > 0
     assert any("topk_route" in n for n in sizes) and any("moe_worker_pages" in n for n in sizes)
     assert sum(size for name, size in sizes.items() if name != "mk_decode") < len(text)
+
+
+def code_size_module():
+    """benchmarks/code_size.py (it reads the library's cubin)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import code_size
+
+    return code_size
 
 
 def check_build_log(log: str) -> None:
@@ -70,6 +76,19 @@ def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", defines)
     lib = build.build("sm_90a", build.switch_flags())
     check_build_log((lib.parent / "build.log").read_text())
+    # dynamic shared memory starts where each kernel's static section ends (1 KB reserved + its own): MK_SMEM_ALIGN
+    # pads that section to a multiple of the alignment
+    align = build.switch_value("MK_SMEM_ALIGN")
+    for kernel, size in static_shared_sections(lib).items():
+        assert size % align == 0, (kernel, size, align)
+
+
+def static_shared_sections(lib) -> dict[str, int]:
+    """Each kernel's static shared-memory section in the library's cubin (.nv.shared.<kernel>), in bytes."""
+    code_size = code_size_module()
+    elf = code_size.kernel_cubin(lib.read_bytes())
+    return {n[len(".nv.shared."):]: size for n, _, _, size, _ in code_size._sections(elf)
+            if n.startswith(".nv.shared.mk_")}
 
 
 def test_key_changes_with_header(monkeypatch):

@@ -116,7 +116,7 @@ def encode(state: ServerState, text: str, add_special_tokens: bool) -> list[int]
 
 
 def encode_capped(tokenizer, text: str, add_special_tokens: bool, cap: int) -> list[int]:
-    """The text's token ids when it has fewer than `cap` tokens, else (at least) its first `cap` ids.
+    """The text's token ids when it has fewer than `cap` tokens, else its first `cap` ids.
 
     Why not one call with truncation: the Rust tokenizer still tokenises the whole text, and handing back and freeing
     an encoding of millions of tokens holds the GIL for 50 ms on a quiet machine and several times that on a busy one,

@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cuda_runtime.h>
+#include "../megakernel/kernel/csrc/mk_async.cuh"   // mbar_*, bulk_load, l2_evict_first
 
 constexpr int NT = 64;
 constexpr int CHUNK = 16384;
@@ -32,24 +33,10 @@ constexpr int PASSES = 16;                        // the queue's region read thi
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
     fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); exit(1); } } while (0)
 
-__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void mbar_init(unsigned long long* b) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(b)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(unsigned long long* b, unsigned parity) {
-    asm volatile("{\n.reg .pred p;\nW: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W;\n}\n"
-                 ::"r"(smem_u32(b)), "r"(parity) : "memory");
-}
-__device__ __forceinline__ unsigned long long evict_first() {
-    unsigned long long p;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-    return p;
-}
+// one 16 KB page: its bytes expected on b, then the bulk copy (the kernel's helpers, mk_async.cuh)
 __device__ __forceinline__ void bulk(void* dst, const void* src, unsigned long long* b, unsigned long long pol) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(b)), "r"(CHUNK)
-                 : "memory");
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, "
-                 "[%3], %4;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(CHUNK), "r"(smem_u32(b)), "l"(pol) : "memory");
+    mbar_expect_tx(b, CHUNK);
+    bulk_load(dst, src, CHUNK, b, pol);
 }
 
 extern __shared__ __align__(128) unsigned char smem[];
@@ -62,9 +49,9 @@ __global__ void __launch_bounds__(NT, 1) streamk(const char* src, int n_stream, 
     if (blockIdx.x >= n_stream || threadIdx.x != 0) return;
     const int stages = kb / (CHUNK / 1024);
     __shared__ __align__(8) unsigned long long bar[MAX_STAGES];
-    for (int s = 0; s < stages; s++) mbar_init(&bar[s]);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    const unsigned long long pol = evict_first();
+    for (int s = 0; s < stages; s++) mbar_init(&bar[s], 1);
+    fence_mbar_init();
+    const unsigned long long pol = l2_evict_first();
     const int n_items = (int)(QUEUE_BYTES / ITEM) * PASSES, pages_per_item = (int)(ITEM / CHUNK);
     const size_t slice = (OWN_BYTES / gridDim.x) / CHUNK * CHUNK;
     const char* own = src + (size_t)blockIdx.x * slice;

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cuda_runtime.h>
+#include "../megakernel/kernel/csrc/mk_async.cuh"   // mbar_*, bulk_load, l2_evict_first: the kernel's own copy path
 
 constexpr int CHUNK = 16384;
 constexpr int STAGES = 8;                          // 128 KB in flight per SM, as mk_peak
@@ -24,38 +25,32 @@ constexpr int PAD = 2048;                          // room to move the ring to a
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
     fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); exit(1); } } while (0)
 
-__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-
 extern __shared__ __align__(16) unsigned char smem[];
 
 __global__ void __launch_bounds__(32, 1) stream(const char* src, unsigned long long slice, int offset,
                                                 unsigned* base_out) {
     __shared__ __align__(8) unsigned long long bar[STAGES];
     if (threadIdx.x != 0) return;
-    const unsigned base = smem_u32(smem);
+    const unsigned base = smem_addr(smem);
     if (blockIdx.x == 0) *base_out = base;
-    const unsigned ring = ((base + 1023u) & ~1023u) + (unsigned)offset;      // shared-window address of stage 0
+    // stage 0 at `offset` bytes past the first 1024-aligned shared address of the dynamic memory
+    unsigned char* ring = smem + (((base + 1023u) & ~1023u) - base) + offset;
     const char* from = src + (size_t)blockIdx.x * slice;
     const long long n = (long long)(slice / CHUNK);
-    for (int s = 0; s < STAGES; s++)
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bar[s])) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    unsigned long long pol;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    for (int s = 0; s < STAGES; s++) mbar_init(&bar[s], 1);
+    fence_mbar_init();
+    const unsigned long long pol = l2_evict_first();
     auto issue = [&](int s, long long i) {
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(&bar[s])), "r"(CHUNK)
-                     : "memory");
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], "
-                     "%2, [%3], %4;" ::"r"(ring + s * CHUNK), "l"(from + i * CHUNK), "r"(CHUNK),
-                     "r"(smem_u32(&bar[s])), "l"(pol) : "memory");
+        mbar_expect_tx(&bar[s], CHUNK);
+        bulk_load(ring + (size_t)s * CHUNK, from + i * CHUNK, CHUNK, &bar[s], pol);
     };
     for (long long i = 0; i < n && i < STAGES; i++) issue((int)i, i);
     for (long long i = 0; i < n; i++) {
         const int s = (int)(i % STAGES);
-        asm volatile("{\n.reg .pred p;\nW: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W;\n}"
-                     ::"r"(smem_u32(&bar[s])), "r"((unsigned)((i / STAGES) & 1)) : "memory");
+        mbar_wait(&bar[s], (unsigned)((i / STAGES) & 1));
         if (i + STAGES < n) issue(s, i + STAGES);
     }
+    for (int s = 0; s < STAGES; s++) mbar_inval(&bar[s]);
 }
 
 int main() {

@@ -21,9 +21,9 @@ from pathlib import Path
 from megakernel.kernel import opcodes
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("mk_math.cuh", "mk_page_math.cuh", "mk_common.cuh", "mk_loader.cuh", "mk_gemv_core.cuh", "mk_gemv.cuh",
-           "mk_lm_head.cuh", "mk_norm.cuh", "mk_attention.cuh", "mk_routing.cuh", "mk_moe.cuh", "mk_moe_pages.cuh",
-           "mk_gemv_swz.cuh", "mk_tmap.h", "mk_peak.cuh", "mk_kernel.cu")
+SOURCES = ("mk_math.cuh", "mk_async.cuh", "mk_page_math.cuh", "mk_common.cuh", "mk_loader.cuh", "mk_gemv_core.cuh",
+           "mk_gemv.cuh", "mk_lm_head.cuh", "mk_norm.cuh", "mk_attention.cuh", "mk_routing.cuh", "mk_moe.cuh",
+           "mk_moe_pages.cuh", "mk_gemv_swz.cuh", "mk_tmap.h", "mk_peak.cuh", "mk_kernel.cu")
 ARCH_FLAGS = {"sm_90a": ["-gencode=arch=compute_90a,code=sm_90a"], "sm_90": ["-gencode=arch=compute_90,code=sm_90"]}
 NVCC_FLAGS = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-lineinfo",
               "-Xptxas", "-v"]

@@ -11,9 +11,8 @@
 #      the .npz);
 #   6. BUILD_AB="MK_X=0 default": the step at $AB_POINTS (default 1x8192,8x8192,16x8192) under each build in its own
 #      process (comma-separated KEY=VAL switch lists as MEGAKERNEL_KERNEL_DEFINES takes them, or "default");
-#   7. ATTN_STREAM=1: benchmarks/attn_stream.cu (attention's copies alone, with the split's math, barrier-free), into
-#      $OUT/attn_stream.txt;
-#   8. MICRO="smem_align sm_stream": each benchmarks/NAME.cu built and run (60 s at most), into $OUT/NAME.txt.
+#   7. MICRO="smem_align sm_stream": each benchmarks/NAME.cu built and run (60 s at most), into $OUT/NAME.txt;
+#      ATTN_STREAM=1 adds attn_stream (attention's copies alone, with the split's math, barrier-free).
 # Logs and JSON under $OUT (bundle.tgz when more than 8 files).
 #   run(command="MEGAKERNEL_COMMIT=<SHA> SWEEP=1 TRACE_POINT=8x8192 bash scripts/gpu_default_check.sh", timeout_s=600)
 set -u
@@ -61,12 +60,9 @@ if [ -n "${BUILD_AB:-}" ]; then             # (gpu_build_ab.sh's stage 2 alone, 
   OUT=$OUT/ab BUILDS="$BUILD_AB" POINTS="${AB_POINTS:-1x8192,8x8192,16x8192}" SKIP_TESTS=1 SKIP_TRACE=1 \
     VARIANTS_TIMEOUT=${AB_TIMEOUT:-110} bash scripts/gpu_build_ab.sh 2>&1 | grep -E "^b|rror"
 fi
-if [ "${ATTN_STREAM:-0}" = 1 ]; then
-  echo "=== attn_stream at $(($(date +%s) - t0)) s"
-  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a benchmarks/attn_stream.cu -o /tmp/attn_stream \
-    && timeout 60 /tmp/attn_stream | tee "$OUT/attn_stream.txt"
-fi
-for name in ${MICRO:-}; do
+MICRO=${MICRO:-}
+[ "${ATTN_STREAM:-0}" = 1 ] && MICRO="$MICRO attn_stream"
+for name in $MICRO; do
   echo "=== $name at $(($(date +%s) - t0)) s"
   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a benchmarks/$name.cu -o /tmp/$name \
     && timeout 60 /tmp/$name > "$OUT/$name.txt" 2>&1; echo "rc=$?"; tail -20 "$OUT/$name.txt"

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # One device call (~5 min): the defaults' correctness, a short A/B, and optionally the decode sweep and a timeline,
 # for a change of defaults:
+#   0. MICRO="smem_align sm_stream": first (short, and a later step past the call's limit must not lose them), each
+#      benchmarks/NAME.cu built and run (60 s at most), into $OUT/NAME.txt; ATTN_STREAM=1 adds attn_stream
+#      (attention's copies alone, with the split's math, barrier-free).
 #   1. the megakernel's GPU tests (tests/kernel -m gpu);
 #   2. compute-sanitizer memcheck on one tiny step of $MEMCHECK_B rows (default 6) and racecheck at each of $SAN_BS
 #      rows (default "6 3 2": the 4..8-, 3- and 2-row paged plans);
@@ -11,8 +14,6 @@
 #      the .npz);
 #   6. BUILD_AB="MK_X=0 default": the step at $AB_POINTS (default 1x8192,8x8192,16x8192) under each build in its own
 #      process (comma-separated KEY=VAL switch lists as MEGAKERNEL_KERNEL_DEFINES takes them, or "default");
-#   7. MICRO="smem_align sm_stream": each benchmarks/NAME.cu built and run (60 s at most), into $OUT/NAME.txt;
-#      ATTN_STREAM=1 adds attn_stream (attention's copies alone, with the split's math, barrier-free).
 # Logs and JSON under $OUT (bundle.tgz when more than 8 files).
 #   run(command="MEGAKERNEL_COMMIT=<SHA> SWEEP=1 TRACE_POINT=8x8192 bash scripts/gpu_default_check.sh", timeout_s=600)
 set -u
@@ -21,6 +22,13 @@ export PYTHONPATH=$PWD:$PWD/tests PYTHONUNBUFFERED=1 MEGAKERNEL_CACHE_DIR=/tmp/m
 t0=$(date +%s)
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader;
   echo "commit ${MEGAKERNEL_COMMIT:-unknown}"; } | tee "$OUT/env.txt"
+MICRO=${MICRO:-}
+[ "${ATTN_STREAM:-0}" = 1 ] && MICRO="$MICRO attn_stream"
+for name in $MICRO; do
+  echo "=== $name at $(($(date +%s) - t0)) s"
+  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a benchmarks/$name.cu -o /tmp/$name \
+    && timeout 60 /tmp/$name > "$OUT/$name.txt" 2>&1; echo "rc=$?"; tail -20 "$OUT/$name.txt"
+done
 echo "=== tests"
 timeout ${TESTS_TIMEOUT:-200} python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/kernel 2>&1 \
   | tee "$OUT/tests.log" | tail -3
@@ -60,12 +68,5 @@ if [ -n "${BUILD_AB:-}" ]; then             # (gpu_build_ab.sh's stage 2 alone, 
   OUT=$OUT/ab BUILDS="$BUILD_AB" POINTS="${AB_POINTS:-1x8192,8x8192,16x8192}" SKIP_TESTS=1 SKIP_TRACE=1 \
     VARIANTS_TIMEOUT=${AB_TIMEOUT:-110} bash scripts/gpu_build_ab.sh 2>&1 | grep -E "^b|rror"
 fi
-MICRO=${MICRO:-}
-[ "${ATTN_STREAM:-0}" = 1 ] && MICRO="$MICRO attn_stream"
-for name in $MICRO; do
-  echo "=== $name at $(($(date +%s) - t0)) s"
-  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a benchmarks/$name.cu -o /tmp/$name \
-    && timeout 60 /tmp/$name > "$OUT/$name.txt" 2>&1; echo "rc=$?"; tail -20 "$OUT/$name.txt"
-done
 echo "=== done at $(($(date +%s) - t0)) s"
 bash scripts/pack_out.sh "$OUT"

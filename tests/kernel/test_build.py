@@ -55,7 +55,8 @@ def check_build_log(log: str) -> None:
                                      "MK_PG_EPI_WARP=1", "MK_CONST_PARAMS=0", "MK_CONST_TABLES=1",
                                      "MK_ATTN_DSPLIT=0", "MK_ATTN_TABLE=0", "MK_SIGNAL_FENCE=1",
                                      "MK_NORM_TABLES_EARLY=1", "MK_PG_SEG_TC=1", "MK_PG_CLAIM_LEAD=1",
-                                     "MK_PG_CLAIM_AHEAD=2", "MK_PG_PROXY_FENCE=0", "MK_SMEM_ALIGN=128"])
+                                     "MK_PG_CLAIM_AHEAD=2", "MK_PG_PROXY_FENCE=0", "MK_SMEM_ALIGN=128",
+                                     "MK_PG_TC_ACC=2"])
 def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     """The builds the switches select besides the default (MK_MOE_LOCAL=0: the MoE worker's routing read from L2 per
     item; MK_SMALL_VEC=1: NORM in three or four waves of loads;
@@ -68,7 +69,8 @@ def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     release; MK_NORM_TABLES_EARLY=1: the fused norm's tables read before the wait; MK_PG_SEG_TC=1: the paged worker's
     one-row pages on tensor cores; MK_PG_CLAIM_LEAD=1: its next claim one page before an item's end;
     MK_PG_CLAIM_AHEAD=2: two claims in flight; MK_PG_PROXY_FENCE=0: no proxy fence before a page's copy;
-    MK_SMEM_ALIGN=128: dynamic shared memory from a 128-byte line, its padding in the static figure): each compiles,
+    MK_SMEM_ALIGN=128: dynamic shared memory from a 128-byte line, its padding in the static figure; MK_PG_TC_ACC=2:
+    the paged worker's several-row pages with two accumulators per chain): each compiles,
     its entry function does not spill, and its static shared memory fits the reserve."""
     if build.find_nvcc() is None:
         pytest.skip("nvcc not installed")

@@ -1,9 +1,15 @@
-// The paged MoE worker's page products at one input row (mk_moe_pages.cuh pg_compute), in their own header so that
-// benchmarks/page_math.cu times the kernel's code, not a copy. Self-contained: no kernel parameters.
+// The paged MoE worker's page products (mk_moe_pages.cuh pg_compute at one input row, pg_compute_rows[_tc] at
+// several), in their own header so that benchmarks/page_math.cu times the kernel's code, not a copy. Self-contained:
+// no kernel parameters.
 #pragma once
 #include "mk_math.cuh"
 
 typedef __nv_bfloat16 bf16;
+
+// MK_PG_TC_ACC: accumulators per weight-row group in pg_compute_rows_tc (1, or 2: even and odd K steps apart).
+#ifndef MK_PG_TC_ACC
+#define MK_PG_TC_ACC 1
+#endif
 
 // One warp: rows r < nr (at most RMAX) of the page at W (rows of K elements, contiguous) times x (K elements), the
 // dot products in fp32 into out[r] (lane 0). Each lane takes 16-byte chunks lane, lane + 32, ...; x's chunk is read
@@ -94,5 +100,124 @@ __device__ __forceinline__ void pg_rows_seg(const bf16* W, const bf16* x, int nr
         const int r_lo = g / S, r_hi = (g + 8) / S;
         if (r_lo < nr) out[r_lo] = lo;
         if (r_hi < nr) out[r_hi] = hi;
+    }
+}
+
+// One warp, an item of several input rows: rows r < nr of the page at W times input rows i < nc (row i at
+// xrow(i), K elements each), the fp32 dot products into out[i * ostride + r] (lane 0). Weight rows and inputs go in
+// groups of 4 (16 accumulators); each lane takes 16-byte chunks lane, lane + 32, ... of both.
+template <class XRow>
+__device__ __forceinline__ void pg_compute_rows(const bf16* W, int nr, int nc, int K, XRow xrow, float* out,
+                                                int ostride) {
+    const int lane = threadIdx.x & 31, KC = K >> 3;
+    const uint4* wv = reinterpret_cast<const uint4*>(W);
+    for (int i0 = 0; i0 < nc; i0 += 4) {
+        const uint4* xv[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) xv[i] = reinterpret_cast<const uint4*>(xrow(min(i0 + i, nc - 1)));
+        for (int r0 = 0; r0 < nr; r0 += 4) {
+            float acc[4][4];
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) acc[r][i] = 0.f;
+            for (int c = lane; c < KC; c += 32) {
+                float xf[4][8];
+#pragma unroll
+                for (int i = 0; i < 4; i++) unpack8(xv[i][c], xf[i]);   // (past nc: row nc - 1 again, unused)
+#pragma unroll
+                for (int r = 0; r < 4; r++) {
+                    if (r0 + r < nr) {
+                        float wf[8];
+                        unpack8(wv[(size_t)(r0 + r) * KC + c], wf);
+#pragma unroll
+                        for (int i = 0; i < 4; i++)
+#pragma unroll
+                            for (int e = 0; e < 8; e++) acc[r][i] = fmaf(wf[e], xf[i][e], acc[r][i]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    if (r0 + r < nr && i0 + i < nc) {
+                        const float v = warp_sum(acc[r][i]);
+                        if (lane == 0) out[(size_t)(i0 + i) * ostride + r0 + r] = v;
+                    }
+        }
+    }
+}
+
+// The same product on tensor cores (MK_GEMV_TC): the input rows are the MMA's M (rows i and i + 8 of the 16-row
+// operand; past nc: zeros when nc <= 8, else clamped rows whose outputs are dropped), the page's weight rows its N
+// in groups of 8, K in steps of 32 with the step's k order permuted the same way for both operands (lane (g, t)
+// loads 16 bytes of input row g (and g + 8) and of weight row g of the group at k offset 8t; the two MMAs of a step
+// take words 0-1 and 2-3), as gemv_core. fp32 accumulation; each lane ends with its (input, row) sums, no shuffle.
+// A gate/up page at North dims (4 rows of 2048) takes 128 MMAs and 128 shared loads per lane, where the CUDA-core
+// loop above issues ~3,200 instructions per lane at 8 rows: at b8 that loop, not the HBM, bounded the MoE phase.
+// Every MMA of a weight-row group adds into one accumulator (MK_PG_TC_ACC=1), so a gate/up page is a chain of 128
+// dependent MMAs (64 steps of 2), a down page two of 48; MK_PG_TC_ACC=2 alternates the steps between two accumulators
+// (chains half as long, the same products summed in another order).
+template <class XRow, int ACC = MK_PG_TC_ACC>
+__device__ __forceinline__ void pg_compute_rows_tc(const bf16* W, int nr, int nc, int K, XRow xrow, float* out,
+                                                   int ostride) {
+    static_assert(ACC == 1 || ACC == 2, "MK_PG_TC_ACC is 1 or 2");
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const bool hi = nc > 8;                   // input rows 8..15 present
+    const bf16* xa = xrow(min(g, nc - 1)) + 8 * t;
+    const bf16* xb = xrow(min(g + 8, nc - 1)) + 8 * t;
+    const int steps = (K + 31) >> 5;
+    const bool tail = (K & 31) != 0;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    for (int r0 = 0; r0 < nr; r0 += 8) {
+        const bf16* wr = W + (size_t)min(r0 + g, nr - 1) * K + 8 * t;
+        float c[4] = {0.f, 0.f, 0.f, 0.f};
+        if constexpr (ACC == 2) {
+            // even and odd steps into two accumulators: two chains of MMAs, each half as long; step s's operands (past
+            // K: zeros, and no read past the row)
+            const auto step = [&](int s, uint4& X, uint4& Y, uint4& B) {
+                const bool in = !tail || s * 32 + 8 * t < K;
+                X = in ? *reinterpret_cast<const uint4*>(xa + s * 32) : zero;
+                Y = (in && hi) ? *reinterpret_cast<const uint4*>(xb + s * 32) : zero;
+                B = in ? *reinterpret_cast<const uint4*>(wr + s * 32) : zero;
+            };
+            float d[4] = {0.f, 0.f, 0.f, 0.f};
+            int s = 0;
+#pragma unroll 2
+            for (; s + 2 <= steps; s += 2) {
+                uint4 X0, Y0, B0, X1, Y1, B1;
+                step(s, X0, Y0, B0);
+                step(s + 1, X1, Y1, B1);
+                mma_bf16(c, X0.x, Y0.x, X0.y, Y0.y, B0.x, B0.y);
+                mma_bf16(d, X1.x, Y1.x, X1.y, Y1.y, B1.x, B1.y);
+                mma_bf16(c, X0.z, Y0.z, X0.w, Y0.w, B0.z, B0.w);
+                mma_bf16(d, X1.z, Y1.z, X1.w, Y1.w, B1.z, B1.w);
+            }
+            if (s < steps) {                      // (an odd step count)
+                uint4 X, Y, B;
+                step(s, X, Y, B);
+                mma_bf16(c, X.x, Y.x, X.y, Y.y, B.x, B.y);
+                mma_bf16(c, X.z, Y.z, X.w, Y.w, B.z, B.w);
+            }
+#pragma unroll
+            for (int q = 0; q < 4; q++) c[q] += d[q];
+        } else {
+#pragma unroll 4
+            for (int s = 0; s < steps; s++) {
+                const bool in = !tail || s * 32 + 8 * t < K;        // past K: zeros, and no read past the row
+                const uint4 X = in ? *reinterpret_cast<const uint4*>(xa + s * 32) : zero;
+                const uint4 Y = (in && hi) ? *reinterpret_cast<const uint4*>(xb + s * 32) : zero;
+                const uint4 B = in ? *reinterpret_cast<const uint4*>(wr + s * 32) : zero;
+                mma_bf16(c, X.x, Y.x, X.y, Y.y, B.x, B.y);
+                mma_bf16(c, X.z, Y.z, X.w, Y.w, B.z, B.w);
+            }
+        }
+        // c[0..1]: input row g, weight rows r0 + 2t, + 1; c[2..3]: input row g + 8
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const int i = g + (q >> 1) * 8, r = r0 + 2 * t + (q & 1);
+            if (i < nc && r < nr) out[(size_t)i * ostride + r] = c[q];
+        }
     }
 }

@@ -91,6 +91,15 @@
 #ifndef MK_PG_PROXY_FENCE
 #define MK_PG_PROXY_FENCE 1
 #endif
+// MK_PG_FREE_EARLY: a gate/up item's slot is freed before its counter's release (1) instead of after it (0). The
+// release waits until every copy in flight on the SM has landed (mem_latency.cu: 2-6 us under load with the ring's
+// ~190 KB in flight), and the loader publishes item j only once item j - PAGE_SLOTS's slot is free: at b1 a worker
+// runs ~5 items a layer, 3 of them gate/up, so a slot held through each release may be what stalls the loader
+// between items (session 21: ~3.3 us per item outside its ring waits). The slot's outputs and fields are read
+// before it is freed; the release still orders the item's activation stores (the warp barrier before it). Under test.
+#ifndef MK_PG_FREE_EARLY
+#define MK_PG_FREE_EARLY 0
+#endif
 #define PG_END (-1)                     // an item description's kind: no more items (the input warp stops)
 
 // The worker's barriers and bookkeeping: in the plan's dynamic shared memory (at pg_state_off, PAGE_STATE_BYTES of
@@ -275,8 +284,10 @@ __device__ __forceinline__ bool pg_load_inputs(const Params& P, PgState& G, int 
 }
 
 // One warp: item slot q's epilogue from its fp32 outputs (a gate/up item's SiLU(gate) * up into eact and its
-// counter; a down item's weighted rows into y; an O item's rows plus the bias into ao).
-__device__ __forceinline__ void pg_epilogue(const Params& P, PgState& G, int l, int m, int q) {
+// counter; a down item's weighted rows into y; an O item's rows plus the bias into ao). Under MK_PG_FREE_EARLY a
+// gate/up item's counter is returned, for the caller to signal once the slot is free (else it is signalled here and
+// the result is null).
+__device__ __forceinline__ int* pg_epilogue(const Params& P, PgState& G, int l, int m, int q) {
     const int lane = threadIdx.x & 31;
     const int* it = G.item[q];
     const int kind = it[1], eslot = it[2], st = it[4], r0 = it[5], nr = it[6], nc = it[11];
@@ -293,10 +304,14 @@ __device__ __forceinline__ void pg_epilogue(const Params& P, PgState& G, int l, 
             }
         }
         __syncwarp();
+#if MK_PG_FREE_EARLY
+        return PP(int*, counters) + l * PI(cpl) + PI(c_gu) + eslot;
+#else
         if (lane == 0) {
             signal_fence();
             red_release(PP(int*, counters) + l * PI(cpl) + PI(c_gu) + eslot, 1);
         }
+#endif
     } else if (kind == PG_DN) {
         for (int i = 0; i < nc; i++) {
             const float w = G.w[q][i];
@@ -317,18 +332,31 @@ __device__ __forceinline__ void pg_epilogue(const Params& P, PgState& G, int l, 
             }
         }
     }
+    return nullptr;
 }
 
 // One warp, once item slot q's pages are all computed (its `outs` phase): the item's epilogue (and its profiling
-// record), every lane's stores done when it returns; the caller then frees the slot (`free_`).
-__device__ __forceinline__ void pg_finish_item(const Params& P, PgState& G, int l, int m, int q) {
+// record), every lane's stores done when it returns; the caller then frees the slot (`free_`) and signals the counter
+// returned (pg_signal_late; MK_PG_FREE_EARLY).
+__device__ __forceinline__ int* pg_finish_item(const Params& P, PgState& G, int l, int m, int q) {
 #if MK_PROFILE
     if ((threadIdx.x & 31) == 0) G.stamp[q][4] = prof_now();
 #endif
-    pg_epilogue(P, G, l, m, q);
+    int* sig = pg_epilogue(P, G, l, m, q);
     __syncwarp();
 #if MK_PROFILE
     if ((threadIdx.x & 31) == 0) pg_prof_item(P, G, l, m, q);
+#endif
+    return sig;
+}
+
+// Lane 0, after freeing the slot: the gate/up counter pg_finish_item returned (MK_PG_FREE_EARLY), if any.
+__device__ __forceinline__ void pg_signal_late(int* sig) {
+#if MK_PG_FREE_EARLY
+    if ((threadIdx.x & 31) == 0 && sig != nullptr) {
+        signal_fence();
+        red_release(sig, 1);
+    }
 #endif
 }
 
@@ -555,8 +583,9 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             if (!pg_wait(P, G, ticket, &G.desc[q], slot_parity(j), STALL_ITEM, j)) break;
             if (G.item[q][1] == PG_END) break;
             if (!pg_wait(P, G, ticket, &G.outs[q], slot_parity(j), STALL_OUTS, j)) break;
-            pg_finish_item(P, G, l, m, q);
+            int* sig = pg_finish_item(P, G, l, m, q);
             if (lane == 0) mbar_arrive(&G.free_[q]);
+            pg_signal_late(sig);
         }
         __syncwarp();
     } else if (warp < npg) {                  // ---- the computing warps: warp w, ring page w ----
@@ -632,8 +661,9 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             done = __shfl_sync(0xffffffffu, done, 0);
             if (done) {                           // the item's last page counted: its epilogue, then its slot is free
                 if (!pg_wait(P, G, ticket, &G.outs[q], slot_parity(j), STALL_OUTS, j)) break;
-                pg_finish_item(P, G, l, m, q);
+                int* sig = pg_finish_item(P, G, l, m, q);
                 if (lane == 0) { atomicExch(&G.done[q], 0); mbar_arrive(&G.free_[q]); }
+                pg_signal_late(sig);
             }
         }
         __syncwarp();

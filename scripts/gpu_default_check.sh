@@ -4,9 +4,9 @@
 #   0. MICRO="smem_align sm_stream": first (short, and a later step past the call's limit must not lose them), each
 #      benchmarks/NAME.cu built and run (60 s at most), into $OUT/NAME.txt; ATTN_STREAM=1 adds attn_stream
 #      (attention's copies alone, with the split's math, barrier-free).
-#   1. the megakernel's GPU tests (tests/kernel -m gpu);
-#   2. compute-sanitizer memcheck on one tiny step of $MEMCHECK_B rows (default 6) and racecheck at each of $SAN_BS
-#      rows (default "6 3 2": the 4..8-, 3- and 2-row paged plans);
+#   1. the megakernel's GPU tests (tests/kernel -m gpu; TESTS=0 skips them);
+#   2. compute-sanitizer memcheck on one tiny step of $MEMCHECK_B rows (default 6; MEMCHECK_B="" skips it) and
+#      racecheck at each of $SAN_BS rows (default "6 3 2": the 4..8-, 3- and 2-row paged plans; SAN_BS="" skips);
 #   3. the step at $POINTS under $VARIANTS (VARIANTS="" skips), one process;
 #   4. SWEEP=1: the decode sweep of the megakernel and the graph backend (scripts/gpu_decode_sweep.sh, in $OUT/sweep);
 #   5. TRACE_POINT=BxCTX: the profiling build's timeline at that point (summary lines; TRACE_DEFINES: its switches,
@@ -29,9 +29,11 @@ for name in $MICRO; do
   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a benchmarks/$name.cu -o /tmp/$name \
     && timeout 60 /tmp/$name > "$OUT/$name.txt" 2>&1; echo "rc=$?"; tail -20 "$OUT/$name.txt"
 done
-echo "=== tests"
-timeout ${TESTS_TIMEOUT:-200} python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/kernel 2>&1 \
-  | tee "$OUT/tests.log" | tail -3
+if [ "${TESTS:-1}" != 0 ]; then
+  echo "=== tests"
+  timeout ${TESTS_TIMEOUT:-200} python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/kernel 2>&1 \
+    | tee "$OUT/tests.log" | tail -3
+fi
 san() {  # tool, rows
   echo "=== $1, $2 rows, at $(($(date +%s) - t0)) s"
   script=$([ $1 = memcheck ] && echo "benchmarks/mk_debug.py north_like $2" || echo "benchmarks/mk_racecheck.py $2")
@@ -39,8 +41,8 @@ san() {  # tool, rows
     --print-limit 20 python3 $script > "$OUT/${1}_b$2.log" 2>&1
   echo "rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Race reported|cos|max rel" "$OUT/${1}_b$2.log" | tail -5
 }
-san memcheck ${MEMCHECK_B:-6}
-for b in ${SAN_BS:-6 3 2}; do san racecheck $b; done
+for b in ${MEMCHECK_B-6}; do san memcheck $b; done
+for b in ${SAN_BS-6 3 2}; do san racecheck $b; done
 VARIANTS=${VARIANTS-"default moe_pages=0 default moe_pages=0"}
 if [ -n "$VARIANTS" ]; then
   echo "=== variants at $(($(date +%s) - t0)) s"

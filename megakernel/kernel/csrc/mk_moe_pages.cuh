@@ -415,18 +415,13 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
         int* work = PP(int*, moe_work) + m;
         bool stop = false;
         if (lane == 0) G.o_bias = obias;      // (published with the first item's description)
-#if MK_PG_CLAIM_AHEAD == 2
-        // two claims in flight: item j + 1's (`pending`, lane 0) was made during item j - 1, item j + 2's is made
-        // during item j, so each round trip has a whole item's pages to land under (without claim_late)
-        const bool ahead2 = !PI(pg_claim_late);
-        int pending = 0;
-        if (ahead2 && lane == 0) pending = atomicAdd(work, 1);
-#endif
 #if PG_STATS
         long long t_claim_wait = 0, t_slot_wait = 0;   // before the next item's publish (its m2 / m0 high halves)
 #endif
-        // item j goes into slot j % PAGE_SLOTS once the slot's previous item is done (`free_`); after the last, an end item
-        while (!stop) {
+        // Item j (`item`) into slot j % PAGE_SLOTS once the slot's previous item is done (`free_`), then its pages;
+        // lane 0 claims an item into `claim` on the way. False once the loader is done: the end item published, or a
+        // wait failed (stop).
+        const auto run_item = [&](int& claim) -> bool {
             const bool end = item >= n_items;
             const int q = j % MK_PAGE_SLOTS;
 #if PG_STATS
@@ -435,14 +430,14 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             if (j >= MK_PAGE_SLOTS
                 && !pg_wait(P, G, ticket, &G.free_[q], slot_parity(j - MK_PAGE_SLOTS), STALL_SLOT, j)) {
                 stop = true;
-                break;
+                return false;
             }
 #if PG_STATS
             t_slot_wait = prof_now() - t_slot;
 #endif
             if (end) {                        // the end item: the input warp stops there
                 if (lane == 0) { G.item[q][0] = j; G.item[q][1] = PG_END; mbar_arrive(&G.desc[q]); }
-                break;
+                return false;
             }
             const MoeItem it = moe_item(P, l, route, egu, edn, item, n_gu);
             const int K = it.T.K;
@@ -452,12 +447,12 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             if (pages < 1 || pages > MK_PAGE_ITEM_PAGES_MAX) {   // (`outs` counts 32 arrivals per page; the plan
                 if (lane == 0) record_error(P, MK_ERR_SMEM, ticket, -1, pages, MK_PAGE_ITEM_PAGES_MAX);   // bounds it)
                 stop = true;
-                break;
+                return false;
             }
             if (it.cnt > PI(pg_rows)) {       // (an item slot holds pg_rows input and output rows; the routing's
                 if (lane == 0) record_error(P, MK_ERR_SMEM, ticket, -1, it.cnt, PI(pg_rows));   // slot_pairs bounds
                 stop = true;                                                                   // an expert's slot)
-                break;
+                return false;
             }
             if (lane == 0) {
                 int* mt = G.item[q];
@@ -478,18 +473,18 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                 if (pages < MK_PAGE_ITEM_PAGES_MAX) mbar_arrive_n(&G.outs[q], MK_PAGE_OUT_ARRIVALS - 32 * pages);
                 mbar_arrive(&G.desc[q]);      // (release: the description before the input warp's reads)
             }
-            int nxt = 0, p = 0;
+            int p = 0;
             const bool late = PI(pg_claim_late) != 0;
             for (int h = 0; h < 2 && !stop; h++) {
                 const int nh = h ? n1 : n0;
                 const bf16* src = h ? it.T.w1 : it.T.w0;
                 for (int r = 0; r < nh; r += rpp, p++) {
                     const int nr = min(rpp, nh - r), slot = s % npg;
-                    // the next claim MK_PG_CLAIM_LEAD pages before this item's end (its round trip under those
-                    // pages' waits: the loader reads the result after the item's last page)
+                    // the claim MK_PG_CLAIM_LEAD pages before this item's end (its round trip under those pages'
+                    // waits: the loader reads the result after the item's last page, or an item later)
                     const int claim_at = MK_PG_CLAIM_LEAD == 0 ? pages / 2
                                          : pages > MK_PG_CLAIM_LEAD ? pages - MK_PG_CLAIM_LEAD : 0;
-                    if (!late && p == claim_at && lane == 0) nxt = atomicAdd(work, 1);
+                    if (!late && p == claim_at && lane == 0) claim = atomicAdd(work, 1);
 #if PG_STATS
                     const long long t_ready = prof_now();
 #endif
@@ -522,25 +517,44 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             if (late && !stop) {              // claim_late: once this item's inputs are loaded (its dependency met)
                 if (!pg_wait(P, G, ticket, &G.inp[q], slot_parity(j), STALL_CLAIM, j)) {
                     stop = true;
-                    break;
+                    return false;
                 }
-                if (lane == 0) nxt = atomicAdd(work, 1);
+                if (lane == 0) claim = atomicAdd(work, 1);
             }
+            return !stop;
+        };
+        // The next item: lane 0's claim `next` (the shuffle waits for its atomic's result).
+        const auto take = [&](int next) {
 #if PG_STATS
             const long long t_claim = prof_now();
-#endif
-            int next = nxt;                   // (lane 0's claim)
-#if MK_PG_CLAIM_AHEAD == 2
-            if (ahead2) {                     // the next item was claimed an item ago; this item's claim is for j + 2
-                next = pending;
-                pending = nxt;
-            }
 #endif
             item = __shfl_sync(0xffffffffu, next, 0);
 #if PG_STATS
             t_claim_wait = (item >= 0 ? prof_now() : 0) - t_claim;   // (the result's use: the shuffle waits for it)
 #endif
             j++;
+        };
+#if MK_PG_CLAIM_AHEAD == 2
+        if (!PI(pg_claim_late)) {
+            // Two claims in flight: item j + 2's is made during item j, so its round trip has a whole item to land
+            // under. The claims alternate between two registers and each is first read an item after its atomic
+            // (`take` at the end of the next item): a move of the fresh claim into a `pending` register would wait
+            // for the atomic there, as reading it does (the first version of this switch: SASS put a SEL on the
+            // fresh claim right after the item's last page).
+            int ca = 0, cb = 0;               // (lane 0's: item 1's claim now, then items 3, 5, ...; cb: 2, 4, ...)
+            if (lane == 0) ca = atomicAdd(work, 1);
+            while (true) {
+                if (!run_item(cb)) break;     // item j (even), claiming j + 2 into cb
+                take(ca);
+                if (!run_item(ca)) break;     // item j (odd), claiming j + 2 into ca
+                take(cb);
+            }
+        } else
+#endif
+        while (true) {
+            int nxt = 0;
+            if (!run_item(nxt)) break;
+            take(nxt);
         }
         // One end marker per computing warp, each into its own page (the npg sequence numbers after the last page)
         for (int i = 0; i < npg && !stop; i++) {

@@ -14,6 +14,7 @@
 //   /tmp/page_math
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include "../megakernel/kernel/csrc/mk_page_math.cuh"   // pg_rows, pg_rows_seg: the kernel's own code
@@ -130,18 +131,23 @@ __global__ void check_rows(int nr, int nc, int K, float* err) {
     }
 }
 
+// ns per page per warp of the slowest warp of any SM (each warp's clock cycles in cyc, `reps` pages each)
+double slowest_ns_per_page(const long long* cyc, int sms, int warps, int reps, double ghz) {
+    std::vector<long long> h((size_t)MAXW * sms);
+    CK(cudaMemcpy(h.data(), cyc, sizeof(long long) * MAXW * sms, cudaMemcpyDeviceToHost));
+    double mx = 0;
+    for (int b = 0; b < sms; b++)
+        for (int w = 0; w < warps; w++) mx = h[b * MAXW + w] > mx ? h[b * MAXW + w] : mx;
+    return mx / reps / ghz;
+}
+
 template <int V, int RMAX>
 void run(const char* name, int warps, int nr, int K, int sms, long long* cyc, float* sink, double ghz) {
     const int reps = 200, smem_bytes = MAXW * PAGE + 8192;
     CK(cudaFuncSetAttribute(bench<V, RMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
     bench<V, RMAX><<<sms, 512, smem_bytes>>>(warps, nr, K, reps, cyc, sink);
     CK(cudaDeviceSynchronize());
-    long long h[MAXW * 132];
-    CK(cudaMemcpy(h, cyc, sizeof(long long) * MAXW * sms, cudaMemcpyDeviceToHost));
-    double mx = 0;
-    for (int b = 0; b < sms; b++)
-        for (int w = 0; w < warps; w++) mx = h[b * MAXW + w] > mx ? h[b * MAXW + w] : mx;
-    const double ns_page = mx / reps / ghz;
+    const double ns_page = slowest_ns_per_page(cyc, sms, warps, reps, ghz);
     const double gbs = (double)warps * nr * K * 2 / ns_page;      // bytes per ns = GB/s, per SM
     printf("%-6s rows %2d x K %4d, %2d warps: %7.0f ns per page per warp, %6.1f GB/s per SM\n", name, nr, K, warps,
            ns_page, gbs);
@@ -153,12 +159,7 @@ void run_rows(int warps, int nr, int nc, int K, int sms, long long* cyc, float* 
     CK(cudaFuncSetAttribute(bench_rows<ACC>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
     bench_rows<ACC><<<sms, 512, smem_bytes>>>(warps, nr, nc, K, reps, cyc, sink);
     CK(cudaDeviceSynchronize());
-    long long h[MAXW * 132];
-    CK(cudaMemcpy(h, cyc, sizeof(long long) * MAXW * sms, cudaMemcpyDeviceToHost));
-    double mx = 0;
-    for (int b = 0; b < sms; b++)
-        for (int w = 0; w < warps; w++) mx = h[b * MAXW + w] > mx ? h[b * MAXW + w] : mx;
-    const double ns_page = mx / reps / ghz;
+    const double ns_page = slowest_ns_per_page(cyc, sms, warps, reps, ghz);
     const double gbs = (double)warps * nr * K * 2 / ns_page;
     printf("tc%d    rows %2d x K %4d, %2d inputs, %2d warps: %7.0f ns per page per warp, %6.1f GB/s per SM\n", ACC, nr,
            K, nc, warps, ns_page, gbs);

@@ -82,10 +82,12 @@
 // MK_PG_CLAIM_AHEAD: claims in flight per loader: 1, the next item's (made MK_PG_CLAIM_LEAD pages before the current
 // item's end); 2, the next two (item j + 2's made during item j, so its round trip has a whole item to land under;
 // a worker then holds up to two unstarted items at the layer's tail). The no-deadlock argument above holds for
-// either: a worker still claims in queue order and runs its claimed items in that order. 2 is under test.
+// either: a worker still claims in queue order and runs its claimed items in that order. Plans with pg_claim_late
+// (a claim only once the item's inputs are loaded) keep one claim in flight under 2. 2 is under test.
 #ifndef MK_PG_CLAIM_AHEAD
 #define MK_PG_CLAIM_AHEAD 1
 #endif
+static_assert(MK_PG_CLAIM_AHEAD == 1 || MK_PG_CLAIM_AHEAD == 2, "MK_PG_CLAIM_AHEAD is 1 or 2");
 // MK_PG_PROXY_FENCE: a proxy fence before each page's copy (1), or none (0: the computing warp's reads are ordered
 // before the copy's writes by the `empty` mbarrier alone, as TMA pipelines commonly do). Under test.
 #ifndef MK_PG_PROXY_FENCE
@@ -97,9 +99,11 @@
 // runs ~5 items a layer, 3 of them gate/up, so a slot held through each release may be what stalls the loader
 // between items (session 21: ~3.3 us per item outside its ring waits). The slot's outputs and fields are read
 // before it is freed; the release still orders the item's activation stores (the warp barrier before it). Under test.
+// (Profiles: a gate/up item's record then ends before its release, so its span leaves the release out.)
 #ifndef MK_PG_FREE_EARLY
 #define MK_PG_FREE_EARLY 0
 #endif
+static_assert(MK_PG_FREE_EARLY == 0 || MK_PG_FREE_EARLY == 1, "MK_PG_FREE_EARLY is 0 or 1");
 #define PG_END (-1)                     // an item description's kind: no more items (the input warp stops)
 
 // The worker's barriers and bookkeeping: in the plan's dynamic shared memory (at pg_state_off, PAGE_STATE_BYTES of
@@ -350,7 +354,8 @@ __device__ __forceinline__ int* pg_finish_item(const Params& P, PgState& G, int 
     return sig;
 }
 
-// Lane 0, after freeing the slot: the gate/up counter pg_finish_item returned (MK_PG_FREE_EARLY), if any.
+// One warp (lane 0 acts), after freeing the slot: the gate/up counter pg_finish_item returned (MK_PG_FREE_EARLY), if
+// any.
 __device__ __forceinline__ void pg_signal_late(int* sig) {
 #if MK_PG_FREE_EARLY
     if ((threadIdx.x & 31) == 0 && sig != nullptr) {

@@ -10,6 +10,7 @@ typedef __nv_bfloat16 bf16;
 #ifndef MK_PG_TC_ACC
 #define MK_PG_TC_ACC 1
 #endif
+static_assert(MK_PG_TC_ACC == 1 || MK_PG_TC_ACC == 2, "MK_PG_TC_ACC is 1 or 2");
 
 // One warp: rows r < nr (at most RMAX) of the page at W (rows of K elements, contiguous) times x (K elements), the
 // dot products in fp32 into out[r] (lane 0). Each lane takes 16-byte chunks lane, lane + 32, ...; x's chunk is read

@@ -73,6 +73,7 @@ class World:
     slots: int = 3
     claim_late: bool = False      # pg_claim_late: the loader goes on to the next item once this one's inputs are in
     epi_warp: bool = False        # MK_PG_EPI_WARP: a warp of its own writes the epilogues, in item order
+    free_early: bool = False      # MK_PG_FREE_EARLY: a slot freed after the epilogue's stores, before its signal
     full: list[Mbar] = field(default_factory=list)
     empty: list[Mbar] = field(default_factory=list)
     desc: list[Mbar] = field(default_factory=list)
@@ -224,18 +225,32 @@ def computing_warp(w: World, warp: int):
         if w.done[q] == w.items[j].pages:              # elected (the atomic count): the epilogue
             if not (yield from until(w, lambda: w.outs[q].done(w.parity(j)))):
                 return
-            _epilogue(w, j, q)
-            w.done[q] = 0
-            w.free[q].arrive()
+            yield from _epilogue_and_free(w, j, q, lambda: w.done.__setitem__(q, 0))
         k += 1
 
 
 def _epilogue(w: World, j: int, q: int) -> None:
-    """Item j's epilogue (slot q), once its `outs` phase completed: every page computed, its dependencies done."""
+    """Item j's epilogue stores (slot q), once its `outs` phase completed: every page computed, its dependencies
+    done, and the slot still item j's (its outputs and fields are read here)."""
     assert w.computed[j] == w.items[j].pages and j not in w.finished
+    assert w.item_of[q] == j, "an epilogue read a slot already handed to another item"
     for d in w.items[j].deps:
         assert d in w.finished, "a down item ran before its gate/up item"
-    w.finished.add(j)
+
+
+def _epilogue_and_free(w: World, j: int, q: int, reset=lambda: None):
+    """The epilogue, the slot's free (after `reset`: the computing warps' page count) and the item's signal (what
+    a later down item's counter wait sees): the signal before the free, or after it (free_early), the release in
+    between taking a while."""
+    _epilogue(w, j, q)
+    if not w.free_early:
+        w.finished.add(j)
+    yield                                              # the stores' and the release's time
+    reset()
+    w.free[q].arrive()
+    if w.free_early:
+        yield                                          # the release, after the slot is free
+        w.finished.add(j)
 
 
 def epilogue_warp(w: World):
@@ -248,9 +263,7 @@ def epilogue_warp(w: World):
             return
         if not (yield from until(w, lambda: w.outs[q].done(w.parity(j)))):
             return
-        _epilogue(w, j, q)
-        yield                                          # the epilogue's stores and signal
-        w.free[q].arrive()
+        yield from _epilogue_and_free(w, j, q)
         j += 1
 
 
@@ -326,6 +339,20 @@ def test_paged_worker_protocol_terminates_and_keeps_its_invariants(npg, epi_warp
     for trial in range(60):
         items = random_items(rng, rng.randint(0, 12))
         run(World(items, npg, epi_warp=epi_warp), random.Random(trial))
+
+
+@pytest.mark.parametrize("epi_warp", [False, True])
+@pytest.mark.parametrize("npg", [4, 9, 12])
+def test_paged_worker_protocol_with_the_slot_freed_before_the_signal(npg, epi_warp):
+    """MK_PG_FREE_EARLY: the slot is free while the item's release is still on its way, so the loader may publish
+    the slot's next item (and its inputs may land) before a down item's dependency is signalled: still no deadlock,
+    and no epilogue reads a slot handed on. (Claiming ahead changes no worker's item order, so this model, one worker
+    running its items in claim order, covers MK_PG_CLAIM_AHEAD as it is; the simulator's claims_held covers the
+    workers together.)"""
+    rng = random.Random(11 + npg)
+    for trial in range(60):
+        items = random_items(rng, rng.randint(0, 12))
+        run(World(items, npg, epi_warp=epi_warp, free_early=True), random.Random(trial))
 
 
 @pytest.mark.parametrize("npg", [4, 9, 12])

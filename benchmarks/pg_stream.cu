@@ -228,6 +228,7 @@ int main() {
     with("lead 1", [](Knobs& k) { k.lead = 1; });
     with("no release", [](Knobs& k) { k.release = 0; });
     with("no math", [](Knobs& k) { k.math = 0; });
+    with("8 pages (128 KB in flight at most)", [](Knobs& k) { k.npg = 8; });
     with("offset 0 + ahead 2 + free_early", [](Knobs& k) { k.offset = 0; k.ahead = 2; k.free_early = 1; });
     with("offset 0 + ahead 2 + free_early + no fence", [](Knobs& k) {
         k.offset = 0; k.ahead = 2; k.free_early = 1; k.fence = 0; });

@@ -86,6 +86,23 @@ def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
         assert size % align == 0, (kernel, size, align)
 
 
+@pytest.mark.parametrize("defines", ["", "MK_PG_PAGE_STATS=1,MK_ATTN_STATS=1"])
+def test_profiling_builds_compile(tmp_path, monkeypatch, defines):
+    """The profiling build (MK_PROFILE: every task stamped, kernel/timeline.py) that a device call's trace runs, plain
+    and with its diagnostic switches (the paged items' page sums, the attention splits' chunk sums), compiles and its
+    static shared memory fits the reserve. (It may spill: the stamps cost registers; it is not the build that is
+    timed.)"""
+    if build.find_nvcc() is None:
+        pytest.skip("nvcc not installed")
+    monkeypatch.setenv("MEGAKERNEL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", defines)
+    lib = build.build("sm_90a", build.PROFILE_FLAGS + build.switch_flags())
+    log = (lib.parent / "build.log").read_text()
+    assert "-DMK_PROFILE=1" in log and all(f"-D{d}" in log for d in filter(None, defines.split(",")))
+    m = re.search(r"Compiling entry function 'mk_decode'.*?Used \d+ registers.*?(\d+) bytes smem", log, re.S)
+    assert m and int(m.group(1)) <= build.opcodes.SMEM_RESERVE, log[-2000:]
+
+
 def static_shared_sections(lib) -> dict[str, int]:
     """Each kernel's static shared-memory section in the library's cubin (.nv.shared.<kernel>), in bytes."""
     code_size = code_size_module()

@@ -1,6 +1,7 @@
-"""benchmarks/layer_bandwidth.py and benchmarks/page_stats.py on a trace emulated from a real task list (CPU): the
-tools the speed notes quote run on a saved .npz and their figures add up. (On the GPU they read the profiling
-build's traces; MK_PG_PAGE_STATS fills the paged items' page sums, which an emulated trace has none of.)"""
+"""benchmarks/layer_bandwidth.py, page_stats.py and attn_stats.py on a trace emulated from a real task list (CPU):
+the tools the speed notes quote run on a saved .npz and their figures add up. (On the GPU they read the profiling
+build's traces; MK_PG_PAGE_STATS fills the paged items' page sums and MK_ATTN_STATS the attention splits' chunk sums,
+which an emulated trace has none of.)"""
 
 from __future__ import annotations
 
@@ -97,6 +98,35 @@ def test_page_stats_reads_the_page_sums(trace, tmp_path):
     assert res["page_sums"] is False and not any(k.endswith("(page sum)") for k in res["kinds"]["gate/up"]["layer"])
 
 
+def test_attn_stats_reads_the_chunk_sums(trace, tmp_path):
+    """Attention splits with MK_ATTN_STATS marks (sums in ns and a chunk count) come out per chunk, and each split's
+    rate as its K/V bytes over its span; without marks, no per-chunk figures."""
+    _, raw = trace
+    F = {k: i for i, k in enumerate(O.PROF_FIELDS)}
+    tasks = raw.tasks.copy()
+    attn = raw.records[:, O.R["op"]] == int(O.Op.ATTN)
+    assert attn.any()
+    tasks[attn, F["m0"]], tasks[attn, F["m1"]], tasks[attn, F["m2"]], tasks[attn, F["m3"]] = 3000, 1000, 200, 4
+    path = tmp_path / "with_attn_sums.npz"
+    T.save_raw(T.RawProfile(tasks, raw.items, raw.blocks, raw.records, raw.task_bytes, raw.item_bytes), str(path))
+    mod = _load("attn_stats")
+    res = mod.analyse(str(path), layer=1)
+    assert res["chunk_sums"] is True
+    r = res["scopes"]["layer"]
+    assert r["splits"] == int((attn & (raw.records[:, O.R["layer"]] == 1)).sum())
+    assert r["chunks"] == [4.0, 4.0, 4.0] and r["wait us per chunk"] == [0.75, 0.75, 0.75]
+    assert r["math us per chunk"] == [0.25, 0.25, 0.25] and r["issue us per chunk"] == [0.05, 0.05, 0.05]
+    ev = T.to_timeline(T.load_raw(str(path))).tasks
+    sel = attn & (ev.layer == 1) & (ev.end > ev.waited)
+    span = ev.end[sel] - ev.waited[sel]
+    assert r["gb_per_s"] == mod.pct(ev.nbytes[sel] / span) and r["wait share of the span"] == mod.pct(3000 / span)
+    assert res["scopes"]["all"]["splits"] == int((attn & (ev.end > ev.waited)).sum())
+    tasks[attn, F["m0"]:F["m3"] + 1] = -1               # a profiling build without MK_ATTN_STATS
+    T.save_raw(T.RawProfile(tasks, raw.items, raw.blocks, raw.records, raw.task_bytes, raw.item_bytes), str(path))
+    res = mod.analyse(str(path), layer=1)
+    assert res["chunk_sums"] is False and "wait us per chunk" not in res["scopes"]["layer"]
+
+
 def test_derived_json_names_the_trace_it_came_from(trace, tmp_path):
     """The scripts' --json carries the trace's commit, date, GPU, bench command and build switches (from the summary
     bench wrote beside the .npz) and the command that derived it; a trace without a summary gets the latter only."""
@@ -108,7 +138,7 @@ def test_derived_json_names_the_trace_it_came_from(trace, tmp_path):
            "step_us": 1.0}
     (tmp_path / "tl_b1.summary.json").write_text(json.dumps(run))
     repo = BENCH.parent
-    for script, extra in (("layer_bandwidth", ["--bin-us", "0.5"]), ("page_stats", [])):
+    for script, extra in (("layer_bandwidth", ["--bin-us", "0.5"]), ("page_stats", []), ("attn_stats", [])):
         out = tmp_path / f"{script}.json"
         subprocess.run([sys.executable, str(BENCH / f"{script}.py"), str(npz), "--layer", "1", *extra, "--json",
                         str(out)], check=True, cwd=repo, capture_output=True, env={**os.environ, "PYTHONPATH": str(repo)})

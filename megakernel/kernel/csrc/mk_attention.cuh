@@ -243,11 +243,20 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
 #pragma unroll
     for (int nt = 0; nt < 2 * NPM; nt++) o[nt][0] = o[nt][1] = 0.f;
     int t0 = a0, c = 0;
+#if ATTN_STATS
+    long long st_wait = 0, st_math = 0, st_issue = 0, t_chunk = 0, t_issued = 0;   // (thread 0's sums, MK_ATTN_STATS)
+#endif
     while (t0 < k1) {
         const int n = chunk_len(t0), stage = c % nst;
         const int lo_off = TM ? max(k0 - t0, 0) : 0;   // keys of this chunk before the split (TM's first chunk)
+#if ATTN_STATS
+        if (threadIdx.x == 0) t_chunk = prof_now();
+#endif
         // the next chunk goes into the stage chunk c - 1 used: every thread left it at the barrier ending c - 1
         if (t_issue < k1) issue_next();
+#if ATTN_STATS
+        if (threadIdx.x == 0) { t_issued = prof_now(); st_issue += t_issued - t_chunk; }
+#endif
         if constexpr (BULK) wait_chunk(c);
         else cp_async_wait_pending(n_issued - c - 1);
         if constexpr (TM) {
@@ -263,6 +272,9 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
         }
         __syncthreads();
         if (c == 0) prof_mark(PS_LANDED);      // the first chunk of K/V is in shared memory
+#if ATTN_STATS
+        if (threadIdx.x == 0) { t_chunk = prof_now(); st_wait += t_chunk - t_issued; }
+#endif
         const int kb = slice * 16;             // this warp's slice of the chunk
         if (computes && kb < n && kb + 16 > lo_off) {
             float sc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};   // keys kb + nt*8 + 2t4 (+1)
@@ -322,9 +334,15 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
             }
         }
         __syncthreads();
+#if ATTN_STATS
+        if (threadIdx.x == 0) st_math += prof_now() - t_chunk;
+#endif
         t0 += n;
         c++;
     }
+#if ATTN_STATS
+    if (threadIdx.x == 0) { s_pmark[0] = st_wait; s_pmark[1] = st_math; s_pmark[2] = st_issue; s_pmark[3] = c; }
+#endif
     // merge the computing warps (a warp that never had a key keeps max -inf, sum 0, output 0)
     float* sOw = reinterpret_cast<float*>(smem);
     float* sMw = sOw + AWARPS * gq * d;

@@ -125,6 +125,18 @@ typedef __nv_bfloat16 bf16;
 #define MK_ATTN_TABLE 1
 #endif
 
+// MK_ATTN_STATS=1 (with MK_PROFILE, a diagnostic build): an attention split's four marks hold sums over its chunks,
+// in ns, instead of stamps: m0 thread 0's wait for each chunk's copies (and the barrier after it), m1 the chunk's math
+// (to the barrier that ends it), m2 issuing the next chunk's copies, m3 the chunk count (benchmarks/attn_stats.py
+// reads them). In the step a 64 KB chunk takes ~4.5 us where attn_stream.cu's copies alone take 2.0 and its math 0.4
+// (SPEED_NOTES, twentieth session): these sums say which part grows in the step. (In the profiling build, which
+// spills anyway, the one-warp-per-slice variant at head_dim 128 then spills 32 bytes instead of 8; the b1-b2 variant
+// none.)
+#ifndef MK_ATTN_STATS
+#define MK_ATTN_STATS 0
+#endif
+#define ATTN_STATS (MK_PROFILE && MK_ATTN_STATS)
+
 // MK_REPEAT_SMALL: an experiment, not a speed-up. The NORM, TOPK and attention-combine tasks run their (idempotent)
 // work this many times before they signal: the second run finds the task's code in the SM's instruction cache, so a trace of the build
 // with 2 against the default's 1 measures how much of a single-block task's ~5-10 us is its first, cold pass.

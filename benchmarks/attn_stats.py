@@ -14,9 +14,6 @@ chunks mostly wait is bound by delivery under the step's load, one whose math gr
 
 from __future__ import annotations
 
-import argparse
-import sys
-
 import numpy as np
 
 from megakernel.kernel import opcodes as O
@@ -57,11 +54,7 @@ def analyse(path: str, layer: int) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("npz")
-    ap.add_argument("--layer", type=int, default=20)
-    ap.add_argument("--json", default=None)
-    args = ap.parse_args()
+    args = T.trace_tool_parser(__doc__).parse_args()
     res = analyse(args.npz, args.layer)
     print(f"{res['trace']}: layer {res['layer']}, chunk sums {'present' if res['chunk_sums'] else 'absent'}")
     for scope, r in res["scopes"].items():
@@ -69,8 +62,7 @@ def main() -> int:
         for k, v in r.items():
             if k != "splits":
                 print(f"      {k:26s} {v}")
-    if args.json:
-        T.write_derived_json(res, args.json, args.npz, "python " + " ".join(["benchmarks/attn_stats.py", *sys.argv[1:]]))
+    T.write_tool_json(res, args, __file__)
     return 0
 
 

@@ -13,9 +13,6 @@ at 7c8d10c the routing window (8-14 us into the layer) moves 0.3-0.8 TB/s, the M
 
 from __future__ import annotations
 
-import argparse
-import sys
-
 import numpy as np
 
 from megakernel.kernel import timeline as T
@@ -46,18 +43,14 @@ def layer_profile(path: str, layer: int, bin_us: float = 2.0) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("npz")
-    ap.add_argument("--layer", type=int, default=20)
+    ap = T.trace_tool_parser(__doc__)
     ap.add_argument("--bin-us", type=float, default=2.0)
-    ap.add_argument("--json", default=None)
     args = ap.parse_args()
     res = layer_profile(args.npz, args.layer, args.bin_us)
     print(f"{res['trace']}: layer {res['layer']}, {res['layer_us']} us, {res['layer_gb_per_s']} GB/s on average")
     for b in res["bins"]:
         print(f"  {b['from_us']:6.1f} us  {b['gb_per_s']:7.0f} GB/s  " + "#" * int(b["gb_per_s"] / 100))
-    if args.json:
-        T.write_derived_json(res, args.json, args.npz, "python " + " ".join(["benchmarks/layer_bandwidth.py", *sys.argv[1:]]))
+    T.write_tool_json(res, args, __file__)
     return 0
 
 

@@ -16,9 +16,6 @@ never waits is short of bytes in flight or of delivery, not of math (SPEED_NOTES
 
 from __future__ import annotations
 
-import argparse
-import sys
-
 import numpy as np
 
 from megakernel.kernel import opcodes as O
@@ -78,11 +75,7 @@ def analyse(path: str, layer: int) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("npz")
-    ap.add_argument("--layer", type=int, default=20)
-    ap.add_argument("--json", default=None)
-    args = ap.parse_args()
+    args = T.trace_tool_parser(__doc__).parse_args()
     res = analyse(args.npz, args.layer)
     print(f"{res['trace']}: layer {res['layer']}, {res['workers']['count']} workers at "
           f"{res['workers']['gb_per_s_p10_50_90']} GB/s (p10/50/90)")
@@ -92,8 +85,7 @@ def main() -> int:
             for k, v in r.items():
                 if k not in ("items", "bytes"):
                     print(f"      {k:28s} {v}")
-    if args.json:
-        T.write_derived_json(res, args.json, args.npz, "python " + " ".join(["benchmarks/page_stats.py", *sys.argv[1:]]))
+    T.write_tool_json(res, args, __file__)
     return 0
 
 

@@ -12,7 +12,9 @@ task lasts a fixed cost plus its bytes at a per-SM rate): the CPU tests check th
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -637,6 +639,23 @@ def load_raw(path: str) -> RawProfile:
                       {int(k): v for k, v in json.loads(str(z["counter_names"])).items()}, json.loads(str(z["meta"])))
 
 
+def trace_tool_parser(doc: str) -> argparse.ArgumentParser:
+    """The command line benchmarks/'s trace tools share: a trace (.npz), --layer (default 20) and --json OUT; a tool
+    adds its own options."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("npz")
+    ap.add_argument("--layer", type=int, default=20)
+    ap.add_argument("--json", default=None)
+    return ap
+
+
+def write_tool_json(res: dict, args, script_file: str) -> None:
+    """A trace tool's --json, if given: `res` with the trace's provenance and the tool's own command line."""
+    if args.json:
+        cmd = "python " + " ".join([f"benchmarks/{Path(script_file).name}", *sys.argv[1:]])
+        write_derived_json(res, args.json, args.npz, cmd)
+
+
 def write_derived_json(res: dict, out_path: str, npz_path: str, script: str) -> None:
     """Write `res`, a figure derived from the trace at npz_path, as JSON that names what it came from: the trace's
     commit, date, GPU, bench command and build switches (from the summary bench wrote beside it, when there is one)
@@ -729,8 +748,6 @@ def emulate(records: np.ndarray, nbytes: np.ndarray, n_blocks: int, *, task_ns: 
 
 
 if __name__ == "__main__":   # python -m megakernel.kernel.timeline RAW.npz OUT.png [from_us to_us]: redraw a saved step
-    import sys
-
     raw_ = load_raw(sys.argv[1])
     tl_ = to_timeline(raw_)
     win = (float(sys.argv[3]), float(sys.argv[4])) if len(sys.argv) > 4 else None

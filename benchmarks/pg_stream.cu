@@ -5,7 +5,7 @@
 // items reaches 33-49 GB/s per SM. The candidates are build switches, each a full kernel build and an A/B on the
 // device; this kernel has the worker's shape with each candidate as a runtime knob, so one run ranks them all:
 //   - one loader lane (warp 15) claims 128 KB gate/up items by atomicAdd on a global head, `lead` pages before the
-//     current item's end, with `ahead` (1 or 2) claims in flight, publishes each in one of 3 item slots once the
+//     current item's end (inside the page loop, or between two loops: `split`), with `ahead` (1 or 2) claims, publishes each in one of 3 item slots once the
 //     slot's previous item is freed, and streams its 8 pages (4 gate + 4 up pages of 4 rows of 2048) by 16 KB bulk
 //     copies, evict-first, into a ring of `npg` pages (a proxy fence before each copy where `fence`);
 //   - computing warp w owns ring page w: waits for it, multiplies its 4 rows by an x row (the kernel's pg_rows,
@@ -45,7 +45,7 @@ constexpr int PAD = 2048;
     fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); exit(1); } } while (0)
 
 struct Knobs {
-    int sms, npg, lead, ahead, free_early, release, fence, offset, math;
+    int sms, npg, lead, ahead, free_early, release, fence, offset, math, split;
 };
 
 extern __shared__ __align__(16) unsigned char smem[];
@@ -104,8 +104,10 @@ __global__ void __launch_bounds__(NTHREADS, 1) worker(const __nv_bfloat16* w, co
                 slot_item[q] = item;
                 const __nv_bfloat16* e = w + (size_t)s_slots[item / ITEMS_PER_EXPERT] * (EXPERT_BYTES / 2);
                 const int r0 = (item % ITEMS_PER_EXPERT) * ITEM_ROWS;
-                for (int p = 0; p < ITEM_PAGES; p++, s++) {
-                    if (p == claim_at) claim = atomicAdd(hd, 1);
+                // page p; the claim inside the page loop (the kernel today: ptxas makes each page's branch around
+                // the atomic wait for it, so the claim stalls the next page) or between two loops (split,
+                // MK_PG_CLAIM_SPLIT=1)
+                const auto page = [&](int p) {
                     const int rs = s % npg;
                     if (s >= npg) lane_wait(&empty[rs], (unsigned)((s / npg) - 1) & 1u);
                     page_q[rs] = q;
@@ -115,6 +117,17 @@ __global__ void __launch_bounds__(NTHREADS, 1) worker(const __nv_bfloat16* w, co
                     if (kn.fence) fence_proxy_async();
                     mbar_expect_tx(&full[rs], PAGE);
                     bulk_load(ring + (size_t)rs * PAGE, src, PAGE, &full[rs], pol);
+                    s++;
+                };
+                if (kn.split) {
+                    for (int p = 0; p < claim_at; p++) page(p);
+                    claim = atomicAdd(hd, 1);
+                    for (int p = claim_at; p < ITEM_PAGES; p++) page(p);
+                } else {
+                    for (int p = 0; p < ITEM_PAGES; p++) {
+                        if (p == claim_at) claim = atomicAdd(hd, 1);
+                        page(p);
+                    }
                 }
                 return true;
             };
@@ -215,8 +228,8 @@ int main() {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    //                      sms npg lead ahead free_early release fence offset math
-    const Knobs kernel_now = {0, 12, 4, 1, 0, 1, 1, 32, 1};   // the default build's worker at b1
+    //                      sms npg lead ahead free_early release fence offset math split
+    const Knobs kernel_now = {0, 12, 4, 1, 0, 1, 1, 32, 1, 0};   // the default build's worker at b1
     struct Config { const char* name; Knobs k; };
     std::vector<Config> configs;
     auto with = [&](const char* name, auto f) { Knobs k = kernel_now; f(k); configs.push_back({name, k}); };
@@ -229,9 +242,12 @@ int main() {
     with("no release", [](Knobs& k) { k.release = 0; });
     with("no math", [](Knobs& k) { k.math = 0; });
     with("8 pages (128 KB in flight at most)", [](Knobs& k) { k.npg = 8; });
+    with("split (MK_PG_CLAIM_SPLIT=1)", [](Knobs& k) { k.split = 1; });
+    with("split + lead 8 (the claim at the item's start)", [](Knobs& k) { k.split = 1; k.lead = 8; });
     with("offset 0 + ahead 2 + free_early", [](Knobs& k) { k.offset = 0; k.ahead = 2; k.free_early = 1; });
-    with("offset 0 + ahead 2 + free_early + no fence", [](Knobs& k) {
-        k.offset = 0; k.ahead = 2; k.free_early = 1; k.fence = 0; });
+    with("offset 0 + split + free_early", [](Knobs& k) { k.offset = 0; k.split = 1; k.free_early = 1; });
+    with("offset 0 + split + free_early + no fence", [](Knobs& k) {
+        k.offset = 0; k.split = 1; k.free_early = 1; k.fence = 0; });
     with("loads only (no math, no release)", [](Knobs& k) { k.math = 0; k.release = 0; });
     for (const Config& c : configs)
         if (c.k.npg < 1 || c.k.npg > MAXPG || c.k.offset < 0 || c.k.offset % 16 || c.k.offset + 1024 > PAD

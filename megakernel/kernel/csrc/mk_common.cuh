@@ -137,6 +137,15 @@ typedef __nv_bfloat16 bf16;
 #endif
 #define ATTN_STATS (MK_PROFILE && MK_ATTN_STATS)
 
+// MK_EARLY_TABLES: loads a SASS audit (session 23) found issued a round trip later than they need be, moved up (1):
+// the persistent loop's task record with its abort-flag read (two serial round trips per task before: thread 0 stored
+// the flag before its warp's other lanes issued the record's loads), and the MoE worker's O-projection weights and
+// bias with the experts' addresses before the route read (the bias was read after it, on the routing -> first page
+// path, and each O item read the weights' address from the layer table between items). 0: as before.
+#ifndef MK_EARLY_TABLES
+#define MK_EARLY_TABLES 0
+#endif
+
 // MK_REPEAT_SMALL: an experiment, not a speed-up. The NORM, TOPK and attention-combine tasks run their (idempotent)
 // work this many times before they signal: the second run finds the task's code in the SM's instruction cache, so a trace of the build
 // with 2 against the default's 1 measures how much of a single-block task's ~5-10 us is its first, cold pass.

@@ -49,6 +49,21 @@ extern "C" __global__ void __launch_bounds__(NT, MK_BLOCKS_PER_SM) mk_decode(con
         const int ticket = s_next;
         __syncthreads();
         if (ticket >= n_tasks) break;
+#if MK_EARLY_TABLES
+        // every load first, then the stores: one round trip (below, thread 0's abort-flag store waits for its load
+        // before its warp's other lanes issue their record loads: two)
+        const int rv = threadIdx.x < MK_REC_INTS ? __ldg(tasks + (size_t)ticket * MK_REC_INTS + threadIdx.x) : 0;
+        int ab = 0, nx = 0;
+        if (threadIdx.x == 0) {
+            ab = ld_volatile(ctrl + CTRL_ABORT);
+            if (PI(claim_ahead)) nx = atomicAdd(ctrl + CTRL_TICKET, 1);   // (as below)
+        }
+        if (threadIdx.x < MK_REC_INTS) s_rec[threadIdx.x] = rv;
+        if (threadIdx.x == 0) {
+            s_abort = ab;
+            if (PI(claim_ahead)) s_next = nx;
+        }
+#else
         if (threadIdx.x == 0) {
             s_abort = ld_volatile(ctrl + CTRL_ABORT);
             // claim the next ticket early (see schedule.py), or (claim_ahead == 0) at this task's signal
@@ -57,6 +72,7 @@ extern "C" __global__ void __launch_bounds__(NT, MK_BLOCKS_PER_SM) mk_decode(con
             if (PI(claim_ahead)) s_next = atomicAdd(ctrl + CTRL_TICKET, 1);
         }
         if (threadIdx.x < MK_REC_INTS) s_rec[threadIdx.x] = __ldg(tasks + (size_t)ticket * MK_REC_INTS + threadIdx.x);
+#endif
         // this task's weights, if the previous task issued them (read before the barrier: this task's thread 0 may
         // record the next prefetch)
         const int pf_buf = s_pf_ticket == ticket ? s_pf_buf : -1;

@@ -106,8 +106,9 @@ struct MoeItem {
     Tile T;
 };
 
+// (ow: the layer's O-projection weights where the caller has their address, MK_EARLY_TABLES; else the layer table's)
 __device__ __forceinline__ MoeItem moe_item(const Params& P, int l, const int* route, const bf16* egu,
-                                            const bf16* edn, int item, int n_gu) {
+                                            const bf16* edn, int item, int n_gu, const bf16* ow = nullptr) {
     const int H = PI(H), I = PI(I), gu_tiles = PI(gu_tiles), gu_rows = PI(gu_rows), dn_rows = PI(dn_rows);
     const int n_o = PI(o_items);
     // the O items start after the gate/up items and o_after eighths of the down items (o_queue_start)
@@ -117,7 +118,12 @@ __device__ __forceinline__ MoeItem moe_item(const Params& P, int l, const int* r
         it.down = false;
         it.slot = -1; it.e = -1; it.st = 0; it.cnt = PI(B);
         it.r0 = (item - o0) * PI(o_rows); it.nr = min(PI(o_rows), H - it.r0);
-        it.T = static_tile(P, OP_OPROJ, l, it.r0, it.nr);
+        if (ow != nullptr) {                  // (static_tile's OP_OPROJ tile, without its table read)
+            const int Q = PI(q_dim);
+            it.T.K = Q; it.T.w0 = ow + (size_t)it.r0 * Q; it.T.n0 = it.nr; it.T.w1 = nullptr; it.T.n1 = 0;
+        } else {
+            it.T = static_tile(P, OP_OPROJ, l, it.r0, it.nr);
+        }
         return it;
     }
     if (n_o && item >= o0) item -= n_o;       // (the plan's dn_lag is 0 where O items are queued)
@@ -419,6 +425,13 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
     const long long* wp = layer_wptr(P, l);
     const bf16* egu = reinterpret_cast<const bf16*>(wp[WP_E_GU]);
     const bf16* edn = reinterpret_cast<const bf16*>(wp[WP_E_DOWN]);
+#if MK_EARLY_TABLES
+    // the O items' weights and bias too, here: their loads go out with the experts' and the route's
+    const bf16* ow = reinterpret_cast<const bf16*>(wp[WP_O]);
+    const bf16* obias = reinterpret_cast<const bf16*>(wp[WP_O_BIAS]);
+#else
+    const bf16* ow = nullptr;
+#endif
     // two weight buffers: the prefetching layout's (shared with the static tasks) or the expert ring (moe_ring
     // plans; without MK_WS_MOE the plain worker double-buffers its items in it, the inputs after both buffers)
     const bool ring = PI(moe_wbuf) != 0 && PI(wbuf) == 0;
@@ -460,8 +473,10 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
     // plan's tile_batch, or slot_pairs, which TOPK's slots then never exceed), so any launch of the plan runs paged
     // (B > pg_rows with slot_pairs: the plain worker would run the paged layout's 256 KB items, ERR_SMEM)
     if (PI(pg_n)) {
-        if (!moe_worker_pages(P, ticket, l, m, route, egu, edn, reinterpret_cast<const bf16*>(wp[WP_O_BIAS]), n_gu,
-                              n_items, s_w[2]))
+#if !MK_EARLY_TABLES
+        const bf16* obias = reinterpret_cast<const bf16*>(wp[WP_O_BIAS]);
+#endif
+        if (!moe_worker_pages(P, ticket, l, m, route, egu, edn, obias, ow, n_gu, n_items, s_w[2]))
             return false;
 #if MK_PROFILE
         prof_worker_stamps(task_claim, task_waited);

@@ -83,10 +83,22 @@
 // item's end); 2, the next two (item j + 2's made during item j, so its round trip has a whole item to land under;
 // a worker then holds up to two unstarted items at the layer's tail). The no-deadlock argument above holds for
 // either: a worker still claims in queue order and runs its claimed items in that order. Plans with pg_claim_late
-// (a claim only once the item's inputs are loaded) keep one claim in flight under 2. 2 is under test.
+// (a claim only once the item's inputs are loaded) keep one claim in flight under 2. 2 is under test, and its SASS
+// (session 23) puts both claims' atomics on one scoreboard, so reading the older claim also waits for the newer:
+// with MK_PG_CLAIM_SPLIT it hides what a lead of MK_PG_CLAIM_LEAD pages hides, no more.
 #ifndef MK_PG_CLAIM_AHEAD
 #define MK_PG_CLAIM_AHEAD 1
 #endif
+// MK_PG_CLAIM_SPLIT: the loader's claim made between two page loops (1), the pages before and after it, instead of
+// inside the one loop (0). A SASS audit (session 23) found that with the atomic inside the loop, the branch around it
+// waits on the atomic's scoreboard at every page (ptxas guards the next lap's write of the same register), so the
+// loader stalls for the claim's round trip (1.4-3.2 us under load) one page after making it: the lead of
+// MK_PG_CLAIM_LEAD pages hid one page, which fits the lead's ~0.5% effect and the ~3.3 us per item the loader lost
+// outside its ring waits (session 21). Under MK_PG_CLAIM_AHEAD=2 the same wait serialised both claims.
+#ifndef MK_PG_CLAIM_SPLIT
+#define MK_PG_CLAIM_SPLIT 0
+#endif
+static_assert(MK_PG_CLAIM_SPLIT == 0 || MK_PG_CLAIM_SPLIT == 1, "MK_PG_CLAIM_SPLIT is 0 or 1");
 static_assert(MK_PG_CLAIM_AHEAD == 1 || MK_PG_CLAIM_AHEAD == 2, "MK_PG_CLAIM_AHEAD is 1 or 2");
 // MK_PG_PROXY_FENCE: a proxy fence before each page's copy (1), or none (0: the computing warp's reads are ordered
 // before the copy's writes by the `empty` mbarrier alone, as TMA pipelines commonly do). Under test.
@@ -395,8 +407,8 @@ __device__ __noinline__ void pg_setup(const Params& P) {
 // All threads, after the worker waited for the routing and claimed its first item: the layer's items on the ring.
 // Returns false if a wait failed (the step is aborted); every copy it issued has landed when it returns.
 __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l, int m, const int* route,
-                                              const bf16* egu, const bf16* edn, const bf16* obias, int n_gu,
-                                              int n_items, int first_item) {
+                                              const bf16* egu, const bf16* edn, const bf16* obias, const bf16* ow,
+                                              int n_gu, int n_items, int first_item) {
     const int npg = PI(pg_n);
     const bool epi_warp = MK_PG_EPI_WARP && npg <= NW - 3;   // (a ring of more pages: the computing warps write them)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -444,7 +456,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                 if (lane == 0) { G.item[q][0] = j; G.item[q][1] = PG_END; mbar_arrive(&G.desc[q]); }
                 return false;
             }
-            const MoeItem it = moe_item(P, l, route, egu, edn, item, n_gu);
+            const MoeItem it = moe_item(P, l, route, egu, edn, item, n_gu, ow);
             const int K = it.T.K;
             const int rpp = min(MK_PAGE_BYTES / (K * 2), MK_PAGE_ROWS_MAX);
             const int n0 = it.T.n0, n1 = it.T.n1;
@@ -478,47 +490,55 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                 if (pages < MK_PAGE_ITEM_PAGES_MAX) mbar_arrive_n(&G.outs[q], MK_PAGE_OUT_ARRIVALS - 32 * pages);
                 mbar_arrive(&G.desc[q]);      // (release: the description before the input warp's reads)
             }
-            int p = 0;
             const bool late = PI(pg_claim_late) != 0;
-            for (int h = 0; h < 2 && !stop; h++) {
-                const int nh = h ? n1 : n0;
+            const int pages0 = (n0 + rpp - 1) / rpp;   // the first half's pages (gate rows, or all)
+            // page p of the item: rows r.. of half h into the next ring slot, once its previous lap is free
+            const auto issue_page = [&](int p) {
+                const int h = p < pages0 ? 0 : 1, r = (h ? p - pages0 : p) * rpp;
+                const int nr = min(rpp, (h ? n1 : n0) - r), slot = s % npg;
                 const bf16* src = h ? it.T.w1 : it.T.w0;
-                for (int r = 0; r < nh; r += rpp, p++) {
-                    const int nr = min(rpp, nh - r), slot = s % npg;
-                    // the claim MK_PG_CLAIM_LEAD pages before this item's end (its round trip under those pages'
-                    // waits: the loader reads the result after the item's last page, or an item later)
-                    const int claim_at = MK_PG_CLAIM_LEAD == 0 ? pages / 2
-                                         : pages > MK_PG_CLAIM_LEAD ? pages - MK_PG_CLAIM_LEAD : 0;
-                    if (!late && p == claim_at && lane == 0) claim = atomicAdd(work, 1);
 #if PG_STATS
-                    const long long t_ready = prof_now();
+                const long long t_ready = prof_now();
 #endif
-                    if (s >= npg && !pg_wait(P, G, ticket, &G.empty[slot], ((s / npg) - 1) & 1, STALL_EMPTY, s)) {
-                        stop = true;
-                        break;
-                    }
+                if (s >= npg && !pg_wait(P, G, ticket, &G.empty[slot], ((s / npg) - 1) & 1, STALL_EMPTY, s)) {
+                    stop = true;
+                    return;
+                }
 #if PG_STATS
-                    if (lane == 0) atomicAdd(&G.pstat[q][3], (unsigned long long)(prof_now() - t_ready));
+                if (lane == 0) atomicAdd(&G.pstat[q][3], (unsigned long long)(prof_now() - t_ready));
 #endif
-                    if (lane == 0) {
+                if (lane == 0) {
 #if MK_PROFILE
-                        if (p == 0) G.stamp[q][1] = prof_now();   // (before the arrive that releases it)
+                    if (p == 0) G.stamp[q][1] = prof_now();   // (before the arrive that releases it)
 #endif
-                        G.page[slot][0] = q;
-                        G.page[slot][1] = (h * n0 + r) | (nr << 16);
+                    G.page[slot][0] = q;
+                    G.page[slot][1] = (h * n0 + r) | (nr << 16);
 #if PG_STATS
-                        G.pissue[slot] = prof_now();   // (published by the expect_tx arrive below, as the entry)
+                    G.pissue[slot] = prof_now();   // (published by the expect_tx arrive below, as the entry)
 #endif
 #if MK_PG_PROXY_FENCE
-                        fence_proxy_async();  // the page's last reads (its warp's) before the copy's writes
+                    fence_proxy_async();  // the page's last reads (its warp's) before the copy's writes
 #endif
-                        mbar_expect_tx(&G.full[slot], (unsigned)(nr * K * 2));
-                        bulk_load(smem + (size_t)slot * MK_PAGE_BYTES, src + (size_t)r * K, (unsigned)(nr * K * 2),
-                                  &G.full[slot], pol);
-                    }
-                    s++;
+                    mbar_expect_tx(&G.full[slot], (unsigned)(nr * K * 2));
+                    bulk_load(smem + (size_t)slot * MK_PAGE_BYTES, src + (size_t)r * K, (unsigned)(nr * K * 2),
+                              &G.full[slot], pol);
                 }
+                s++;
+            };
+            // the claim MK_PG_CLAIM_LEAD pages before this item's end (its round trip under those pages' waits: the
+            // loader reads the result after the item's last page, or an item later)
+            const int claim_at = MK_PG_CLAIM_LEAD == 0 ? pages / 2
+                                 : pages > MK_PG_CLAIM_LEAD ? pages - MK_PG_CLAIM_LEAD : 0;
+#if MK_PG_CLAIM_SPLIT
+            for (int p = 0; p < claim_at && !stop; p++) issue_page(p);
+            if (!late && !stop && lane == 0) claim = atomicAdd(work, 1);
+            for (int p = claim_at; p < pages && !stop; p++) issue_page(p);
+#else
+            for (int p = 0; p < pages && !stop; p++) {
+                if (!late && p == claim_at && lane == 0) claim = atomicAdd(work, 1);
+                issue_page(p);
             }
+#endif
             if (late && !stop) {              // claim_late: once this item's inputs are loaded (its dependency met)
                 if (!pg_wait(P, G, ticket, &G.inp[q], slot_parity(j), STALL_CLAIM, j)) {
                     stop = true;

@@ -27,7 +27,7 @@ MICRO=${MICRO:-}
 for name in $MICRO; do
   echo "=== $name at $(($(date +%s) - t0)) s"
   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a benchmarks/$name.cu -o /tmp/$name \
-    && timeout 60 /tmp/$name > "$OUT/$name.txt" 2>&1; echo "rc=$?"; tail -20 "$OUT/$name.txt"
+    && timeout 60 /tmp/$name > "$OUT/$name.txt" 2>&1; echo "rc=$?"; tail -40 "$OUT/$name.txt"
 done
 if [ "${TESTS:-1}" != 0 ]; then
   echo "=== tests"

@@ -173,45 +173,43 @@ __device__ __forceinline__ void pg_compute_rows_tc(const bf16* W, int nr, int nc
     const uint4 zero = make_uint4(0, 0, 0, 0);
     for (int r0 = 0; r0 < nr; r0 += 8) {
         const bf16* wr = W + (size_t)min(r0 + g, nr - 1) * K + 8 * t;
+        // step s's operands (past K: zeros, and no read past the row), and its two MMAs into acc
+        const auto load = [&](int s, uint4& X, uint4& Y, uint4& B) {
+            const bool in = !tail || s * 32 + 8 * t < K;
+            X = in ? *reinterpret_cast<const uint4*>(xa + s * 32) : zero;
+            Y = (in && hi) ? *reinterpret_cast<const uint4*>(xb + s * 32) : zero;
+            B = in ? *reinterpret_cast<const uint4*>(wr + s * 32) : zero;
+        };
+        const auto mma_step = [](float* acc, const uint4& X, const uint4& Y, const uint4& B) {
+            mma_bf16(acc, X.x, Y.x, X.y, Y.y, B.x, B.y);
+            mma_bf16(acc, X.z, Y.z, X.w, Y.w, B.z, B.w);
+        };
         float c[4] = {0.f, 0.f, 0.f, 0.f};
         if constexpr (ACC == 2) {
-            // even and odd steps into two accumulators: two chains of MMAs, each half as long; step s's operands (past
-            // K: zeros, and no read past the row)
-            const auto step = [&](int s, uint4& X, uint4& Y, uint4& B) {
-                const bool in = !tail || s * 32 + 8 * t < K;
-                X = in ? *reinterpret_cast<const uint4*>(xa + s * 32) : zero;
-                Y = (in && hi) ? *reinterpret_cast<const uint4*>(xb + s * 32) : zero;
-                B = in ? *reinterpret_cast<const uint4*>(wr + s * 32) : zero;
-            };
+            // even and odd steps into two accumulators: two chains of MMAs, each half as long
             float d[4] = {0.f, 0.f, 0.f, 0.f};
             int s = 0;
 #pragma unroll 2
             for (; s + 2 <= steps; s += 2) {
                 uint4 X0, Y0, B0, X1, Y1, B1;
-                step(s, X0, Y0, B0);
-                step(s + 1, X1, Y1, B1);
-                mma_bf16(c, X0.x, Y0.x, X0.y, Y0.y, B0.x, B0.y);
-                mma_bf16(d, X1.x, Y1.x, X1.y, Y1.y, B1.x, B1.y);
-                mma_bf16(c, X0.z, Y0.z, X0.w, Y0.w, B0.z, B0.w);
-                mma_bf16(d, X1.z, Y1.z, X1.w, Y1.w, B1.z, B1.w);
+                load(s, X0, Y0, B0);
+                load(s + 1, X1, Y1, B1);
+                mma_step(c, X0, Y0, B0);
+                mma_step(d, X1, Y1, B1);
             }
             if (s < steps) {                      // (an odd step count)
                 uint4 X, Y, B;
-                step(s, X, Y, B);
-                mma_bf16(c, X.x, Y.x, X.y, Y.y, B.x, B.y);
-                mma_bf16(c, X.z, Y.z, X.w, Y.w, B.z, B.w);
+                load(s, X, Y, B);
+                mma_step(c, X, Y, B);
             }
 #pragma unroll
             for (int q = 0; q < 4; q++) c[q] += d[q];
         } else {
 #pragma unroll 4
             for (int s = 0; s < steps; s++) {
-                const bool in = !tail || s * 32 + 8 * t < K;        // past K: zeros, and no read past the row
-                const uint4 X = in ? *reinterpret_cast<const uint4*>(xa + s * 32) : zero;
-                const uint4 Y = (in && hi) ? *reinterpret_cast<const uint4*>(xb + s * 32) : zero;
-                const uint4 B = in ? *reinterpret_cast<const uint4*>(wr + s * 32) : zero;
-                mma_bf16(c, X.x, Y.x, X.y, Y.y, B.x, B.y);
-                mma_bf16(c, X.z, Y.z, X.w, Y.w, B.z, B.w);
+                uint4 X, Y, B;
+                load(s, X, Y, B);
+                mma_step(c, X, Y, B);
             }
         }
         // c[0..1]: input row g, weight rows r0 + 2t, + 1; c[2..3]: input row g + 8

@@ -23,7 +23,7 @@ SUMS = ("wait", "math", "issue")
 
 
 def pct(a: np.ndarray) -> list[float]:
-    return [round(float(v), 3) for v in np.percentile(a, [10, 50, 90])] if len(a) else []
+    return T.percentiles(a, 3)
 
 
 def analyse(path: str, layer: int) -> dict:

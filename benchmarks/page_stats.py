@@ -28,7 +28,7 @@ LOW = (1 << 32) - 1
 
 
 def pct(a: np.ndarray) -> list[float]:
-    return [round(float(v), 2) for v in np.percentile(a, [10, 50, 90])] if len(a) else []
+    return T.percentiles(a, 2)
 
 
 def analyse(path: str, layer: int) -> dict:

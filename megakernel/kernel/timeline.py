@@ -639,6 +639,11 @@ def load_raw(path: str) -> RawProfile:
                       {int(k): v for k, v in json.loads(str(z["counter_names"])).items()}, json.loads(str(z["meta"])))
 
 
+def percentiles(a: np.ndarray, digits: int = 2) -> list[float]:
+    """[p10, p50, p90] of a, rounded (the trace tools' figures); [] for no samples."""
+    return [round(float(v), digits) for v in np.percentile(a, [10, 50, 90])] if len(a) else []
+
+
 def trace_tool_parser(doc: str) -> argparse.ArgumentParser:
     """The command line benchmarks/'s trace tools share: a trace (.npz), --layer (default 20) and --json OUT; a tool
     adds its own options."""

@@ -38,12 +38,13 @@ def code_size_module():
     return code_size
 
 
-def check_build_log(log: str) -> None:
-    """mk_decode does not spill registers, and its static shared memory stays inside what the plans leave it
-    (opcodes.SMEM_RESERVE). (Also run by test_two_blocks in the two-block build's interpreter.)"""
+def check_build_log(log: str, spills_allowed: bool = False) -> None:
+    """mk_decode does not spill registers (unless spills_allowed: the profiling build), and its static shared memory
+    stays inside what the plans leave it (opcodes.SMEM_RESERVE). (Also run by test_two_blocks in the two-block build's
+    interpreter.)"""
     m = re.search(r"Function properties for mk_decode\s+(\d+) bytes stack frame, (\d+) bytes spill stores", log)
     assert m, log[-2000:]
-    assert int(m.group(2)) == 0, "mk_decode spills registers"
+    assert spills_allowed or int(m.group(2)) == 0, "mk_decode spills registers"
     m = re.search(r"Compiling entry function 'mk_decode'.*?Used \d+ registers.*?(\d+) bytes smem", log, re.S)
     assert m, log[-2000:]
     assert int(m.group(1)) <= build.opcodes.SMEM_RESERVE, f"{m.group(1)} bytes of static shared memory"
@@ -101,8 +102,7 @@ def test_profiling_builds_compile(tmp_path, monkeypatch, defines):
     lib = build.build("sm_90a", build.PROFILE_FLAGS + build.switch_flags())
     log = (lib.parent / "build.log").read_text()
     assert "-DMK_PROFILE=1" in log and all(f"-D{d}" in log for d in filter(None, defines.split(",")))
-    m = re.search(r"Compiling entry function 'mk_decode'.*?Used \d+ registers.*?(\d+) bytes smem", log, re.S)
-    assert m and int(m.group(1)) <= build.opcodes.SMEM_RESERVE, log[-2000:]
+    check_build_log(log, spills_allowed=True)
 
 
 def static_shared_sections(lib) -> dict[str, int]:

@@ -141,7 +141,8 @@ typedef __nv_bfloat16 bf16;
 // the persistent loop's task record with its abort-flag read (two serial round trips per task before: thread 0 stored
 // the flag before its warp's other lanes issued the record's loads), and the MoE worker's O-projection weights and
 // bias with the experts' addresses before the route read (the bias was read after it, on the routing -> first page
-// path, and each O item read the weights' address from the layer table between items). 0: as before.
+// path, and each O item read the weights' address from the layer table between items), and prefetch_next's record
+// fields in one load with the op (three serial round trips before the next GEMV's tile was issued: two). 0: as before.
 #ifndef MK_EARLY_TABLES
 #define MK_EARLY_TABLES 0
 #endif

@@ -66,9 +66,19 @@ __device__ __forceinline__ void prefetch_next(const Params& P, int buf) {
     const int next = s_next;
     if (!PI(wbuf) || !PI(claim_ahead) || next >= PI(n_tasks)) return;   // (s_next is the next ticket only then)
     const int* r = PP(const int*, tasks) + (size_t)next * MK_REC_INTS;
+#if MK_EARLY_TABLES
+    // op, layer, a0, a1 in one 16-byte load (records are 64-byte aligned): the tile's fields no longer wait for
+    // the op's round trip before they are asked for
+    static_assert(RF_OP == 0 && RF_LAYER == 1 && RF_A0 == 2 && RF_A1 == 3, "the record's first four fields");
+    const int4 head = __ldg(reinterpret_cast<const int4*>(r));
+    const int op = head.x;
+    if (!is_gemv_op(op)) return;
+    const Tile T = static_tile(P, op, head.y, head.z, head.w);
+#else
     const int op = __ldg(r + RF_OP);
     if (!is_gemv_op(op)) return;
     const Tile T = static_tile(P, op, __ldg(r + RF_LAYER), __ldg(r + RF_A0), __ldg(r + RF_A1));
+#endif
     if ((size_t)(T.n0 + T.n1) * row_pitch(T.K) * 2 > (size_t)PI(wbuf)) return;   // the plan keeps tiles in a buffer
     issue_weights(P, T, buf);
     if (threadIdx.x == 0) { s_pf_ticket = next; s_pf_buf = buf; }

@@ -58,7 +58,7 @@ def check_build_log(log: str, spills_allowed: bool = False) -> None:
                                      "MK_NORM_TABLES_EARLY=1", "MK_PG_SEG_TC=1", "MK_PG_CLAIM_LEAD=1",
                                      "MK_PG_CLAIM_AHEAD=2", "MK_PG_PROXY_FENCE=0", "MK_SMEM_ALIGN=128",
                                      "MK_PG_TC_ACC=2", "MK_PG_FREE_EARLY=1", "MK_PG_CLAIM_SPLIT=1",
-                                     "MK_EARLY_TABLES=1"])
+                                     "MK_EARLY_TABLES=1", "MK_ATTN_Q_ASYNC=1", "MK_CLAIM_FIRST=1"])
 def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     """The builds the switches select besides the default (MK_MOE_LOCAL=0: the MoE worker's routing read from L2 per
     item; MK_SMALL_VEC=1: NORM in three or four waves of loads;
@@ -74,7 +74,8 @@ def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     MK_SMEM_ALIGN=128: dynamic shared memory from a 128-byte line, its padding in the static figure; MK_PG_TC_ACC=2:
     the paged worker's several-row pages with two accumulators per chain; MK_PG_FREE_EARLY=1: a gate/up item's slot
     freed before its counter's release; MK_PG_CLAIM_SPLIT=1: the loader's claim between two page loops;
-    MK_EARLY_TABLES=1: the record, abort flag and O tables loaded a round trip earlier): each compiles,
+    MK_EARLY_TABLES=1: the record, abort flag and O tables loaded a round trip earlier; MK_ATTN_Q_ASYNC=1:
+    attention's Q rows by cp.async; MK_CLAIM_FIRST=1: a task's next claim before its signal's fence): each compiles,
     its entry function does not spill, and its static shared memory fits the reserve."""
     if build.find_nvcc() is None:
         pytest.skip("nvcc not installed")

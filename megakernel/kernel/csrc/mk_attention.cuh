@@ -88,13 +88,16 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
     const int l = rec[RF_LAYER], s = rec[RF_A0], kvh = rec[RF_A1], j = rec[RF_A2], pbase = rec[RF_A3];
     const int* li = layer_info(P, l);
     const int grp = li[LI_GROUP], lig = li[LI_LIG], W = li[LI_WINDOW];
-    const int d = PI(head_dim), nkv = PI(n_kv), gq = PI(n_heads) / nkv, KVs = nkv * d, Q = PI(n_heads) * d;
+    // head_dim is 16 * KS (task_attn picks KS from it): a constant here, so the copies' row and column arithmetic
+    // compiles to shifts (as PI(head_dim), each 16-byte copy's u / per was a full division: ~22 instructions per copy)
+    constexpr int d = 16 * KS;
+    const int nkv = PI(n_kv), gq = PI(n_heads) / nkv, KVs = nkv * d, Q = PI(n_heads) * d;
     const int Bm = PI(Bm), bs = PI(block_size), S = PI(split_tokens);
     const int nst = min(max(PI(attn_stages), 2), AST);
     const int p = step_in(P)[Bm + s];
     const int lo = W > 0 ? max(0, p - W + 1) : 0;
     const int k0 = lo + j * S, k1 = min(p + 1, k0 + S);
-    const int rowp = d + 8;
+    constexpr int rowp = d + 8;
     bf16* sK = reinterpret_cast<bf16*>(smem);
     bf16* sV = sK + AST * CH * rowp;
     const float scale = PF(attn_scale);
@@ -168,14 +171,15 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
                 const bf16* src = key_row(t0 + r) + (v ? (size_t)bs * KVs : 0);
                 bulk_load((v ? sV : sK) + (size_t)(stage * CH + r) * rowp, src, (unsigned)d * 2, bar, l2_evict_first());
             }
-            const int per = d >> 3, pad = min(CH, (n + 15) / 16 * 16) - n;
+            constexpr int per = d >> 3;
+            const int pad = min(CH, (n + 15) / 16 * 16) - n;
             for (int u = threadIdx.x; u < pad * per; u += NT) {
                 const int r = n + u / per, c = u % per;
                 *reinterpret_cast<uint4*>(sV + (size_t)(stage * CH + r) * rowp + c * 8) = make_uint4(0, 0, 0, 0);
             }
         } else {
             // 16-byte cp.async, one KV block segment at a time; V rows n .. n+15 of a short chunk zeroed (as above)
-            const int per = d >> 3;
+            constexpr int per = d >> 3;
             for (int t = 0; t < n;) {
                 const int ts = t0 + t, len = min(n - t, bs - ts % bs);
                 const bf16* kb = tab_smem ? key_row(ts) : kv_slot(P, grp, lig, s, ts) + kvh * d;
@@ -228,8 +232,16 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
     if (!pre) prof_mark(PS_ISSUED);
     // Q of the kv head's query heads, bf16 [gq][d], after the ring: row g of the MMA's A operand
     const bf16* qg = PP(const bf16*, q) + ((size_t)l * Bm + s) * Q + (size_t)kvh * gq * d;
-    for (int i = threadIdx.x; i < gq * d / 2; i += NT)
-        reinterpret_cast<unsigned*>(sQ)[i] = __ldcg(reinterpret_cast<const unsigned*>(qg) + i);
+    constexpr bool q_async = MK_ATTN_Q_ASYNC && !BULK;
+    if constexpr (q_async) {
+        // its own cp.async group, older than every chunk group after it: the loop's first wait covers it, and the
+        // loop issues chunk 1 without waiting for Q's round trip first (the register load's STS did)
+        for (int i = threadIdx.x; i < gq * d / 8; i += NT) cp_async16(sQ + (size_t)i * 8, qg + (size_t)i * 8);
+        cp_async_commit();                     // every thread: the group counts stay uniform
+    } else {
+        for (int i = threadIdx.x; i < gq * d / 2; i += NT)
+            reinterpret_cast<unsigned*>(sQ)[i] = __ldcg(reinterpret_cast<const unsigned*>(qg) + i);
+    }
     float m_run = -INFINITY, l_run = 0.f;      // row g's running max (scaled scores) and this thread's partial sum
     // DSPLIT (head_dim a multiple of 32): two warps per 16-key slice, each accumulating half the output dims (both
     // compute the slice's scores: the same instructions on the same inputs, so the same softmax state, and the same
@@ -339,6 +351,12 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
 #endif
         t0 += n;
         c++;
+    }
+    if constexpr (q_async) {
+        if (c == 0) {                          // (a split without keys: no chunk wait covered Q's copies, and the
+            cp_async_wait_all();               // merge below reuses the ring's shared memory)
+            __syncthreads();
+        }
     }
 #if ATTN_STATS
     if (threadIdx.x == 0) { s_pmark[0] = st_wait; s_pmark[1] = st_math; s_pmark[2] = st_issue; s_pmark[3] = c; }

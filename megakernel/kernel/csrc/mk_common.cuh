@@ -125,6 +125,14 @@ typedef __nv_bfloat16 bf16;
 #define MK_ATTN_TABLE 1
 #endif
 
+// MK_ATTN_Q_ASYNC: attention's cp.async path copies its Q rows as a cp.async group of their own after its dependency
+// wait, instead of loading them into registers and storing them: the store waited for the load's L2 round trip, and
+// the chunk loop's first issue came after it, so the SM had nothing in flight for that round trip (a SASS audit,
+// session 24: ~0.6-1 us per split). 0: the register load, as before.
+#ifndef MK_ATTN_Q_ASYNC
+#define MK_ATTN_Q_ASYNC 0
+#endif
+
 // MK_ATTN_STATS=1 (with MK_PROFILE, a diagnostic build): an attention split's four marks hold sums over its chunks,
 // in ns, instead of stamps: m0 thread 0's wait for each chunk's copies (and the barrier after it), m1 the chunk's math
 // (to the barrier that ends it), m2 issuing the next chunk's copies, m3 the chunk count (benchmarks/attn_stats.py
@@ -408,10 +416,32 @@ __device__ __forceinline__ void claim_after_signal(const Params& P) {
     if (threadIdx.x == 0 && !PI(claim_ahead)) s_next = atomicAdd(PP(int*, ctrl) + CTRL_TICKET, 1);
 }
 
-// All threads, at the end of a task: its signal, then the next claim.
+// All threads, at the end of a task: its signal, then the next claim. MK_CLAIM_FIRST=1: thread 0 issues the claim's
+// atomic before the signal's fence instead of after its release: the fence waits for the block's output stores to
+// be acknowledged (~1-2 us under load) and the claim's round trip then came on top (a SASS audit, session 24: fence,
+// REDG, ATOM, then the STS of s_next waiting for it); issued first, the two round trips overlap. A ticket carries no
+// data, so the claim needs no ordering against the task's stores. 0: as before.
+#ifndef MK_CLAIM_FIRST
+#define MK_CLAIM_FIRST 0
+#endif
 __device__ __forceinline__ void task_signal(const Params& P, int c) {
+#if MK_CLAIM_FIRST
+    group_sync<NW>();
+    prof_mark(PS_END);
+    if (threadIdx.x == 0) {
+        const bool claim = !PI(claim_ahead);
+        int next = 0;
+        if (claim) next = atomicAdd(PP(int*, ctrl) + CTRL_TICKET, 1);
+        if (c >= 0) {
+            signal_fence();
+            red_release(PP(int*, counters) + c, 1);
+        }
+        if (claim) s_next = next;
+    }
+#else
     block_signal(P, c);
     claim_after_signal(P);
+#endif
 }
 
 // ---- small accessors -----------------------------------------------------------------------------------------

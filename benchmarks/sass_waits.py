@@ -88,7 +88,7 @@ def main() -> int:
     ap.add_argument("--range", default=None, help="LO:HI addresses in hex")
     ap.add_argument("--after", type=int, default=3)
     args = ap.parse_args()
-    if args.path.endswith(".txt"):
+    if Path(args.path).read_bytes()[:4] != b"\x7fELF":     # a saved dump, whatever its name
         text = Path(args.path).read_text()
     else:
         tool = cuobjdump()

@@ -87,14 +87,30 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
     constexpr int NCB = KS / 4;                // TM: 64-column blocks of a row
     const int l = rec[RF_LAYER], s = rec[RF_A0], kvh = rec[RF_A1], j = rec[RF_A2], pbase = rec[RF_A3];
     const int* li = layer_info(P, l);
+#if MK_EARLY_TABLES && !MK_CONST_TABLES
+    // one wave of loads: the layer's group, pool index and window (one 16-byte load), this row's position, and its
+    // block-table offsets in every KV group (n_groups <= 2; kv_table_off's two loads each), picked once grp lands
+    static_assert(LI_GROUP == 1 && LI_LIG == 2 && LI_WINDOW == 3, "layer info's fields 1..3 in one load");
+    const int4 lh = ld_now_v4(li);
+    const int grp = lh.y, lig = lh.z, W = lh.w;
+    const int p = ld_now(step_in(P) + PI(Bm) + s);
+    const int G = PI(n_groups);
+    const int* st_off = step_in(P) + 2 * PI(Bm) + s * G;       // kv_table_off's layout
+    const int ta0 = ld_now(st_off), tb0 = ld_now(st_off + PI(Bm) * G);
+    const int ta1 = G > 1 ? ld_now(st_off + 1) : 0, tb1 = G > 1 ? ld_now(st_off + PI(Bm) * G + 1) : 0;
+    const int tab_off = grp == 0 ? ta0 - tb0 : ta1 - tb1;
+#else
     const int grp = li[LI_GROUP], lig = li[LI_LIG], W = li[LI_WINDOW];
+#endif
     // head_dim is 16 * KS (task_attn picks KS from it): a constant here, so the copies' row and column arithmetic
     // compiles to shifts (as PI(head_dim), each 16-byte copy's u / per was a full division: ~22 instructions per copy)
     constexpr int d = 16 * KS;
     const int nkv = PI(n_kv), gq = PI(n_heads) / nkv, KVs = nkv * d, Q = PI(n_heads) * d;
     const int Bm = PI(Bm), bs = PI(block_size), S = PI(split_tokens);
     const int nst = min(max(PI(attn_stages), 2), AST);
+#if !(MK_EARLY_TABLES && !MK_CONST_TABLES)
     const int p = step_in(P)[Bm + s];
+#endif
     const int lo = W > 0 ? max(0, p - W + 1) : 0;
     const int k0 = lo + j * S, k1 = min(p + 1, k0 + S);
     constexpr int rowp = d + 8;
@@ -124,7 +140,11 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
         return false;
     }
     if (tab_smem) {
+#if MK_EARLY_TABLES && !MK_CONST_TABLES
+        const int* tab = PP(const int*, tables) + tab_off + blk0;
+#else
         const int* tab = PP(const int*, tables) + kv_table_off(P, grp, s) + blk0;
+#endif
         for (int i = threadIdx.x; i < nblk; i += NT) sBlk[i] = tab[i];
         if (TM && threadIdx.x < 32)            // host-written maps: acquired by the tensor-map proxy
             tensormap_acquire(PP(const unsigned char*, kv_tmaps) + (size_t)grp * MK_TMAP_BYTES);

@@ -149,8 +149,10 @@ typedef __nv_bfloat16 bf16;
 // the persistent loop's task record with its abort-flag read (two serial round trips per task before: thread 0 stored
 // the flag before its warp's other lanes issued the record's loads), and the MoE worker's O-projection weights and
 // bias with the experts' addresses before the route read (the bias was read after it, on the routing -> first page
-// path, and each O item read the weights' address from the layer table between items), and prefetch_next's record
-// fields in one load with the op (three serial round trips before the next GEMV's tile was issued: two). 0: as before.
+// path, and each O item read the weights' address from the layer table between items), prefetch_next's record
+// fields in one load with the op (three serial round trips before the next GEMV's tile was issued: two), and an
+// attention split's layer info, position and block-table offsets in one wave (four serial round trips before its
+// first copy: two, the second the block table's; session 24). 0: as before.
 #ifndef MK_EARLY_TABLES
 #define MK_EARLY_TABLES 0
 #endif
@@ -225,6 +227,19 @@ __device__ __forceinline__ int ld_acquire(const int* p) {
     return v;
 }
 __device__ __forceinline__ int ld_volatile(const int* p) { return *((volatile const int*)p); }
+// Plain (weak) loads issued where they are written: volatile asm is neither sunk below a branch nor merged, so loads
+// meant to go out together do (ptxas moved attention's layer-info loads below its smem_fits exit, a round trip
+// later: a SASS audit, session 24). Same memory semantics as a C++ load.
+__device__ __forceinline__ int ld_now(const int* p) {
+    int v;
+    asm volatile("ld.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ int4 ld_now_v4(const int* p) {   // p 16-byte aligned
+    int4 v;
+    asm volatile("ld.global.v4.s32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
 __device__ __forceinline__ void red_release(int* p, int v) {
     asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }

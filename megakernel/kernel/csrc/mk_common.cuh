@@ -130,7 +130,7 @@ typedef __nv_bfloat16 bf16;
 // the chunk loop's first issue came after it, so the SM had nothing in flight for that round trip (a SASS audit,
 // session 24: ~0.6-1 us per split). 0: the register load, as before.
 #ifndef MK_ATTN_Q_ASYNC
-#define MK_ATTN_Q_ASYNC 0
+#define MK_ATTN_Q_ASYNC 1
 #endif
 
 // MK_ATTN_STATS=1 (with MK_PROFILE, a diagnostic build): an attention split's four marks hold sums over its chunks,
@@ -154,7 +154,7 @@ typedef __nv_bfloat16 bf16;
 // attention split's layer info, position and block-table offsets in one wave (four serial round trips before its
 // first copy: two, the second the block table's; session 24). 0: as before.
 #ifndef MK_EARLY_TABLES
-#define MK_EARLY_TABLES 0
+#define MK_EARLY_TABLES 1
 #endif
 
 // MK_REPEAT_SMALL: an experiment, not a speed-up. The NORM, TOPK and attention-combine tasks run their (idempotent)
@@ -381,7 +381,7 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
 // and 64 in mk_read_peak (1088). Whether a bulk copy lands slower there: benchmarks/smem_align.cu. 128 costs the
 // static reserve 96 bytes (test_build checks the padded figure against opcodes.SMEM_RESERVE). Under test.
 #ifndef MK_SMEM_ALIGN
-#define MK_SMEM_ALIGN 16
+#define MK_SMEM_ALIGN 128
 #endif
 static_assert(MK_SMEM_ALIGN >= 16 && (MK_SMEM_ALIGN & (MK_SMEM_ALIGN - 1)) == 0, "MK_SMEM_ALIGN: a power of two >= 16");
 extern __shared__ __align__(MK_SMEM_ALIGN) unsigned char smem[];
@@ -437,7 +437,7 @@ __device__ __forceinline__ void claim_after_signal(const Params& P) {
 // REDG, ATOM, then the STS of s_next waiting for it); issued first, the two round trips overlap. A ticket carries no
 // data, so the claim needs no ordering against the task's stores. 0: as before.
 #ifndef MK_CLAIM_FIRST
-#define MK_CLAIM_FIRST 0
+#define MK_CLAIM_FIRST 1
 #endif
 __device__ __forceinline__ void task_signal(const Params& P, int c) {
 #if MK_CLAIM_FIRST

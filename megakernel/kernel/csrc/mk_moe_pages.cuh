@@ -96,7 +96,7 @@
 // MK_PG_CLAIM_LEAD pages hid one page, which fits the lead's ~0.5% effect and the ~3.3 us per item the loader lost
 // outside its ring waits (session 21). Under MK_PG_CLAIM_AHEAD=2 the same wait serialised both claims.
 #ifndef MK_PG_CLAIM_SPLIT
-#define MK_PG_CLAIM_SPLIT 0
+#define MK_PG_CLAIM_SPLIT 1
 #endif
 static_assert(MK_PG_CLAIM_SPLIT == 0 || MK_PG_CLAIM_SPLIT == 1, "MK_PG_CLAIM_SPLIT is 0 or 1");
 static_assert(MK_PG_CLAIM_AHEAD == 1 || MK_PG_CLAIM_AHEAD == 2, "MK_PG_CLAIM_AHEAD is 1 or 2");

@@ -431,28 +431,26 @@ __device__ __forceinline__ void claim_after_signal(const Params& P) {
     if (threadIdx.x == 0 && !PI(claim_ahead)) s_next = atomicAdd(PP(int*, ctrl) + CTRL_TICKET, 1);
 }
 
-// All threads, at the end of a task: its signal, then the next claim. MK_CLAIM_FIRST=1: thread 0 issues the claim's
-// atomic before the signal's fence instead of after its release: the fence waits for the block's output stores to
-// be acknowledged (~1-2 us under load) and the claim's round trip then came on top (a SASS audit, session 24: fence,
-// REDG, ATOM, then the STS of s_next waiting for it); issued first, the two round trips overlap. A ticket carries no
-// data, so the claim needs no ordering against the task's stores. 0: as before.
+// All threads, at the end of a task: its signal, then the next claim. MK_CLAIM_FIRST=1: warp 1's first thread makes
+// the claim while thread 0 fences and releases, instead of thread 0 after its release: the fence waits for the
+// block's output stores to be acknowledged (~1-2 us under load) and the claim's round trip then came on top (a SASS
+// audit, session 24: fence, REDG, ATOM, then the STS of s_next waiting for it). On its own warp the claim holds no
+// register across the fence (thread 0 making it before its fence cost mk_decode a 4-byte spill). A ticket carries
+// no data, so the claim needs no ordering against the task's stores; the persistent loop reads s_next after a
+// barrier. 0: as before.
 #ifndef MK_CLAIM_FIRST
 #define MK_CLAIM_FIRST 1
 #endif
+static_assert(NT > 32, "MK_CLAIM_FIRST claims on warp 1");
 __device__ __forceinline__ void task_signal(const Params& P, int c) {
 #if MK_CLAIM_FIRST
     group_sync<NW>();
     prof_mark(PS_END);
-    if (threadIdx.x == 0) {
-        const bool claim = !PI(claim_ahead);
-        int next = 0;
-        if (claim) next = atomicAdd(PP(int*, ctrl) + CTRL_TICKET, 1);
-        if (c >= 0) {
-            signal_fence();
-            red_release(PP(int*, counters) + c, 1);
-        }
-        if (claim) s_next = next;
+    if (threadIdx.x == 0 && c >= 0) {
+        signal_fence();
+        red_release(PP(int*, counters) + c, 1);
     }
+    if (threadIdx.x == 32 && !PI(claim_ahead)) s_next = atomicAdd(PP(int*, ctrl) + CTRL_TICKET, 1);
 #else
     block_signal(P, c);
     claim_after_signal(P);

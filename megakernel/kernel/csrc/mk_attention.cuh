@@ -95,10 +95,11 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
     const int grp = lh.y, lig = lh.z, W = lh.w;
     const int p = ld_now(step_in(P) + PI(Bm) + s);
     const int G = PI(n_groups);
-    const int* st_off = step_in(P) + 2 * PI(Bm) + s * G;       // kv_table_off's layout
-    const int ta0 = ld_now(st_off), tb0 = ld_now(st_off + PI(Bm) * G);
-    const int ta1 = G > 1 ? ld_now(st_off + 1) : 0, tb1 = G > 1 ? ld_now(st_off + PI(Bm) * G + 1) : 0;
-    const int tab_off = grp == 0 ? ta0 - tb0 : ta1 - tb1;
+    const int* te = kv_table_entries(P, s);
+    const int tb = kv_table_base_stride(P);
+    const int ta0 = ld_now(te), tb0 = ld_now(te + tb);
+    const int ta1 = G > 1 ? ld_now(te + 1) : 0, tb1 = G > 1 ? ld_now(te + tb + 1) : 0;
+    const int tab_off = grp == 0 ? ta0 - tb0 : ta1 - tb1;    // (kv_table_off's difference, for the group)
 #else
     const int grp = li[LI_GROUP], lig = li[LI_LIG], W = li[LI_WINDOW];
 #endif

@@ -511,10 +511,15 @@ __device__ __forceinline__ bf16* kv_layer_base(const Params& P, int g, int lig) 
 
 // Where row s's block-table entries of KV group g start: its entry for logical block i is tables[kv_table_off + i]
 // (the table holds the row's blocks from tbase on; windowed groups drop the ones that left the window).
+// The step inputs hold, from kv_table_entries(P, s) on, row s's table start in group g at [g] and the first logical
+// block that start holds at [kv_table_base_stride(P) + g].
+__device__ __forceinline__ const int* kv_table_entries(const Params& P, int s) {
+    return step_in(P) + 2 * PI(Bm) + s * PI(n_groups);
+}
+__device__ __forceinline__ int kv_table_base_stride(const Params& P) { return PI(Bm) * PI(n_groups); }
 __device__ __forceinline__ int kv_table_off(const Params& P, int g, int s) {
-    const int Bm = PI(Bm), G = PI(n_groups);
-    const int* st = step_in(P);
-    return st[2 * Bm + s * G + g] - st[2 * Bm + Bm * G + s * G + g];
+    const int* e = kv_table_entries(P, s);
+    return e[g] - e[kv_table_base_stride(P) + g];
 }
 
 // Key position kp of row s in layer lig's pool of KV group g: its K row (its V row is block_size * KVs later).

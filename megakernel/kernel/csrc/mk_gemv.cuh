@@ -12,6 +12,13 @@ __device__ __forceinline__ bool is_gemv_op(int op) {
     return op == OP_QKV || op == OP_OPROJ || op == OP_ROUTER || op == OP_MLP_GU || op == OP_MLP_DOWN || op == OP_LM_HEAD;
 }
 
+// The O projection's tile of rows r0..r0+nr, from its weights wo ([H][q_dim]); static_tile's and an O item's.
+__device__ __forceinline__ Tile oproj_tile(const Params& P, const bf16* wo, int r0, int nr) {
+    Tile T;
+    T.K = PI(q_dim); T.w0 = wo + (size_t)r0 * T.K; T.n0 = nr; T.w1 = nullptr; T.n1 = 0;
+    return T;
+}
+
 // The weight tile of a static GEMV record (op, layer, first row, rows) and, if wanted, where its input rows start.
 __device__ __forceinline__ Tile static_tile(const Params& P, int op, int l, int r0, int nr, const bf16** xin = nullptr,
                                             int* xpitch = nullptr) {
@@ -30,7 +37,7 @@ __device__ __forceinline__ Tile static_tile(const Params& P, int op, int l, int 
             x = PP(const bf16*, x) + (size_t)l * Bm * H;
             break;
         case OP_OPROJ:
-            T.K = Q; T.w0 = reinterpret_cast<const bf16*>(wp[WP_O]) + (size_t)r0 * Q;
+            T = oproj_tile(P, reinterpret_cast<const bf16*>(wp[WP_O]), r0, nr);
             x = PP(const bf16*, attn) + (size_t)l * Bm * Q; pitch = Q;
             break;
         case OP_ROUTER:

@@ -118,12 +118,8 @@ __device__ __forceinline__ MoeItem moe_item(const Params& P, int l, const int* r
         it.down = false;
         it.slot = -1; it.e = -1; it.st = 0; it.cnt = PI(B);
         it.r0 = (item - o0) * PI(o_rows); it.nr = min(PI(o_rows), H - it.r0);
-        if (ow != nullptr) {                  // (static_tile's OP_OPROJ tile, without its table read)
-            const int Q = PI(q_dim);
-            it.T.K = Q; it.T.w0 = ow + (size_t)it.r0 * Q; it.T.n0 = it.nr; it.T.w1 = nullptr; it.T.n1 = 0;
-        } else {
-            it.T = static_tile(P, OP_OPROJ, l, it.r0, it.nr);
-        }
+        // (with ow: static_tile's O tile without its table read)
+        it.T = ow != nullptr ? oproj_tile(P, ow, it.r0, it.nr) : static_tile(P, OP_OPROJ, l, it.r0, it.nr);
         return it;
     }
     if (n_o && item >= o0) item -= n_o;       // (the plan's dn_lag is 0 where O items are queued)

@@ -120,7 +120,7 @@ KERNEL_SWITCHES = {"MK_SIGNAL_FENCE": 0, "MK_GEMV_TC": 1, "MK_GEMV_B1": 1, "MK_S
                    "MK_PG_SEG_TC": 0, "MK_PG_CLAIM_LEAD": 4, "MK_PG_PROXY_FENCE": 1,
                    "MK_PG_CLAIM_AHEAD": 1, "MK_SMEM_ALIGN": 128, "MK_PG_TC_ACC": 1,
                    "MK_PG_FREE_EARLY": 0, "MK_ATTN_STATS": 0, "MK_PG_CLAIM_SPLIT": 1, "MK_EARLY_TABLES": 1,
-                   "MK_ATTN_Q_ASYNC": 1, "MK_CLAIM_FIRST": 0}
+                   "MK_ATTN_Q_ASYNC": 1, "MK_CLAIM_FIRST": 1}
 # switches whose default follows another's value: (switch, value of the other) -> this switch's default there
 # (MK_MOE_LOCAL=0's persistent loop spills 24 bytes beside attention's second variant; MK_CONST_TABLES=1's 8 bytes
 # beside attention's block table in shared memory)

@@ -437,10 +437,10 @@ __device__ __forceinline__ void claim_after_signal(const Params& P) {
 // audit, session 24: fence, REDG, ATOM, then the STS of s_next waiting for it). On its own warp the claim holds no
 // register across the fence (thread 0 making it before its fence cost mk_decode a 4-byte spill). A ticket carries
 // no data, so the claim needs no ordering against the task's stores; the persistent loop reads s_next after a
-// barrier. 0: as before. (Session 24 measured thread 0 making the claim before its fence: b1 8K -1.4%, b8 -0.9%;
-// this form, which does not spill, is not yet measured, so the default stays 0.)
+// barrier. 0: as before. (Session 24 measured thread 0 making the claim before its fence: b1 8K -1.4%, b8 -0.9%, but
+// it spilled; session 25 measured this form against 0, two builds each: b1 8K -0.6%, b8 -0.5%, b16 -0.4%.)
 #ifndef MK_CLAIM_FIRST
-#define MK_CLAIM_FIRST 0
+#define MK_CLAIM_FIRST 1
 #endif
 static_assert(NT > 32, "MK_CLAIM_FIRST claims on warp 1");
 __device__ __forceinline__ void task_signal(const Params& P, int c) {

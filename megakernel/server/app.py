@@ -8,7 +8,8 @@ client goes away (streaming or not) is aborted and its KV blocks freed.
 Where things live: the endpoints in completions.py and chat_endpoint.py (chat rendering in chat.py), request
 checks and sampling parameters in request_params.py, errors in errors.py, auth in auth.py, SSE framing in sse.py,
 stream deltas and disconnects in streaming.py, logprobs in logprobs.py, usage and finish reasons in responses.py,
-the OpenAPI schema in openapi.py, shared state (tokenizers, prep threads) in state.py.
+the OpenAPI schema in openapi.py, shared state (tokenizers, prep threads) in state.py, body decoding in
+fast_json.py.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from megakernel.server.async_engine import AsyncEngine
 from megakernel.server.auth import require_api_key
 from megakernel.server import chat_endpoint, completions as completions_endpoint
 from megakernel.server.errors import APIError, error_response, validation_message
+from megakernel.server.fast_json import OrjsonRoute
 from megakernel.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from megakernel.server.middleware import MAX_BODY_BYTES, RequestContext
 from megakernel.server.openapi import patch_openapi
@@ -82,7 +84,7 @@ def create_app(engine: AsyncEngine, served_model_names: list[str], api_key: str 
         log.exception("internal error")
         return error_response(500, f"internal server error: {type(e).__name__}: {e}")
 
-    router = APIRouter(dependencies=[Depends(require_api_key)])
+    router = APIRouter(dependencies=[Depends(require_api_key)], route_class=OrjsonRoute)
 
     @router.api_route("/v1/models", methods=["GET", "HEAD"])
     async def list_models(raw: Request):

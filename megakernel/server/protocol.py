@@ -185,6 +185,8 @@ def malformed_text(req: BaseModel) -> str | None:
 
     def walk(node: Any, path: str) -> str | None:
         if isinstance(node, str):
+            if node.isascii():       # a flag CPython keeps: no scan (encoding an 8 MB prompt took ~5 ms)
+                return None
             try:
                 node.encode("utf-8")
             except UnicodeEncodeError:

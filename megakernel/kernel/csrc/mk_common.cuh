@@ -103,9 +103,10 @@ typedef __nv_bfloat16 bf16;
 // MK_ATTN_BULK: how attention's K/V chunks reach shared memory: 16-byte cp.async from every thread (0); one bulk copy
 // (TMA) per 256-byte K or V row, on an mbarrier per ring stage (1); tensor copies of 16 keys x one kv head through
 // the host's maps of the KV pools, swizzled, where head_dim is 64 or 128 and KV blocks a multiple of 16 keys (2).
-// Today's attention moves ~10-12 GB/s per SM (tl_b1 traces: ~3 us per 128-key chunk, a third stage no faster).
+// Session 25 (dynamic shared memory 128-byte aligned since session 24), against 0: 1 gives b1 8K -0.1%, b1 128K -0.2%,
+// b8 8K -3.8%; 2 gives -0.3%, +2.1%, -4.8% (and spills 12 bytes beside MK_EARLY_TABLES=1). Default 1.
 #ifndef MK_ATTN_BULK
-#define MK_ATTN_BULK 0
+#define MK_ATTN_BULK 1
 #endif
 
 // MK_ATTN_DSPLIT: the build has attention's second variant, the P V accumulators split over two warps per 16-key slice

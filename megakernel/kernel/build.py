@@ -114,7 +114,7 @@ PROFILE_FLAGS = ("-DMK_PROFILE=1",)     # the profiling build: every task stampe
 KERNEL_SWITCHES = {"MK_SIGNAL_FENCE": 0, "MK_GEMV_TC": 1, "MK_GEMV_B1": 1, "MK_SMALL_VEC": 2, "MK_WS_MOE": 0, "MK_MOE_LOCAL": 1,
                    "MK_REPEAT_SMALL": 1, "MK_SWZ": 0,
                    "MK_SWZ_3D": 0, "MK_MOE_EARLY_ISSUE": 0, "MK_POLL_OVERLAP": 0,
-                   "MK_ATTN_BULK": 1, "MK_PG_EPI_WARP": 0, "MK_CONST_PARAMS": 1,
+                   "MK_ATTN_BULK": 0, "MK_PG_EPI_WARP": 0, "MK_CONST_PARAMS": 1,
                    "MK_CONST_TABLES": 0, "MK_ATTN_DSPLIT": 1, "MK_ATTN_TABLE": 1,
                    "MK_NORM_TABLES_EARLY": 0, "MK_PG_PAGE_STATS": 0,
                    "MK_PG_SEG_TC": 0, "MK_PG_CLAIM_LEAD": 4, "MK_PG_PROXY_FENCE": 1,

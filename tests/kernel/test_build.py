@@ -52,7 +52,7 @@ def check_build_log(log: str, spills_allowed: bool = False) -> None:
 
 @pytest.mark.parametrize("defines", ["MK_MOE_LOCAL=0", "MK_SMALL_VEC=1", "MK_SMALL_VEC=3",
                                      "MK_SWZ=2", "MK_SWZ=2,MK_SWZ_3D=1", "MK_MOE_EARLY_ISSUE=1",
-                                     "MK_MOE_EARLY_ISSUE=2", "MK_POLL_OVERLAP=1", "MK_ATTN_BULK=0", "MK_ATTN_BULK=2,MK_EARLY_TABLES=0",
+                                     "MK_MOE_EARLY_ISSUE=2", "MK_POLL_OVERLAP=1", "MK_ATTN_BULK=1", "MK_ATTN_BULK=2,MK_EARLY_TABLES=0",
                                      "MK_PG_EPI_WARP=1", "MK_CONST_PARAMS=0", "MK_CONST_TABLES=1",
                                      "MK_ATTN_DSPLIT=0", "MK_ATTN_TABLE=0", "MK_SIGNAL_FENCE=1",
                                      "MK_NORM_TABLES_EARLY=1", "MK_PG_SEG_TC=1", "MK_PG_CLAIM_LEAD=1",
@@ -64,7 +64,7 @@ def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     item; MK_SMALL_VEC=1: NORM in three or four waves of loads;
     MK_SMALL_VEC=3: the combine in one round trip; MK_SWZ=2: every expert tile swizzled; MK_SWZ_3D=1: by 3D tensor
     copies; MK_MOE_EARLY_ISSUE=1: the next expert tile issued during the epilogue; MK_POLL_OVERLAP=1: a poll's two
-    loads overlapped; MK_ATTN_BULK=0 / 2: attention by 16-byte cp.async or tensor copies (2 with MK_EARLY_TABLES=0: beside the
+    loads overlapped; MK_ATTN_BULK=1 / 2: attention by bulk or tensor copies (2 with MK_EARLY_TABLES=0: beside the
     early loads the tensor-copy build spills 12 bytes of the persistent loop's task bookkeeping, session 24, to be
     resolved before it is measured against the default); MK_PG_EPI_WARP=1: the paged worker's
     epilogues on a warp of their own; MK_CONST_PARAMS=0: parameters read from the kernel parameter; MK_CONST_TABLES=1: the layer tables in

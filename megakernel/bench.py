@@ -299,8 +299,8 @@ def run_record() -> dict:
                command=" ".join([prog, *argv[1:]]))
     # the overrides that change what the command measures without showing in it (the kernel's build switches, the
     # megakernel's plan knobs)
-    env = {k: os.environ[k] for k in ("MEGAKERNEL_KERNEL_DEFINES", "MEGAKERNEL_MK_TUNING", "MEGAKERNEL_BLOCKS_PER_SM")
-           if os.environ.get(k)}
+    env = {k: os.environ[k] for k in ("MEGAKERNEL_KERNEL_DEFINES", "MEGAKERNEL_MK_TUNING", "MEGAKERNEL_BLOCKS_PER_SM",
+                                      "MEGAKERNEL_ATTN_MAX_STAGES", "MEGAKERNEL_ATTN_CHUNK") if os.environ.get(k)}
     if env:
         rec["env"] = env
     return rec

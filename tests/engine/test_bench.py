@@ -77,3 +77,16 @@ def test_bulk_read_peak_on_the_gpu():
     assert 0.5e12 < rates["bulk"] < 6e12, rates
     assert 0.7 < rates["bulk"] / rates["torch"] < 1.3, rates
     print({k: round(v / 1e9) for k, v in rates.items()}, "GB/s")
+
+
+def test_run_record_names_the_build_overrides(monkeypatch):
+    """A result file says which build made it when the environment changed the build (switches, ring depth, chunk)."""
+    from megakernel.bench import run_record
+
+    for k in ("MEGAKERNEL_KERNEL_DEFINES", "MEGAKERNEL_MK_TUNING", "MEGAKERNEL_BLOCKS_PER_SM", "MEGAKERNEL_ATTN_CHUNK"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_ATTN_BULK=1")
+    monkeypatch.setenv("MEGAKERNEL_ATTN_MAX_STAGES", "3")
+    rec = run_record()
+    assert rec["env"] == {"MEGAKERNEL_KERNEL_DEFINES": "MK_ATTN_BULK=1", "MEGAKERNEL_ATTN_MAX_STAGES": "3"}
+    assert {"commit", "date", "gpu", "command"} <= set(rec)

@@ -58,7 +58,8 @@ def check_build_log(log: str, spills_allowed: bool = False) -> None:
                                      "MK_NORM_TABLES_EARLY=1", "MK_PG_SEG_TC=1", "MK_PG_CLAIM_LEAD=1",
                                      "MK_PG_CLAIM_AHEAD=2", "MK_PG_PROXY_FENCE=0", "MK_SMEM_ALIGN=16",
                                      "MK_PG_TC_ACC=2", "MK_PG_FREE_EARLY=1", "MK_PG_CLAIM_SPLIT=0",
-                                     "MK_EARLY_TABLES=0", "MK_ATTN_Q_ASYNC=0", "MK_CLAIM_FIRST=0"])
+                                     "MK_EARLY_TABLES=0", "MK_ATTN_Q_ASYNC=0", "MK_CLAIM_FIRST=0",
+                                     "MK_ATTN_BULK=1,MK_ATTN_Q_ASYNC=2"])
 def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     """The builds the switches select besides the default (MK_MOE_LOCAL=0: the MoE worker's routing read from L2 per
     item; MK_SMALL_VEC=1: NORM in three or four waves of loads;
@@ -77,9 +78,9 @@ def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     MK_PG_TC_ACC=2: the paged worker's several-row pages with two accumulators per chain; MK_PG_FREE_EARLY=1: a
     gate/up item's slot freed before its counter's release; MK_PG_CLAIM_SPLIT=0: the loader's claim inside its page
     loop; MK_EARLY_TABLES=0: the record, abort flag and tables loaded a round trip later; MK_ATTN_Q_ASYNC=0:
-    attention's Q rows by register loads; MK_CLAIM_FIRST=0: a task's next claim by thread 0 after its signal's release):
-    each compiles,
-    its entry function does not spill, and its static shared memory fits the reserve."""
+    attention's Q rows by register loads; MK_CLAIM_FIRST=0: a task's next claim by thread 0 after its signal's
+    release; MK_ATTN_BULK=1,MK_ATTN_Q_ASYNC=2: the bulk path with Q's rows by cp.async): each compiles, its entry
+    function does not spill, and its static shared memory fits the reserve."""
     if build.find_nvcc() is None:
         pytest.skip("nvcc not installed")
     monkeypatch.setenv("MEGAKERNEL_CACHE_DIR", str(tmp_path))

@@ -253,7 +253,9 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
     if (!pre) prof_mark(PS_ISSUED);
     // Q of the kv head's query heads, bf16 [gq][d], after the ring: row g of the MMA's A operand
     const bf16* qg = PP(const bf16*, q) + ((size_t)l * Bm + s) * Q + (size_t)kvh * gq * d;
-    constexpr bool q_async = MK_ATTN_Q_ASYNC && !BULK;
+    // (MK_ATTN_Q_ASYNC=2: the bulk paths too, where nothing else uses cp.async: the first chunk's wait adds a
+    // cp.async wait for Q's rows before the barrier that publishes them)
+    constexpr bool q_async = MK_ATTN_Q_ASYNC == 2 || (MK_ATTN_Q_ASYNC && !BULK);
     if constexpr (q_async) {
         // its own cp.async group, older than every chunk group after it: the loop's first wait covers it, and the
         // loop issues chunk 1 without waiting for Q's round trip first (the register load's STS did)
@@ -290,8 +292,12 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
 #if ATTN_STATS
         if (threadIdx.x == 0) { t_issued = prof_now(); st_issue += t_issued - t_chunk; }
 #endif
-        if constexpr (BULK) wait_chunk(c);
-        else cp_async_wait_pending(n_issued - c - 1);
+        if constexpr (BULK) {
+            wait_chunk(c);
+            if (q_async && c == 0) cp_async_wait_all();   // this thread's copies of Q's rows
+        } else {
+            cp_async_wait_pending(n_issued - c - 1);
+        }
         if constexpr (TM) {
             // rows the boxes brought that are not the split's keys, and rows of the last 16-key slice no box
             // covered: V zeroed (P is 0 there; 0 * NaN would not be)

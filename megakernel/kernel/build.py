@@ -123,8 +123,9 @@ KERNEL_SWITCHES = {"MK_SIGNAL_FENCE": 0, "MK_GEMV_TC": 1, "MK_GEMV_B1": 1, "MK_S
                    "MK_ATTN_Q_ASYNC": 1, "MK_CLAIM_FIRST": 1}
 # switches whose default follows another's value: (switch, value of the other) -> this switch's default there
 # (MK_MOE_LOCAL=0's persistent loop spills 24 bytes beside attention's second variant; MK_CONST_TABLES=1's 8 bytes
-# beside attention's block table in shared memory)
-DEPENDENT_DEFAULTS = {("MK_ATTN_DSPLIT", ("MK_MOE_LOCAL", 0)): 0, ("MK_ATTN_TABLE", ("MK_CONST_TABLES", 1)): 0}
+# beside attention's block table in shared memory, and 4 beside the bulk-copy attention: a CI run at f62e198)
+DEPENDENT_DEFAULTS = {("MK_ATTN_DSPLIT", ("MK_MOE_LOCAL", 0)): 0, ("MK_ATTN_TABLE", ("MK_CONST_TABLES", 1)): 0,
+                      ("MK_ATTN_BULK", ("MK_CONST_TABLES", 1)): 0}
 
 
 def switch_value(name: str) -> int:
@@ -149,7 +150,7 @@ def switch_flags() -> tuple[str, ...]:
         if int(val) != KERNEL_SWITCHES[name]:
             flags.append(f"-D{name}={int(val)}")
     for (name, (other, value)), default in DEPENDENT_DEFAULTS.items():
-        if name not in given and given.get(other, KERNEL_SWITCHES[other]) == value:
+        if name not in given and given.get(other, KERNEL_SWITCHES[other]) == value and default != KERNEL_SWITCHES[name]:
             flags.append(f"-D{name}={default}")
     return tuple(flags)
 

@@ -234,6 +234,13 @@ def test_dependent_switch_defaults(monkeypatch):
     monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_CONST_TABLES=1")
     assert build.switch_flags() == ("-DMK_CONST_TABLES=1", "-DMK_ATTN_TABLE=0")
     assert build.switch_value("MK_ATTN_TABLE") == 0
+    # ... and the cp.async attention (beside the bulk copies they spill 4 bytes): no flag while that is the default
+    assert build.switch_value("MK_ATTN_BULK") == 0
+    monkeypatch.setitem(build.KERNEL_SWITCHES, "MK_ATTN_BULK", 1)
+    assert build.switch_flags() == ("-DMK_CONST_TABLES=1", "-DMK_ATTN_TABLE=0", "-DMK_ATTN_BULK=0")
+    assert build.switch_value("MK_ATTN_BULK") == 0
+    monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_CONST_TABLES=1,MK_ATTN_BULK=1")
+    assert build.switch_value("MK_ATTN_BULK") == 1
 
 
 def compile_microbenchmark(name: str, tmp_path) -> list[int]:

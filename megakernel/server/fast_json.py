@@ -4,8 +4,9 @@ in which /health and every stream waited. orjson takes half of that.
 
 orjson is stricter than the standard library (NaN and Infinity, lone surrogates in strings): a body it refuses is
 parsed again by `json.loads`, so what is accepted and the error a client gets are the standard library's. One
-difference stays: an integer outside 64 bits decodes as a float, which the request's range checks (seed: int64)
-refuse as they refuse the integer.
+difference stays: an integer outside 64 bits decodes as a float. Such a request is still refused with a 400, but by
+pydantic's type checks, so the message differs (a token id of 10^29 in a prompt list was "outside the vocabulary" and
+is now "Input should be a valid string" for the prompt; a seed of 2^64 fails integer parsing, not the int64 range).
 """
 
 from __future__ import annotations
@@ -46,6 +47,6 @@ class OrjsonRoute(APIRoute):
         handler = super().get_route_handler()
 
         async def route_handler(request: Request) -> Response:
-            return await handler(OrjsonRequest(request.scope, request.receive))
+            return await handler(OrjsonRequest(request.scope, request.receive, request._send))
 
         return route_handler

@@ -86,6 +86,7 @@ def test_health_answers_while_a_huge_request_is_tokenised(server):
     # took 220-250 ms here (300 in CI), under this process's GIL, so both the probe and the request in flight waited
     # for it. The two CI failures (2026-12-04/05) were one ~300 ms stall each, the slowest request the same length.
     gc.collect()
+    gc_was_on = gc.isenabled()
     gc.disable()
     try:
         start = time.perf_counter()
@@ -107,7 +108,8 @@ def test_health_answers_while_a_huge_request_is_tokenised(server):
                 time.sleep(0.02)
         th.join(120)
     finally:
-        gc.enable()
+        if gc_was_on:
+            gc.enable()
     assert len(results) >= 2 and {path for path, *_ in results} == {"/v1/completions", CHAT}
     for path, r, _, _ in results:
         assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", (path, r.text)

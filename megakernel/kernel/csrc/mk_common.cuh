@@ -131,7 +131,7 @@ typedef __nv_bfloat16 bf16;
 // wait, instead of loading them into registers and storing them: the store waited for the load's L2 round trip, and
 // the chunk loop's first issue came after it, so the SM had nothing in flight for that round trip (a SASS audit,
 // session 24: ~0.6-1 us per split). 0: the register load, as before. 2: the bulk-copy paths (MK_ATTN_BULK >= 1) copy Q
-// by cp.async too (at 1 they load it into registers: the same wait in front of their second chunk's issue).
+// by cp.async too (at 1 they load it into registers: the same wait in front of the loop's first issue).
 #ifndef MK_ATTN_Q_ASYNC
 #define MK_ATTN_Q_ASYNC 1
 #endif

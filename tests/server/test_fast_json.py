@@ -30,10 +30,9 @@ def test_invalid_json_raises_the_standard_library_error():
     assert e.value.pos == 14
 
 
-def test_routes_decode_through_orjson_request():
-    from fastapi import APIRouter
+def test_routes_decode_through_orjson_request(monkeypatch):
+    from fastapi import APIRouter, FastAPI
     from fastapi.testclient import TestClient
-    from fastapi import FastAPI
 
     seen = []
     router = APIRouter(route_class=fast_json.OrjsonRoute)
@@ -50,9 +49,6 @@ def test_routes_decode_through_orjson_request():
 
     app = FastAPI()
     app.include_router(router)
-    fast_json.OrjsonRequest.json = spy
-    try:
-        r = TestClient(app).post("/echo", json={"a": [1, 2]})
-    finally:
-        fast_json.OrjsonRequest.json = orig
+    monkeypatch.setattr(fast_json.OrjsonRequest, "json", spy)
+    r = TestClient(app).post("/echo", json={"a": [1, 2]})
     assert r.status_code == 200 and r.json() == {"a": [1, 2]} and seen == ["OrjsonRequest"]

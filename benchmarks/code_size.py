@@ -1,6 +1,6 @@
 """The megakernel's machine code, per function: sizes and a hash of the kernel's text, from the built library's cubin.
 
-    python benchmarks/code_size.py [--defines MK_X=1,...] [--top 30]
+    python benchmarks/code_size.py [--defines MK_X=1,...] [--top 30] [--profile]
 
 Builds the library as the backend would (kernel/build.py; $MEGAKERNEL_KERNEL_DEFINES or --defines select the switches;
 nvcc is needed, no GPU), then reads the sm_90a cubin inside it: the size of every device function (noinline ones
@@ -70,10 +70,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--defines", default=None, help="switches as MEGAKERNEL_KERNEL_DEFINES takes them")
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--profile", action="store_true", help="the profiling build (MK_PROFILE: what a trace runs)")
     args = ap.parse_args()
     if args.defines is not None:
         os.environ["MEGAKERNEL_KERNEL_DEFINES"] = args.defines
-    lib = Path(build.build("sm_90a", build.switch_flags()))
+    lib = Path(build.build("sm_90a", (build.PROFILE_FLAGS if args.profile else ()) + build.switch_flags()))
     funcs, text = functions(kernel_cubin(lib.read_bytes()))
     names = [n.replace("$mk_decode$", "") for _, n in funcs]
     try:

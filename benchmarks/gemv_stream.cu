@@ -274,7 +274,6 @@ extern "C" int gemv_stream_launch(const long long* params, const void* W, const 
     }
     cudaError_t e = cudaFuncSetAttribute(gemv_stream, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
     if (e != cudaSuccess) return (int)e;
-#if MK_CONST_PARAMS
     // the headers read their parameters from __constant__ memory in this build (mk_common.cuh): copy them there when
     // they change, on the launch's stream, and wait for the copy (outside the timed launches, which repeat the same)
     static long long uploaded[MK_NUM_PARAMS];
@@ -287,7 +286,6 @@ extern "C" int gemv_stream_launch(const long long* params, const void* W, const 
         memcpy(uploaded, params, sizeof(uploaded));
         have = true;
     }
-#endif
     gemv_stream<<<grid, NT, smem_bytes, reinterpret_cast<cudaStream_t>(stream)>>>(
         P, map, reinterpret_cast<const bf16*>(W), reinterpret_cast<const bf16*>(X), tiles, R, K, nb, mode,
         reinterpret_cast<float*>(out), reinterpret_cast<float*>(out_last), reinterpret_cast<int*>(queue),

@@ -63,24 +63,6 @@ def megakernel_available(device: torch.device | str | None = None) -> tuple[bool
     return True, ""
 
 
-def swz_expert_smem_bytes(plan: ModelPlan) -> int:
-    """MK_SWZ: shared memory of the plain MoE worker's swizzled expert tiles at their largest (the GEMV scratch, the
-    tile's alignment, a gate/up or down tile, tile_batch input rows at the padded pitch; csrc/mk_moe.cuh)."""
-    return O.GEMV_SCRATCH_BYTES + O.SWZ_ALIGN + max(
-        2 * plan.gu_rows * plan.H * 2 + plan.tb * (plan.H + O.SWZ_X_PAD) * 2,
-        plan.dn_rows * plan.I * 2 + plan.tb * (plan.I + O.SWZ_X_PAD) * 2)
-
-
-def launch_smem_bytes(plan: ModelPlan, swz: bool) -> int:
-    """Dynamic shared memory of a launch with `plan`: the plan's layouts, and (swz: MK_SWZ builds, plain MoE workers)
-    the swizzled expert tiles', as far as the limit allows (an item whose swizzled layout does not fit the launch
-    takes today's path; a paged plan's workers never take it)."""
-    need = plan.smem_bytes()
-    if swz and not plan.wbuf and not plan.moe_wbuf and not plan.pg_n:
-        need = max(need, min(swz_expert_smem_bytes(plan), O.SMEM_LIMIT - O.SMEM_RESERVE))
-    return need
-
-
 def build_knobs(tuning: dict[str, int]) -> dict[str, int]:
     """The plan knobs for `tuning` (TUNING_KEYS) under the selected build: knobs this build cannot run are turned off
     where they were not asked for (check_build_runs refuses them where they were)."""
@@ -160,8 +142,6 @@ class MegakernelBackend(DecodeBackend):
         self.dev_index = self.device.index if self.device.index is not None else torch.cuda.current_device()
         self.arch = arch
         self.lib = build.load(arch)
-        # MK_SWZ builds: the expert tiles by swizzled tensor copies (tensor maps encoded below, shared-memory slack)
-        self.swz = build.switch_value("MK_SWZ") != 0
         # MK_ATTN_BULK=2 builds: attention's K/V by tensor copies through maps of the KV pools (_kv_tensor_maps)
         self.attn_tensor = build.switch_value("MK_ATTN_BULK") == 2
         self._kv_maps: tuple | None = None   # (the pools' pointers and sizes, the maps on the device)
@@ -237,32 +217,8 @@ class MegakernelBackend(DecodeBackend):
                 wp[l, F["e_gu"]] = ptr(lw.moe.experts_gate_up)
                 wp[l, F["e_down"]] = ptr(lw.moe.experts_down)
         self.wptrs = torch.from_numpy(wp).to(dev)
-        self.tmaps = self._expert_tensor_maps(wp, F) if self.swz else None
         self.embed_ptr, self.final_norm_ptr, self.lm_head_ptr = ptr(w.embed), ptr(w.final_norm), ptr(w.lm_head)
         self.step_dev = torch.zeros(1, dtype=torch.int32, device=dev)
-
-    def _expert_tensor_maps(self, wp: np.ndarray, F: dict[str, int]) -> torch.Tensor:
-        """MK_SWZ: the tensor maps of every MoE layer's expert matrices, two per layer at 2 * moe_idx (gate/up as
-        [E * 2I, H], down as [E * H, I]; boxes of 64 columns x SWZ_BOX_ROWS rows, 128-byte swizzle), on the device."""
-        p = self.plan
-        li = p.layer_info()
-        m_col = O.LAYER_INFO_FIELDS.index("moe_idx")
-        host = np.zeros((max(p.Lm, 1) * 2, O.TMAP_BYTES), dtype=np.uint8)
-        for l in range(p.L):
-            m = int(li[l, m_col])
-            if m < 0:
-                continue
-            for j, (field, rows, K) in enumerate((("e_gu", p.E * 2 * p.I, p.H), ("e_down", p.E * p.H, p.I))):
-                if K % 64:
-                    continue        # the kernel swizzles no tile of K % 64 != 0 (nor could a 3D map of 64-column
-                                    # blocks describe it): no map
-                rc = self.lib.mk_encode_swizzled(host[2 * m + j].ctypes.data, int(wp[l, F[field]]), rows, K,
-                                                 O.SWZ_BOX_ROWS)
-                if rc:
-                    three_d = build.switch_value("MK_SWZ_3D")
-                    raise MegakernelFailure(f"tensor map of layer {l}'s {field} ({rows} x {K}) failed: {rc}"
-                                            + (" (a 3D map: try MK_SWZ_3D=0)" if three_d else ""))
-        return torch.from_numpy(host).to(self.device)
 
     def _kv_tensor_maps(self, kv) -> int:
         """MK_ATTN_BULK=2: the device address of one tensor map per KV group's pool (16-token boxes of one kv head,
@@ -286,9 +242,6 @@ class MegakernelBackend(DecodeBackend):
             self._kv_maps = (key, torch.from_numpy(host).to(self.device))
         return self._kv_maps[1].data_ptr()
 
-    def _smem_of(self, plan: ModelPlan) -> int:
-        return launch_smem_bytes(plan, self.swz)
-
     def set_tuning(self, **tuning: int) -> None:
         """(Re)build the plans from TUNING_KEYS overrides (measurements; the task lists are rebuilt). `self.plan`
         (tiles for max_batch rows) sizes the scratch; with batch_tiles=1, launches of fewer rows use a plan whose
@@ -304,13 +257,13 @@ class MegakernelBackend(DecodeBackend):
         check_build_runs(plans)
         per_block = min(self.smem_optin, O.SMEM_LIMIT)
         for p in plans:
-            need = self._smem_of(p)
+            need = p.smem_bytes()
             if need > per_block - O.SMEM_RESERVE:       # (the rest: the kernel's static smem)
                 raise ValueError(f"kernel needs {need} B of shared memory, the GPU allows {per_block} per block at "
                                  f"{O.BLOCKS_PER_SM} block(s) per SM")
             self._check_resident(need)
         self.plan, self.plans, self.batch_tiles = plan, plans, batch_tiles
-        self.smem = self._smem_of(plan)
+        self.smem = plan.smem_bytes()
         lm_tiles = max(q.n_lm_tiles for q in plans)
         if hasattr(self, "buf") and self.buf["lm_best"].shape[0] < lm_tiles:     # re-tuned to smaller LM tiles
             self.buf["lm_best"] = torch.empty(lm_tiles, plan.max_batch, 2, dtype=torch.float32, device=self.device)
@@ -421,7 +374,7 @@ class MegakernelBackend(DecodeBackend):
         stream = torch.cuda.current_stream(dev)
         lib = self.lib if prof is None else self._lib_prof
         rc = lib.mk_launch(self.dev_index, params.ctypes.data_as(
-            ctypes.POINTER(ctypes.c_longlong)), self.grid, self._smem_of(self._plan_for(B)),
+            ctypes.POINTER(ctypes.c_longlong)), self.grid, self._plan_for(B).smem_bytes(),
             self.sync.data_ptr(), p.sync_ints * 4, stream.cuda_stream)
         if rc:
             raise MegakernelFailure(f"megakernel launch failed: {self.lib.mk_error_string(rc).decode()}")
@@ -507,7 +460,6 @@ class MegakernelBackend(DecodeBackend):
             prof=prof["tasks"].data_ptr() if prof else 0, prof_items=prof["items"].data_ptr() if prof else 0,
             prof_items_per_layer=int(prof["per_layer"]) if prof else 0,
             prof_blocks=prof["blocks"].data_ptr() if prof else 0,
-            tmaps=self.tmaps.data_ptr() if self.tmaps is not None else 0,
             kv_tmaps=self._kv_tensor_maps(kv),
         )
         for name, t in self.buf.items():

@@ -23,7 +23,7 @@ from megakernel.kernel import opcodes
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("mk_math.cuh", "mk_async.cuh", "mk_page_math.cuh", "mk_common.cuh", "mk_loader.cuh", "mk_gemv_core.cuh",
            "mk_gemv.cuh", "mk_lm_head.cuh", "mk_norm.cuh", "mk_attention.cuh", "mk_routing.cuh", "mk_moe.cuh",
-           "mk_moe_pages.cuh", "mk_gemv_swz.cuh", "mk_tmap.h", "mk_peak.cuh", "mk_kernel.cu")
+           "mk_moe_pages.cuh", "mk_tmap.h", "mk_peak.cuh", "mk_kernel.cu")
 ARCH_FLAGS = {"sm_90a": ["-gencode=arch=compute_90a,code=sm_90a"], "sm_90": ["-gencode=arch=compute_90,code=sm_90"]}
 NVCC_FLAGS = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-lineinfo",
               "-Xptxas", "-v"]
@@ -110,16 +110,12 @@ def build(arch: str = "sm_90a", extra_flags: tuple[str, ...] = (), verbose: bool
 
 PROFILE_FLAGS = ("-DMK_PROFILE=1",)     # the profiling build: every task stamped (kernel/timeline.py)
 # Compile-time switches of the kernel sources a measurement may flip, with their defaults (the sources say what each
-# does). $MEGAKERNEL_KERNEL_DEFINES="MK_SIGNAL_FENCE=1" overrides them; they are nvcc flags, so part of the hash.
-KERNEL_SWITCHES = {"MK_SIGNAL_FENCE": 0, "MK_GEMV_TC": 1, "MK_GEMV_B1": 1, "MK_SMALL_VEC": 2, "MK_WS_MOE": 0, "MK_MOE_LOCAL": 1,
-                   "MK_REPEAT_SMALL": 1, "MK_SWZ": 0,
-                   "MK_SWZ_3D": 0, "MK_MOE_EARLY_ISSUE": 0, "MK_POLL_OVERLAP": 0,
-                   "MK_ATTN_BULK": 0, "MK_PG_EPI_WARP": 0, "MK_CONST_PARAMS": 1,
-                   "MK_CONST_TABLES": 0, "MK_ATTN_DSPLIT": 1, "MK_ATTN_TABLE": 1,
-                   "MK_NORM_TABLES_EARLY": 0, "MK_PG_PAGE_STATS": 0,
-                   "MK_PG_SEG_TC": 0, "MK_PG_CLAIM_LEAD": 4, "MK_PG_PROXY_FENCE": 1,
-                   "MK_PG_CLAIM_AHEAD": 1, "MK_SMEM_ALIGN": 128, "MK_PG_TC_ACC": 1,
-                   "MK_PG_FREE_EARLY": 0, "MK_ATTN_STATS": 0, "MK_PG_CLAIM_SPLIT": 1, "MK_EARLY_TABLES": 1,
+# does). $MEGAKERNEL_KERNEL_DEFINES="MK_ATTN_BULK=1" overrides them; they are nvcc flags, so part of the hash.
+# (Switches whose experiment lost were removed with their code; SPEED_NOTES, twenty-sixth session, lists them.)
+KERNEL_SWITCHES = {"MK_GEMV_TC": 1, "MK_GEMV_B1": 1, "MK_SMALL_VEC": 2, "MK_MOE_LOCAL": 1, "MK_REPEAT_SMALL": 1,
+                   "MK_ATTN_BULK": 0, "MK_CONST_TABLES": 0, "MK_ATTN_DSPLIT": 1, "MK_ATTN_TABLE": 1,
+                   "MK_PG_PAGE_STATS": 0, "MK_PG_SEG_TC": 0, "MK_PG_CLAIM_LEAD": 4, "MK_PG_PROXY_FENCE": 1,
+                   "MK_SMEM_ALIGN": 128, "MK_PG_TC_ACC": 1, "MK_ATTN_STATS": 0, "MK_EARLY_TABLES": 1,
                    "MK_ATTN_Q_ASYNC": 1, "MK_CLAIM_FIRST": 1}
 # switches whose default follows another's value: (switch, value of the other) -> this switch's default there
 # (MK_MOE_LOCAL=0's persistent loop spills 24 bytes beside attention's second variant; MK_CONST_TABLES=1's 8 bytes
@@ -172,9 +168,6 @@ def load(arch: str = "sm_90a", profile: bool = False) -> ctypes.CDLL:
         lib.mk_error_string.restype = ctypes.c_char_p
         lib.mk_device_info.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
         lib.mk_device_info.restype = ctypes.c_int
-        lib.mk_encode_swizzled.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_int,
-                                           ctypes.c_int]
-        lib.mk_encode_swizzled.restype = ctypes.c_int
         lib.mk_encode_kv.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_int, ctypes.c_int,
                                      ctypes.c_int]
         lib.mk_encode_kv.restype = ctypes.c_int

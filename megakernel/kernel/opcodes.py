@@ -85,10 +85,9 @@ PREFETCH_MIN_TILE = 48 * 1024 // BLOCKS_PER_SM  # a plan double-buffers its GEMV
                              # while this one waits and computes) only where two tiles of at least this many bytes fit
 TILE_ROW_QUANTUM = 8 // BLOCKS_PER_SM  # tile_kb's tiles are multiples of this many rows (4: 12-row gate/up halves,
                              # 96 KB, fit half an SM's shared memory where 8 would leave 64 KB)
-SWZ_BOX_ROWS = 16            # MK_SWZ builds: rows per box of the expert matrices' tensor maps (csrc/mk_gemv_swz.cuh);
-                             # the expert items' swizzled tiles are made of them, so their halves are multiples of it
-SWZ_ALIGN = 1024             # MK_SWZ builds: a swizzled tile's buffer starts at a shared address aligned to this
-SWZ_X_PAD = 32               # MK_SWZ builds: elements after each input row of a swizzled tile (a pitch of K + 32:
+SWZ_ALIGN = 1024             # a 128-byte-swizzled tensor copy's destination starts at a shared address aligned to
+                             # this (MK_ATTN_BULK=2's KV chunks; benchmarks/gemv_stream.cu's swizzled tiles)
+SWZ_X_PAD = 32               # benchmarks/gemv_stream.cu: elements after each input row of a swizzled tile (K + 32:
                              # the 8 input rows of an MMA fragment in different banks)
 TMAP_BYTES = 128             # one CUtensorMap
 DEFAULT_SPLIT_TOKENS = 512   # keys per attention split (rounded to the KV block size)
@@ -233,8 +232,6 @@ PARAM_FIELDS = (
     # profiling build only (0 otherwise): task records [n_tasks][PROF_INTS], MoE item records
     # [Lm][prof_items_per_layer][PROF_INTS], per-block clock calibration [grid][PROF_BLOCK_INTS] (all int64)
     "prof", "prof_items", "prof_items_per_layer", "prof_blocks",
-    # MK_SWZ builds: the expert matrices' tensor maps, two per MoE layer (gate/up, down; TMAP_BYTES each), or 0
-    "tmaps",
     # attention's K/V tensor maps (MK_ATTN_BULK=2): one per KV group, TMAP_BYTES each, or 0
     "kv_tmaps",
     # 1: a TOPK task runs a dry pass of its routing (the previous MoE layer's, into shared memory) before its wait, so
@@ -309,7 +306,7 @@ def generate_header() -> str:
                   ATTN_TABLE_SLOTS=ATTN_TABLE_SLOTS,
                   MAX_HEAD_DIM=MAX_HEAD_DIM, MAX_GROUP=MAX_GROUP, MAX_EXPERTS=MAX_EXPERTS, MAX_TOPK=MAX_TOPK,
                   MAX_PAIRS=MAX_PAIRS, MAX_SLOTS=MAX_SLOTS, SMEM_RESERVE=SMEM_RESERVE,
-                  SWZ_BOX_ROWS=SWZ_BOX_ROWS, SWZ_ALIGN=SWZ_ALIGN, SWZ_X_PAD=SWZ_X_PAD, TMAP_BYTES=TMAP_BYTES,
+                  SWZ_ALIGN=SWZ_ALIGN, SWZ_X_PAD=SWZ_X_PAD, TMAP_BYTES=TMAP_BYTES,
                   REC_INTS=REC_INTS, MAX_WAITS=MAX_WAITS, CTRL_INTS=CTRL_INTS, NUM_PARAMS=NUM_PARAMS,
                   LAYER_INFO_INTS=LAYER_INFO_INTS, WPTR_INTS=WPTR_INTS, MAX_TABLE_LAYERS=MAX_TABLE_LAYERS,
                   ERR_WATCHDOG=ERR_WATCHDOG, ERR_BAD_OPCODE=ERR_BAD_OPCODE, ERR_SMEM=ERR_SMEM, ERR_STALL=ERR_STALL,

@@ -286,8 +286,8 @@ class ModelPlan:
     router_first: int = 1                # 1: each MoE layer's router tiles listed ahead of its QKV tiles (0: after)
     moe_ring: int = 0                    # plans of at most this many rows (tile_batch) give the expert items a
                                          # ring of two weight buffers of their own (tiles sized to fill one; the
-                                         # static tasks keep one large buffer): the warp-specialised MoE worker's
-                                         # layout (build switch MK_WS_MOE); 0: none
+                                         # static tasks keep one large buffer), which the plain worker
+                                         # double-buffers its items in; 0: none
     router_tile_rows: int = 16           # rows of a router tile at most (0: as many as fill a weight tile): smaller
                                          # tiles spread the router over more blocks, which end sooner (16: b1 8K
                                          # 4.14 vs 4.20 ms in one process, b8 equal; SPEED_NOTES.md)

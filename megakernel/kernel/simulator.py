@@ -69,10 +69,10 @@ class SimResult:
 class Simulator:
     def __init__(self, plan: ModelPlan, weights: ModelWeights, claims_held: int = 1) -> None:
         """claims_held: MoE items a worker holds claimed at once, the one it runs included (1: it claims the next
-        item when it finishes one). The paged worker claims ahead (MK_PG_CLAIM_LEAD, MK_PG_CLAIM_AHEAD=2: up to
-        three claimed while the first waits for its inputs); the no-deadlock argument (mk_moe_pages.cuh) says any
-        number is safe while each worker claims in queue order and runs its items in claim order, which the random
-        orders here check."""
+        item when it finishes one). The paged worker claims its next item before the current one ends
+        (MK_PG_CLAIM_LEAD: two held while the first waits for its inputs); the no-deadlock argument
+        (mk_moe_pages.cuh) says any number is safe while each worker claims in queue order and runs its items in
+        claim order, which the random orders here check."""
         if claims_held < 1:
             raise ValueError(f"claims_held={claims_held}: a worker holds at least the item it runs")
         self.plan = plan

@@ -51,36 +51,27 @@ def check_build_log(log: str, spills_allowed: bool = False) -> None:
 
 
 @pytest.mark.parametrize("defines", ["MK_MOE_LOCAL=0", "MK_SMALL_VEC=1", "MK_SMALL_VEC=3",
-                                     "MK_SWZ=2", "MK_SWZ=2,MK_SWZ_3D=1", "MK_MOE_EARLY_ISSUE=1",
-                                     "MK_MOE_EARLY_ISSUE=2", "MK_POLL_OVERLAP=1", "MK_ATTN_BULK=1", "MK_ATTN_BULK=2,MK_EARLY_TABLES=0",
-                                     "MK_PG_EPI_WARP=1", "MK_CONST_PARAMS=0", "MK_CONST_TABLES=1",
-                                     "MK_ATTN_DSPLIT=0", "MK_ATTN_TABLE=0", "MK_SIGNAL_FENCE=1",
-                                     "MK_NORM_TABLES_EARLY=1", "MK_PG_SEG_TC=1", "MK_PG_CLAIM_LEAD=1",
-                                     "MK_PG_CLAIM_AHEAD=2", "MK_PG_PROXY_FENCE=0", "MK_SMEM_ALIGN=16",
-                                     "MK_PG_TC_ACC=2", "MK_PG_FREE_EARLY=1", "MK_PG_CLAIM_SPLIT=0",
+                                     "MK_ATTN_BULK=1",
+                                     "MK_ATTN_BULK=2,MK_EARLY_TABLES=0", "MK_CONST_TABLES=1",
+                                     "MK_ATTN_DSPLIT=0", "MK_ATTN_TABLE=0", "MK_PG_SEG_TC=1", "MK_PG_CLAIM_LEAD=1",
+                                     "MK_PG_PROXY_FENCE=0", "MK_SMEM_ALIGN=16", "MK_PG_TC_ACC=2",
                                      "MK_EARLY_TABLES=0", "MK_ATTN_Q_ASYNC=0", "MK_CLAIM_FIRST=0",
                                      "MK_ATTN_BULK=1,MK_ATTN_Q_ASYNC=2"])
 def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     """The builds the switches select besides the default (MK_MOE_LOCAL=0: the MoE worker's routing read from L2 per
-    item; MK_SMALL_VEC=1: NORM in three or four waves of loads;
-    MK_SMALL_VEC=3: the combine in one round trip; MK_SWZ=2: every expert tile swizzled; MK_SWZ_3D=1: by 3D tensor
-    copies; MK_MOE_EARLY_ISSUE=1: the next expert tile issued during the epilogue; MK_POLL_OVERLAP=1: a poll's two
-    loads overlapped; MK_ATTN_BULK=1 / 2: attention by bulk or tensor copies (2 with MK_EARLY_TABLES=0: beside the
-    early loads the tensor-copy build spills 12 bytes of the persistent loop's task bookkeeping, session 24, to be
-    resolved before it is measured against the default); MK_PG_EPI_WARP=1: the paged worker's
-    epilogues on a warp of their own; MK_CONST_PARAMS=0: parameters read from the kernel parameter; MK_CONST_TABLES=1: the layer tables in
-    constant memory too; MK_ATTN_DSPLIT=0: attention without its two-warps-per-slice variant; MK_ATTN_TABLE=0:
-    attention's cp.async path looking each KV block segment up as it goes; MK_SIGNAL_FENCE=1: a fence before each
-    release; MK_NORM_TABLES_EARLY=1: the fused norm's tables read before the wait; MK_PG_SEG_TC=1: the paged worker's
-    one-row pages on tensor cores; MK_PG_CLAIM_LEAD=1: its next claim one page before an item's end;
-    MK_PG_CLAIM_AHEAD=2: two claims in flight; MK_PG_PROXY_FENCE=0: no proxy fence before a page's copy;
-    MK_SMEM_ALIGN=16: dynamic shared memory from the static section's 16-byte end (the default before session 24);
-    MK_PG_TC_ACC=2: the paged worker's several-row pages with two accumulators per chain; MK_PG_FREE_EARLY=1: a
-    gate/up item's slot freed before its counter's release; MK_PG_CLAIM_SPLIT=0: the loader's claim inside its page
-    loop; MK_EARLY_TABLES=0: the record, abort flag and tables loaded a round trip later; MK_ATTN_Q_ASYNC=0:
-    attention's Q rows by register loads; MK_CLAIM_FIRST=0: a task's next claim by thread 0 after its signal's
-    release; MK_ATTN_BULK=1,MK_ATTN_Q_ASYNC=2: the bulk path with Q's rows by cp.async): each compiles, its entry
-    function does not spill, and its static shared memory fits the reserve."""
+    item; MK_SMALL_VEC=1: NORM in three or four waves of loads; MK_SMALL_VEC=3: the combine in one round trip;
+    MK_ATTN_BULK=1 / 2: attention by bulk or
+    tensor copies (2 with MK_EARLY_TABLES=0: beside the early loads the tensor-copy build spills 12 bytes of the
+    persistent loop's task bookkeeping, session 24, to be resolved before it is measured against the default);
+    MK_CONST_TABLES=1: the layer tables in constant memory too; MK_ATTN_DSPLIT=0: attention without its
+    two-warps-per-slice variant; MK_ATTN_TABLE=0: attention's cp.async path looking each KV block segment up as it
+    goes; MK_PG_SEG_TC=1: the paged worker's one-row pages on tensor cores; MK_PG_CLAIM_LEAD=1: its next claim one
+    page before an item's end; MK_PG_PROXY_FENCE=0: no proxy fence before a page's copy; MK_SMEM_ALIGN=16: dynamic
+    shared memory from the static section's 16-byte end (the default before session 24); MK_PG_TC_ACC=2: the paged
+    worker's several-row pages with two accumulators per chain; MK_EARLY_TABLES=0: the record, abort flag and tables
+    loaded a round trip later; MK_ATTN_Q_ASYNC=0: attention's Q rows by register loads; MK_CLAIM_FIRST=0: a task's
+    next claim by thread 0 after its signal's release; MK_ATTN_BULK=1,MK_ATTN_Q_ASYNC=2: the bulk path with Q's rows
+    by cp.async): each compiles, its entry function does not spill, and its static shared memory fits the reserve."""
     if build.find_nvcc() is None:
         pytest.skip("nvcc not installed")
     monkeypatch.setenv("MEGAKERNEL_CACHE_DIR", str(tmp_path))
@@ -118,6 +109,21 @@ def static_shared_sections(lib) -> dict[str, int]:
             if n.startswith(".nv.shared.mk_")}
 
 
+def test_switch_defaults_match_the_sources():
+    """Every kernel switch has one default: the sources' `#ifndef NAME / #define NAME v` and build.KERNEL_SWITCHES
+    agree on the names and the values (a build passes -D only for a value away from the default, so a drift would
+    compile something other than what the build's flags say), and a switch taken out of the sources is out of the
+    table too."""
+    pattern = re.compile(r"^#ifndef (MK_\w+)\n#define \1 (-?\d+)\n#endif", re.M)
+    found = {}
+    for src in sorted(build.CSRC.glob("*.cu*")):
+        for name, value in pattern.findall(src.read_text()):
+            assert name not in found, f"{name} defaulted twice ({src.name})"
+            found[name] = int(value)
+    found.pop("MK_PROFILE")                 # the profiling build's flag (PROFILE_FLAGS), not a switch
+    assert found == build.KERNEL_SWITCHES
+
+
 def test_key_changes_with_header(monkeypatch):
     k1 = build.build_key("sm_90a", "v")
     monkeypatch.setattr(build.opcodes, "generate_header", lambda: "// other\n")
@@ -132,11 +138,11 @@ def test_kernel_switches_from_the_environment(monkeypatch):
 
     from megakernel.kernel import build
 
-    monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_SIGNAL_FENCE=1")
-    assert build.switch_flags() == ("-DMK_SIGNAL_FENCE=1",)
-    monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_SIGNAL_FENCE=0")
+    monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_PG_PROXY_FENCE=0")
+    assert build.switch_flags() == ("-DMK_PG_PROXY_FENCE=0",)
+    monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_PG_PROXY_FENCE=1")
     assert build.switch_flags() == ()
-    for bad in ("MK_NOPE=1", "MK_SIGNAL_FENCE=yes"):
+    for bad in ("MK_NOPE=1", "MK_PG_PROXY_FENCE=yes", "MK_SIGNAL_FENCE=1"):   # (the last: a switch since removed)
         monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", bad)
         with pytest.raises(build.BuildError, match="MEGAKERNEL_KERNEL_DEFINES"):
             build.switch_flags()
@@ -167,8 +173,8 @@ def test_switch_value_reads_the_selected_build(monkeypatch):
     knobs the build cannot run, e.g. worker_topk without MK_MOE_LOCAL)."""
     monkeypatch.delenv("MEGAKERNEL_KERNEL_DEFINES", raising=False)
     assert build.switch_value("MK_MOE_LOCAL") == build.KERNEL_SWITCHES["MK_MOE_LOCAL"] == 1
-    monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_MOE_LOCAL=0,MK_SWZ=2")
-    assert build.switch_value("MK_MOE_LOCAL") == 0 and build.switch_value("MK_SWZ") == 2
+    monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_MOE_LOCAL=0,MK_ATTN_BULK=2")
+    assert build.switch_value("MK_MOE_LOCAL") == 0 and build.switch_value("MK_ATTN_BULK") == 2
     assert build.switch_value("MK_GEMV_TC") == build.KERNEL_SWITCHES["MK_GEMV_TC"]
 
 

@@ -72,8 +72,6 @@ class World:
     nwc: int = 0                  # computing warps (0: npg, the kernel's rule); more: warp w takes pages w, w + nwc, ...
     slots: int = 3
     claim_late: bool = False      # pg_claim_late: the loader goes on to the next item once this one's inputs are in
-    epi_warp: bool = False        # MK_PG_EPI_WARP: a warp of its own writes the epilogues, in item order
-    free_early: bool = False      # MK_PG_FREE_EARLY: a slot freed after the epilogue's stores, before its signal
     full: list[Mbar] = field(default_factory=list)
     empty: list[Mbar] = field(default_factory=list)
     desc: list[Mbar] = field(default_factory=list)
@@ -218,9 +216,6 @@ def computing_warp(w: World, warp: int):
         w.computed[j] = w.computed.get(j, 0) + 1
         w.outs[q].arrive(LANES)
         w.empty[slot].arrive()
-        if w.epi_warp:
-            k += 1
-            continue
         w.done[q] += 1
         if w.done[q] == w.items[j].pages:              # elected (the atomic count): the epilogue
             if not (yield from until(w, lambda: w.outs[q].done(w.parity(j)))):
@@ -239,39 +234,19 @@ def _epilogue(w: World, j: int, q: int) -> None:
 
 
 def _epilogue_and_free(w: World, j: int, q: int, reset=lambda: None):
-    """The epilogue, the slot's free (after `reset`: the computing warps' page count) and the item's signal (what
-    a later down item's counter wait sees): the signal before the free, or after it (free_early), the release in
-    between taking a while."""
+    """The epilogue and the item's signal (what a later down item's counter wait sees), then the slot's free (after
+    `reset`: the computing warps' page count)."""
     _epilogue(w, j, q)
-    if not w.free_early:
-        w.finished.add(j)
+    w.finished.add(j)
     yield                                              # the stores' and the release's time
     reset()
     w.free[q].arrive()
-    if w.free_early:
-        yield                                          # the release, after the slot is free
-        w.finished.add(j)
-
-
-def epilogue_warp(w: World):
-    """MK_PG_EPI_WARP: items' epilogues in item order, each after its description and its `outs` phase; then the
-    slot is free. The computing warps only compute pages."""
-    j = 0
-    while True:
-        q = yield from _item_desc(w, j, "epilogue warp")
-        if q is None:
-            return
-        if not (yield from until(w, lambda: w.outs[q].done(w.parity(j)))):
-            return
-        yield from _epilogue_and_free(w, j, q)
-        j += 1
 
 
 def run(w: World, rng: random.Random, max_steps: int = 200_000, stop_at: int | None = None) -> None:
     """Random schedules until every role returned; stop_at: the step at which the step is aborted (then every role
     must still return, and every copy issued still lands before the worker's memory is released)."""
-    roles = [loader(w), input_warp(w)] + [computing_warp(w, k) for k in range(w.nwc)] + \
-        ([epilogue_warp(w)] if w.epi_warp else [])
+    roles = [loader(w), input_warp(w)] + [computing_warp(w, k) for k in range(w.nwc)]
     alive = list(range(len(roles)))
     stalled = 0
     for step in range(max_steps):
@@ -330,29 +305,16 @@ def random_items(rng: random.Random, n: int) -> list[Item]:
     return items
 
 
-@pytest.mark.parametrize("epi_warp", [False, True])
 @pytest.mark.parametrize("npg", [4, 5, 6, 9, 12, 14])
-def test_paged_worker_protocol_terminates_and_keeps_its_invariants(npg, epi_warp):
+def test_paged_worker_protocol_terminates_and_keeps_its_invariants(npg):
     """The kernel's rings of 4..14 pages, a computing warp per page, 0..12 items of every kind; the epilogues by the
-    computing warp that counts an item's last page, or (MK_PG_EPI_WARP) by a warp of their own."""
+    computing warp that counts an item's last page. (The loader's claim lead changes no worker's item order, so this
+    model, one worker running its items in claim order, covers it; the simulator's claims_held covers the workers
+    together.)"""
     rng = random.Random(npg * 100)
     for trial in range(60):
         items = random_items(rng, rng.randint(0, 12))
-        run(World(items, npg, epi_warp=epi_warp), random.Random(trial))
-
-
-@pytest.mark.parametrize("epi_warp", [False, True])
-@pytest.mark.parametrize("npg", [4, 9, 12])
-def test_paged_worker_protocol_with_the_slot_freed_before_the_signal(npg, epi_warp):
-    """MK_PG_FREE_EARLY: the slot is free while the item's release is still on its way, so the loader may publish
-    the slot's next item (and its inputs may land) before a down item's dependency is signalled: still no deadlock,
-    and no epilogue reads a slot handed on. (Claiming ahead changes no worker's item order, so this model, one worker
-    running its items in claim order, covers MK_PG_CLAIM_AHEAD as it is; the simulator's claims_held covers the
-    workers together.)"""
-    rng = random.Random(11 + npg)
-    for trial in range(60):
-        items = random_items(rng, rng.randint(0, 12))
-        run(World(items, npg, epi_warp=epi_warp, free_early=True), random.Random(trial))
+        run(World(items, npg), random.Random(trial))
 
 
 @pytest.mark.parametrize("npg", [4, 9, 12])
@@ -364,14 +326,13 @@ def test_paged_worker_protocol_with_the_late_claim(npg):
         run(World(items, npg, claim_late=True), random.Random(trial))
 
 
-@pytest.mark.parametrize("epi_warp", [False, True])
 @pytest.mark.parametrize("npg", [4, 12])
-def test_paged_worker_protocol_leaves_on_an_abort(npg, epi_warp):
+def test_paged_worker_protocol_leaves_on_an_abort(npg):
     """An aborted step (a counter wait failed) at a random point: every role still returns, whatever it waited on."""
     rng = random.Random(npg)
     for trial in range(60):
         items = random_items(rng, rng.randint(1, 10))
-        w = World(items, npg, epi_warp=epi_warp)
+        w = World(items, npg)
         run(w, random.Random(trial), stop_at=rng.randint(0, 400))
 
 

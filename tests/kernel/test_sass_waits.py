@@ -1,7 +1,7 @@
 """benchmarks/sass_waits.py on real SASS (CPU): the control bits decode to the scoreboards the paged loader's claim
 sets and waits on. The snippet is the default build's loader (e9af8e8, text sha1 20203ad360f1; cuobjdump -sass):
-each page's branch around the claim's atomic waits on the atomic's scoreboard (the previous lap's claim: the stall
-MK_PG_CLAIM_SPLIT removes), and the claim is next waited for where `take` moves it into the shuffle's register."""
+each page's branch around the claim's atomic waits on the atomic's scoreboard (the previous lap's claim: the stall the
+loader's two page loops, the claim between them, removed in session 23), and the claim is next waited for where `take` moves it into the shuffle's register."""
 
 from __future__ import annotations
 

@@ -329,32 +329,6 @@ def test_per_batch_tilings_on_north_dims():
     assert tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, False, prefetch=0, tile_kb=0)[0].tb == 16
 
 
-def test_swizzled_expert_tiles_fit_north_plans():
-    """MK_SWZ: at North dims every plan's swizzled expert tiles (aligned buffer, tile, the batch's inputs at the
-    padded pitch) fit the launch uncapped, so every expert item can take the swizzled path; the launch stays inside
-    the limit with the static part reserved; without the switch a launch is the plan's own size. (With tile_kb=0:
-    the default tile_kb's 24-row gate/up tiles are no multiple of the 16-row boxes, and MK_SWZ builds take the plain
-    path for such items. A paged plan's MoE workers stream pages instead: its launch is its own size.)"""
-    from megakernel.config import north_mini_code_config
-    from megakernel.kernel.backend import launch_smem_bytes, swz_expert_smem_bytes
-    from megakernel.kernel.schedule import tiling_plans
-    from megakernel.kv.cache import KVLayout
-
-    cfg = north_mini_code_config()
-    for knobs in ({}, {"moe_claim_late": 1}, {"o_queue": 16}):
-        for p in tiling_plans(cfg, KVLayout.for_model(cfg, 64), 16, True, n_workers=132, tile_kb=0, **knobs):
-            if p.pg_n:
-                assert launch_smem_bytes(p, True) == p.smem_bytes()
-                continue
-            need = swz_expert_smem_bytes(p)
-            assert need <= O.SMEM_LIMIT - O.SMEM_RESERVE, (p.tb, need)
-            assert launch_smem_bytes(p, True) >= need
-            assert launch_smem_bytes(p, True) <= O.SMEM_LIMIT - O.SMEM_RESERVE
-            assert launch_smem_bytes(p, False) == p.smem_bytes()
-            assert p.gu_rows % O.SWZ_BOX_ROWS == 0 and p.dn_rows % O.SWZ_BOX_ROWS == 0
-            assert p.H % 64 == 0 and p.I % 64 == 0
-
-
 def test_prefetching_tilings_on_north_dims():
     """Prefetching plans (prefetch=1): launches of 1, 2, 4 and 8 rows get two weight buffers, each tile filling
     one, the inputs after both; 16 rows of 4096 inputs leave no room for two buffers of PREFETCH_MIN_TILE, so that
@@ -959,7 +933,7 @@ def test_paged_gate_up_items_load_their_own_x_rows_where_that_frees_pages():
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 @pytest.mark.parametrize("B,claims_held", [(1, 3), (4, 2), (4, 3)])
 def test_simulator_with_workers_claiming_ahead(variant, B, claims_held):
-    """The paged worker claims ahead (MK_PG_CLAIM_LEAD, MK_PG_CLAIM_AHEAD=2): a worker holds up to three claimed
+    """The paged worker claims ahead (MK_PG_CLAIM_LEAD: two held; up to three here): a worker holds claimed
     items while the first waits for its dependency (a down item for its gate/up items, an O item for the
     combines). With two workers and O items queued, exact in random orders and no deadlock, as the argument in
     mk_moe_pages.cuh says."""

@@ -41,7 +41,7 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned b
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n"
                  ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy) : "memory");
 }
-// Before a block's first copy through a tensor map that the host wrote into global memory (MK_SWZ's expert maps, MK_ATTN_BULK=2's KV maps): its
+// Before a block's first copy through a tensor map that the host wrote into global memory (MK_ATTN_BULK=2's KV maps): its
 // 128 bytes acquired by the tensor-map proxy (the CUDA programming guide's rule for maps copied in by the host).
 __device__ __forceinline__ void tensormap_acquire(const void* map) {
     asm volatile("fence.proxy.tensormap::generic.acquire.sys [%0], 128;\n" ::"l"(reinterpret_cast<unsigned long long>(map))

@@ -13,16 +13,9 @@ typedef __nv_bfloat16 bf16;
 #ifndef MK_PROFILE
 #define MK_PROFILE 0
 #endif
-// MK_SIGNAL_FENCE (build.KERNEL_SWITCHES): a __threadfence() before each counter release (1), or the release alone
-// (0, the default since session 20). The release after the block barrier (or the warp's, in the paged worker)
-// publishes the writes that barrier ordered before it (a gpu-scope release is cumulative; CUTLASS's barrier releases
-// without a fence). Each fence waits until every copy in flight on the SM has landed (benchmarks/mem_latency.cu:
-// __threadfence 2-6 us, red.release 2-6 us, both 4-12 us with 64-128 KB in flight while the other SMs stream), and
-// the paged worker signals its gate/up items with ~190 KB in flight: without the fence b1 8K -1.3%, b8 -0.9%, b16
-// -0.8% (933582e, each build in its own process).
-#ifndef MK_SIGNAL_FENCE
-#define MK_SIGNAL_FENCE 0
-#endif
+// (MK_SIGNAL_FENCE, removed in session 26: a __threadfence() before each counter release. The release after the
+// block or warp barrier publishes what that barrier ordered (a gpu-scope release is cumulative), and each fence waited
+// for every copy in flight on its SM: without it b1 8K -1.3%, b8 -0.9%, b16 -0.8%, 933582e; SPEED_NOTES, session 20.)
 // MK_GEMV_TC: the GEMV core on tensor cores for launches of more than one row (1), or on CUDA cores always (0);
 // mk_gemv_core.cuh.
 #ifndef MK_GEMV_TC
@@ -49,12 +42,6 @@ typedef __nv_bfloat16 bf16;
 #ifndef MK_SMALL_VEC
 #define MK_SMALL_VEC 2
 #endif
-// MK_WS_MOE: MoE workers warp-specialised (1: a loader warp claims, decodes and streams items into the expert ring
-// of a moe_ring or prefetch plan while 15 warps compute; mk_moe.cuh) or not (0). Off until it has run on the GPU.
-#ifndef MK_WS_MOE
-#define MK_WS_MOE 0
-#endif
-
 // MK_MOE_LOCAL: the plain MoE worker reads its layer's routing (every slot's expert, first pair and count, every
 // pair's row) into shared memory once, in the same round trip as the queue's header, instead of from L2 for every
 // item; a down item's pair weights and ranks are loaded with its inputs; consecutive items with the same inputs in
@@ -68,38 +55,9 @@ typedef __nv_bfloat16 bf16;
 // order-preserving key above 0xffff - expert, is the only selection; its ballot-per-word alternative measured
 // slower (b1 8K 3.82 vs 3.92 ms, 7c5f6f7) and its build kept tipping the persistent loop into spills.)
 
-// MK_SWZ: the plain MoE worker's expert tiles by TMA tensor copies with the 128-byte swizzle, multiplied by the
-// swizzled tensor-core core (csrc/mk_gemv_swz.cuh; the backend encodes two tensor maps per MoE layer), where the
-// tile fits (K a multiple of 64, halves multiples of MK_SWZ_BOX_ROWS, the launch's shared memory) for items of more
-// than one input row (1) or every item (2); or today's contiguous copies (0). Off until it has run on the GPU.
-#ifndef MK_SWZ
-#define MK_SWZ 0
-#endif
-// MK_SWZ_3D (with MK_SWZ): the swizzled expert tiles by one 3D tensor copy per 16 rows into 16-row sub-tiles (the
-// backend encodes 3D maps; csrc/mk_gemv_swz.cuh issue_tile_swz3d with 16-row boxes) instead of a 2D copy per 16 rows
-// x 64 columns (64 copies per 128 KB item). Off until it has run on the GPU.
-#ifndef MK_SWZ_3D
-#define MK_SWZ_3D 0
-#endif
-// MK_MOE_EARLY_ISSUE: the plain MoE worker with one weight buffer issues its next item's tile as soon as the GEMV is
-// done with the buffer, from the last warp, while warps 0..NW-2 write the item's epilogue and signal (1); or at the
-// top of the next item (0). An item's ~0.8 us of per-row bulk copies leave its path and the next tile is in flight
-// an epilogue earlier (b8 8K timeline at 01168ec: issue 0.77, epilogue 0.51 us of a 5.8 us item). Not with MK_SWZ.
-// Measured slower (90b2c12: b1 8K 3.920 vs 3.762 ms, b8 15.78 vs 14.69); 2: only after down and O items, which
-// signal nothing, to test whether a gate/up item's signal (fence + release) waits for the copy in flight. Off. In the
-// profiling build an early-issued item's "issued" stamp is its claim (its head start shows as a shorter landing).
-#ifndef MK_MOE_EARLY_ISSUE
-#define MK_MOE_EARLY_ISSUE 0
-#endif
-
-// MK_POLL_OVERLAP: a waiting thread's poll loads the abort flag before the counter's acquire load, so the two L2
-// round trips of a poll overlap (1), or one after the other (0). A poll costs ~2 round trips (~3 us while the other SMs
-// stream weights) today; four polls in flight per waiter measured 5-7% slower (the counter's L2 slice saturates:
-// SPEED_NOTES.md, ninth session), this one keeps one poll in flight. Off until it has run on the GPU.
-#ifndef MK_POLL_OVERLAP
-#define MK_POLL_OVERLAP 0
-#endif
-
+// (MK_SWZ and MK_SWZ_3D, removed in session 26: the plain MoE worker's expert tiles by swizzled tensor copies on the
+// tensor-core core of csrc/mk_gemv_swz.cuh measured slower at b1 and b8 in sessions 6-7, and the paged worker has run
+// every MoE item of up to 16 rows since; benchmarks/gemv_stream.cu still times that core alone.)
 // MK_ATTN_BULK: how attention's K/V chunks reach shared memory: 16-byte cp.async from every thread (0); one bulk copy
 // (TMA) per 256-byte K or V row, on an mbarrier per ring stage (1); tensor copies of 16 keys x one kv head through
 // the host's maps of the KV pools, swizzled, where head_dim is 64 or 128 and KV blocks a multiple of 16 keys (2).
@@ -171,16 +129,13 @@ struct Params {
     long long v[MK_NUM_PARAMS];
 };
 
-// MK_CONST_PARAMS=1: the kernel reads its parameters from __constant__ memory, which mk_launch fills before each
-// launch on the launch's stream, not from the kernel parameter. The task functions that are not inlined take
-// `const Params&`, and there a parameter read is a generic load through L1; every acquire load of a counter
-// (ld.acquire.gpu) invalidates the SM's L1, so after a dependency wait each dependent level of parameter reads is an
-// L2 round trip (a router tile's fused norm had two such levels before its data loads). Constant-cache reads survive
-// the invalidation. 0: the kernel parameter (P.v), as before.
-#ifndef MK_CONST_PARAMS
-#define MK_CONST_PARAMS 1
-#endif
-#if MK_CONST_PARAMS
+// The kernel reads its parameters from __constant__ memory, which mk_launch fills before each launch on the launch's
+// stream, not from the kernel parameter. The task functions that are not inlined take `const Params&`, and there a
+// parameter read is a generic load through L1; every acquire load of a counter (ld.acquire.gpu) invalidates the SM's
+// L1, so after a dependency wait each dependent level of parameter reads was an L2 round trip (a router tile's fused
+// norm had two such levels before its data loads). Constant-cache reads survive the invalidation: b1 8K -6.1%, 128K
+// -9.5%, b8 -4.8% (SPEED_NOTES, session 17; the kernel-parameter reads were MK_CONST_PARAMS=0, removed in session 26).
+// (`P` is still every task function's first argument, unread: taking it out is a separate change of every signature.)
 __constant__ long long c_params[MK_NUM_PARAMS];
 // Each read an opaque `ld.const` (ptxas still turns it into a constant-bank operand): read as c_params[i], the
 // compiler hoisted parameter products and sign extensions out of the persistent loop into registers for the whole
@@ -192,9 +147,6 @@ __device__ __forceinline__ long long mk_param() {
     return v;
 }
 #define MK_PV(i) (mk_param<(i)>())
-#else
-#define MK_PV(i) (P.v[i])
-#endif
 #define PI(name) ((int)MK_PV(PRM_##name))
 #define PL(name) (MK_PV(PRM_##name))
 #define PP(type, name) (reinterpret_cast<type>(MK_PV(PRM_##name)))
@@ -305,18 +257,9 @@ __device__ __noinline__ bool wait_counter(const Params& P, int c, int target, in
     while (true) {
         __nanosleep(ns);
         if (ns < 200) ns += ns;
-#if MK_POLL_OVERLAP
-        // the abort flag's load issued before the counter's acquire (which orders only what follows it), so both
-        // round trips overlap: one L2 round trip per poll instead of two, at one extra load per poll on the flag
-        const int ab = ld_volatile(ctrl + CTRL_ABORT);
-        int v = ld_acquire(counters + c);
-        if (v >= target) return true;
-        if (ab) return false;
-#else
         int v = ld_acquire(counters + c);
         if (v >= target) return true;
         if (ld_volatile(ctrl + CTRL_ABORT)) return false;
-#endif
         if (globaltimer() - t0 > limit) {
             record_error(P, MK_ERR_WATCHDOG, task, c, v, target);
             return false;
@@ -404,14 +347,6 @@ __device__ __forceinline__ void group_sync() {
     else asm volatile("bar.sync 1, %0;\n" ::"n"(NWC * 32) : "memory");
 }
 
-// One thread, after the barrier of the warps whose writes a counter release publishes: the fence before the release
-// (MK_SIGNAL_FENCE).
-__device__ __forceinline__ void signal_fence() {
-#if MK_SIGNAL_FENCE
-    __threadfence();
-#endif
-}
-
 // Warps 0..NWC-1: everything they wrote is published, then counters[c] += 1 (release, gpu scope). The task's end
 // stamp is taken before the release, so no consumer can see the counter before it.
 template <int NWC>
@@ -419,7 +354,6 @@ __device__ __forceinline__ void group_signal(const Params& P, int c) {
     group_sync<NWC>();
     prof_mark(PS_END);
     if (c >= 0 && threadIdx.x == 0) {
-        signal_fence();
         red_release(PP(int*, counters) + c, 1);
     }
 }
@@ -451,7 +385,6 @@ __device__ __forceinline__ void task_signal(const Params& P, int c) {
     group_sync<NW>();
     prof_mark(PS_END);
     if (threadIdx.x == 0 && c >= 0) {
-        signal_fence();
         red_release(PP(int*, counters) + c, 1);
     }
     if (threadIdx.x == 32 && !PI(claim_ahead)) s_next = atomicAdd(PP(int*, ctrl) + CTRL_TICKET, 1);
@@ -462,7 +395,7 @@ __device__ __forceinline__ void task_signal(const Params& P, int c) {
 }
 
 // ---- small accessors -----------------------------------------------------------------------------------------
-// MK_CONST_TABLES=1 (with MK_CONST_PARAMS): the per-layer tables (layer_info, the weight pointers) in __constant__
+// MK_CONST_TABLES=1: the per-layer tables (layer_info, the weight pointers) in __constant__
 // memory as well, copied there by mk_launch when the backend's tables change (params' tables_version), so their
 // reads after a dependency wait (a fused norm's previous-layer MoE index and norm weights, an epilogue's bias
 // pointer or KV group) do not go back to L2 either. Models of at most MK_MAX_TABLE_LAYERS layers (opcodes.py; the
@@ -471,7 +404,6 @@ __device__ __forceinline__ void task_signal(const Params& P, int c) {
 #define MK_CONST_TABLES 0
 #endif
 #if MK_CONST_TABLES
-static_assert(MK_CONST_PARAMS, "MK_CONST_TABLES needs MK_CONST_PARAMS (the same upload)");
 __constant__ int c_layer_info[MK_MAX_TABLE_LAYERS * MK_LAYER_INFO_INTS];
 __constant__ long long c_wptrs[MK_MAX_TABLE_LAYERS * MK_WPTR_INTS];
 #endif

@@ -244,9 +244,6 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
     prefetch_next(P, buf ^ 1);
     if (op == OP_QKV && threadIdx.x == 32 && PI(l2_pf)) l2_prefetch_shares(P, l, r0, nr);
     if (!fused && threadIdx.x < B) s_xrow[threadIdx.x] = xin + (size_t)threadIdx.x * xpitch;
-#if MK_NORM_TABLES_EARLY && MK_SMALL_VEC >= 2
-    if (fused && FUSED_NORM_IN_REGS(H)) norm_tables_early(P, l);
-#endif
     if (!wait_rec(P, rec, ticket)) { drain_weights(); return false; }
     if (fused) {       // the rows' residual and norm straight into sX (the weights keep landing meanwhile)
         bf16* sX = reinterpret_cast<bf16*>(smem + sm_x(P, R, T.K));

@@ -1,6 +1,6 @@
 // Weight tiles in the 128-byte swizzled layout of TMA tensor copies, and the tensor-core GEMV core that reads them
-// without bank conflicts. The megakernel uses them behind MK_SWZ (the MoE worker's expert tiles); benchmarks/
-// gemv_stream.cu's swz_* modes measure them alone.
+// without bank conflicts. benchmarks/gemv_stream.cu's swz_* modes measure them; the megakernel used them for the plain
+// MoE worker's expert tiles behind MK_SWZ until session 26 (measured slower; not part of its build since).
 //
 // Why: the plain layout keeps a tile's rows K * 2 bytes apart (4096 B at K = 2048), so the 8 weight rows of an MMA
 // fragment, read at the same k, fall in the same banks (Nsight Compute on the tensor-core core at 8 input rows: 7.1-way

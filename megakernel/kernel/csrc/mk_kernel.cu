@@ -147,17 +147,6 @@ extern "C" int mk_occupancy(int device, int smem_bytes, int* blocks) {
     return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, mk_decode, NT, (size_t)smem_bytes);
 }
 
-// The swizzled tiles' tensor map (128 bytes, into out; csrc/mk_tmap.h) of a row-major bf16 matrix of `rows` x K at
-// `base` with boxes of 64 columns x box_rows rows (MK_SWZ builds). 0 on success, else mk_tmap.h's codes.
-// MK_SWZ_3D builds: the 3D view (64 columns, rows, K / 64 column blocks) with boxes of box_rows rows of every column.
-extern "C" int mk_encode_swizzled(void* out, const void* base, unsigned long long rows, int K, int box_rows) {
-    CUtensorMap map;                        // (aligned here; `out` need not be)
-    const int rc = MK_SWZ_3D ? mk_tmap_encode_swizzled_3d(&map, base, rows, K, box_rows)
-                             : mk_tmap_encode_swizzled(&map, base, rows, K, box_rows);
-    if (rc == 0) memcpy(out, &map, sizeof(map));
-    return rc;
-}
-
 // Attention's K/V tensor map of one KV group's pool: rows of row_elems (every kv head's K or V of one token), boxes
 // of box_rows tokens x col_blocks 64-column blocks (128 bytes into out; csrc/mk_tmap.h mk_tmap_encode_swizzled_3d).
 extern "C" int mk_encode_kv(void* out, const void* base, unsigned long long rows, int row_elems, int box_rows,
@@ -168,8 +157,7 @@ extern "C" int mk_encode_kv(void* out, const void* base, unsigned long long rows
     return rc;
 }
 
-#if MK_CONST_PARAMS
-// The parameters' trip to __constant__ memory (MK_CONST_PARAMS), per device. Each launch's copy comes from a pinned
+// The parameters' trip to __constant__ memory (mk_common.cuh c_params), per device. Each launch's copy comes from a pinned
 // host slot, so it is truly asynchronous (a copy from pageable memory may wait for the stream); a slot is reused
 // only once the copy that read it has run (its event), and when the next slot's copy has not run yet (more launches
 // in flight than slots) the ring grows instead of waiting, so the host does not wait for the GPU here (the pinned
@@ -232,7 +220,6 @@ static cudaError_t take_param_slot(ParamRing& r, const long long* params, ParamS
     *out = &s;
     return cudaSuccess;
 }
-#endif
 
 // Zeroes the control block and counters, then launches the step, all on `stream`.
 extern "C" int mk_launch(int device, const long long* params, int grid, int smem_bytes, void* sync_ptr,
@@ -242,7 +229,6 @@ extern "C" int mk_launch(int device, const long long* params, int grid, int smem
     Params P;
     for (int i = 0; i < MK_NUM_PARAMS; i++) P.v[i] = params[i];
     cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
-#if MK_CONST_PARAMS
     if (device < 0 || device >= MK_PARAM_DEVICES) return (int)cudaErrorInvalidDevice;
     std::lock_guard<std::mutex> guard(g_launch_lock);
     ParamRing& ring = g_param_ring[device];
@@ -251,10 +237,8 @@ extern "C" int mk_launch(int device, const long long* params, int grid, int smem
     if (e != cudaSuccess) return (int)e;
     e = cudaStreamWaitEvent(st, ring.launched, 0);   // (never recorded yet: no wait)
     if (e != cudaSuccess) return (int)e;
-#endif
     e = cudaMemsetAsync(sync_ptr, 0, (size_t)sync_bytes, st);
     if (e != cudaSuccess) return (int)e;
-#if MK_CONST_PARAMS
     e = cudaMemcpyToSymbolAsync(c_params, slot->host, sizeof(long long) * MK_NUM_PARAMS, 0, cudaMemcpyHostToDevice,
                                 st);
     if (e != cudaSuccess) return (int)e;
@@ -275,12 +259,9 @@ extern "C" int mk_launch(int device, const long long* params, int grid, int smem
 #endif
     e = cudaEventRecord(slot->copied, st);
     if (e != cudaSuccess) return (int)e;
-#endif
     mk_decode<<<grid, NT, smem_bytes, st>>>(P);
     e = cudaGetLastError();
-#if MK_CONST_PARAMS
     const cudaError_t r = cudaEventRecord(ring.launched, st);   // (after the launch, or after its copy if it failed)
     if (e == cudaSuccess) e = r;
-#endif
     return (int)e;
 }

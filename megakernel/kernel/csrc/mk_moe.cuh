@@ -4,9 +4,6 @@
 #include "mk_common.cuh"
 #include "mk_gemv.cuh"      // the experts' tiles run on the GEMV core
 #include "mk_routing.cuh"   // (worker_topk plans: each worker routes its layer itself)
-#if MK_SWZ
-#include "mk_gemv_swz.cuh"  // or, swizzled, on its tensor-core core
-#endif
 
 // ---- MOE_WORKER: claims expert work items of one layer until the queue is empty --------------------------------
 // One work item: a gate/up tile (with SiLU * up) or a down tile of one active expert slot, or (o_queue) a tile of
@@ -234,133 +231,6 @@ __device__ __forceinline__ void prof_worker_stamps(long long claim, long long wa
 }
 #endif
 
-#if MK_WS_MOE
-// ---- the warp-specialised worker (MK_WS_MOE=1, plans with an expert ring: moe_ring=1 or prefetch=1; no O items) ----
-// The last warp is the loader: it claims items, decodes them and streams each tile into the free one of the two
-// weight buffers (full: the buffer's s_wbar mbarrier; empty: s_wempty, armed by the compute warps when the math on
-// the buffer is done), up to two items ahead. Warps 0..NW-2 compute: wait for a full buffer, wait for the item's
-// inputs (a down item: its expert's gate/up items), load them, multiply on named barrier 1, release the buffer,
-// write the epilogue. Items still run in claim order, so the induction of schedule.py holds. No block-wide barrier
-// per item: the claim, the decode and the loads leave the compute warps' path.
-#define WS_NWC (NW - 1)
-__shared__ __align__(8) unsigned long long s_wempty[2];
-__shared__ int s_meta[2][8];                  // item (-1: the queue is empty, -2: the tile does not fit), down,
-                                              // slot, e, st, cnt, r0, nr
-__shared__ int s_rows[2][MB];                 // a gate/up item's input rows (rows of x), by slot
-__shared__ volatile int s_ws_stop;            // the compute warps gave up (an aborted step): the loader stops too
-__shared__ int s_ws_ok;
-
-__device__ __noinline__ bool moe_worker_ws(const Params& P, int ticket, int l, int m, const int* route, const bf16* egu,
-                              const bf16* edn, int n_gu, int n_items, int first_item) {
-    const int I = PI(I), H = PI(H);
-    int* work = PP(int*, moe_work) + m;
-    if (threadIdx.x == 0) {                   // invalidated again when the worker ends, so each init is on a
-        mbar_init(&s_wempty[0], 1);           // location that holds no live mbarrier
-        mbar_init(&s_wempty[1], 1);
-        fence_mbar_init();
-        s_ws_stop = 0;
-    }
-    __syncthreads();
-    if ((threadIdx.x >> 5) == NW - 1) {       // the loader warp
-        const int lane = threadIdx.x & 31;
-        for (int t = 0;; t++) {
-            const int slot = t & 1;
-            // claim and decode item t (and a gate/up item's input rows) while its buffer may still be computed on:
-            // the L2 round trips leave the path between two loads
-            int item = 0;
-            if (lane == 0) item = t == 0 ? first_item : atomicAdd(work, 1);
-            item = __shfl_sync(0xffffffffu, item, 0);
-            const MoeItem it = moe_item(P, l, route, egu, edn, item < n_items ? item : 0, n_gu);
-            int row = 0;
-            if (item < n_items && !it.down && lane < it.cnt) row = ldcg_i(route + PI(r_pair_row) + it.st + lane);
-            bool stop = false;
-            if (t >= 2)                        // the compute warps are done with its item t - 2
-                while (!mbar_try_wait(&s_wempty[slot], ((t >> 1) - 1) & 1))
-                    if (s_ws_stop) { stop = true; break; }
-            stop = __any_sync(0xffffffffu, stop);   // one decision for the warp (its shuffles need every lane)
-            if (stop) break;                   // the compute warps left: nobody waits for this slot
-            const int R = it.T.n0 + it.T.n1;
-            const size_t x_end = moe_x(P) + (size_t)it.cnt * row_pitch(it.T.K) * 2;
-            const bool fits = (size_t)R * row_pitch(it.T.K) * 2 <= (size_t)PI(moe_wbuf) && x_end <= dynamic_smem_bytes();
-            if (item >= n_items || !fits) {    // no bytes: the compute warps stop (and report a misfit)
-                if (lane == 0) {
-                    s_meta[slot][0] = item >= n_items ? -1 : -2;
-                    s_meta[slot][5] = (int)(moe_x(P) + (size_t)max(R * row_pitch(it.T.K) * 2 - PI(moe_wbuf), 0) * 2
-                                            + (size_t)it.cnt * row_pitch(it.T.K) * 2);   // what it would need
-                    s_wpend[slot] = 1;         // an unconsumed stop is drained like a load
-                    mbar_arrive(&s_wbar[slot]);
-                }
-                break;
-            }
-            for (int i = 0; i < (it.down ? 0 : it.cnt); i++) {  // lane 0 publishes the rows (its arrive releases them)
-                const int r = __shfl_sync(0xffffffffu, row, i);
-                if (lane == 0) s_rows[slot][i] = r;
-            }
-            if (lane == 0) {
-                int* mt = s_meta[slot];
-                mt[0] = item; mt[1] = it.down; mt[2] = it.slot; mt[3] = it.e; mt[4] = it.st; mt[5] = it.cnt;
-                mt[6] = it.r0; mt[7] = it.nr;
-            }
-            __syncwarp();                      // lane 0's expect_tx in the issue releases the meta with it
-            issue_weights_w0(reinterpret_cast<bf16*>(smem + moe_w(P, slot)), it.T.w0, it.T.n0, it.T.w1, it.T.n1,
-                             it.T.K, slot);
-        }
-    } else {                                  // the compute warps
-        for (int t = 0;; t++) {
-            const int slot = t & 1;
-            mbar_wait(&s_wbar[slot], (unsigned)s_wphase[slot]);
-            const int* mt = s_meta[slot];
-            const int item = mt[0], down = mt[1], eslot = mt[2], e = mt[3], st = mt[4], cnt = mt[5], r0 = mt[6],
-                      nr = mt[7];
-            group_sync<WS_NWC>();              // every compute thread read the meta and the phase
-            if (threadIdx.x == 0) { s_wphase[slot] ^= 1; s_wpend[slot] = 0; }
-            if (item == -2) {                  // the loader found the item's layout larger than the launch's
-                if (threadIdx.x == 0) record_error(P, MK_ERR_SMEM, ticket, -1, cnt, (int)dynamic_smem_bytes());
-                s_ws_stop = 1;
-                break;
-            }
-            if (item < 0) break;
-            prof_reset();
-            const int K = down ? I : H, R = down ? nr : 2 * nr;
-            const int gu_ctr = l * PI(cpl) + PI(c_gu) + eslot;
-            int ok = 1;
-            if (down && threadIdx.x == 0) ok = wait_counter(P, gu_ctr, PI(gu_tiles), ticket) ? 1 : 0;
-            if (threadIdx.x == 0) s_ws_ok = ok;
-            prof_mark(PS_WAITED);
-            if (threadIdx.x < cnt)
-                s_xrow[threadIdx.x] = down ? PP(const bf16*, eact) + ((size_t)m * PI(n_pairs) + st + threadIdx.x) * I
-                                           : PP(const bf16*, x) + ((size_t)l * PI(Bm) + s_rows[slot][threadIdx.x]) * H;
-            group_sync<WS_NWC>();
-            if (!s_ws_ok) { s_ws_stop = 1; break; }
-            bf16* sX = reinterpret_cast<bf16*>(smem + moe_x(P));
-            if (!inputs_held(cnt, K, moe_x(P))) load_x<WS_NWC * 32>(sX, cnt, K);
-            group_sync<WS_NWC>();              // every compute thread asked; sX is published
-            inputs_hold(cnt, K, moe_x(P));
-            prof_mark(PS_LANDED);
-            gemv_on<WS_NWC>(reinterpret_cast<const bf16*>(smem + moe_w(P, slot)), sX, R, K, cnt);
-            prof_mark(PS_COMPUTED);
-            if (threadIdx.x == 0) mbar_arrive(&s_wempty[slot]);    // the buffer is free for the loader
-            if (!down) {
-                gu_epilogue<WS_NWC * 32>(P, m, st, cnt, r0, nr);
-                group_signal<WS_NWC>(P, gu_ctr);   // the item's writes, then its counter
-                prof_item(P, m, item, MK_PROF_ITEM_GU, l, ((long long)e << 16) | item);
-            } else {
-                down_epilogue<WS_NWC * 32>(P, m, route, st, cnt, r0, nr);
-                group_sync<WS_NWC>();          // sOut is the next item's
-#if MK_PROFILE
-                prof_mark(PS_END);
-                prof_item(P, m, item, MK_PROF_ITEM_DN, l, ((long long)e << 16) | item);
-#endif
-            }
-        }
-    }
-    __syncthreads();                          // loader and compute warps meet; loads of an aborted worker drain
-    if (threadIdx.x == 0) { mbar_inval(&s_wempty[0]); mbar_inval(&s_wempty[1]); }
-    if (s_ws_stop) { drain_weights(); return false; }
-    return true;
-}
-#endif
-
 // The epilogue of a plain worker's item (its rows out of sOut), on warps 0..NWC-1: an O item's outputs, a gate/up
 // item's activations and its expert's gate/up counter, a down item's weighted rows; each ends on a barrier of
 // those warps (the signal's, or under MK_PROFILE the end stamp's; a down or O item without profiling on none: the
@@ -429,7 +299,7 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
     const bf16* ow = nullptr;
 #endif
     // two weight buffers: the prefetching layout's (shared with the static tasks) or the expert ring (moe_ring
-    // plans; without MK_WS_MOE the plain worker double-buffers its items in it, the inputs after both buffers)
+    // plans: the plain worker double-buffers its items in it, the inputs after both buffers)
     const bool ring = PI(moe_wbuf) != 0 && PI(wbuf) == 0;
     const bool two = PI(wbuf) != 0 || ring;
     __shared__ int s_w[4];
@@ -481,76 +351,22 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
         return true;
     }
 #endif
-#if MK_WS_MOE
-    if (PI(moe_wbuf) && PI(o_items) == 0 && !wtopk) {
-        // the item claimed above is the loader's first; it claims the rest
-        if (!moe_worker_ws(P, ticket, l, m, route, egu, edn, n_gu, n_items, s_w[2])) return false;
-        prefetch_next(P, 0);
-#if MK_PROFILE
-        prof_worker_stamps(task_claim, task_waited);
-#endif
-        task_signal(P, rec[RF_SIG]);
-        return true;
-    }
-#endif
     int item = s_w[2], buf = 0;
     bool issued = false;                     // the current item's tile is in flight in `buf`
     // moe_claim_late (one buffer): thread 0 keeps the next claim's answer in a register until this item's GEMV is
     // done, then publishes it in s_w[2] before the item's last barrier
     const bool late = !two && PI(moe_claim_late);
-#if MK_SWZ
-    // MK_SWZ (one buffer, maps given): an expert tile by swizzled tensor copies into a SWZ_ALIGN-aligned buffer, its
-    // inputs after it at a pitch of K + SWZ_X_PAD, both read by the swizzled core
-    const CUtensorMap* tmaps = PP(const CUtensorMap*, tmaps);
-    const bool swz_worker = !two && tmaps != nullptr;
-    const size_t swz_w = swz_align(SM_W);
-    if (swz_worker && threadIdx.x < 2) tensormap_acquire(tmaps + 2 * m + threadIdx.x);   // host-written maps
-    __syncthreads();
-#endif
     if (item >= n_items) prefetch_next(P, 1);
     while (item < n_items) {
         prof_reset();
         const MoeItem it = moe_item(P, l, route, egu, edn, item, n_gu);
         const int R = it.T.n0 + it.T.n1;
-#if MK_SWZ
-        // swizzled where the tile's shape allows, its layout fits the launch (else today's path), and (MK_SWZ=1)
-        // the item has more than one input row: one-row items keep the CUDA-core core until MK_SWZ=2 measures it
-        const size_t swz_end = swz_w + (size_t)R * it.T.K * 2 + (size_t)it.cnt * (it.T.K + MK_SWZ_X_PAD) * 2;
-        const bool sz = swz_worker && it.slot >= 0 && (it.T.K & 63) == 0 && it.T.n0 % MK_SWZ_BOX_ROWS == 0 &&
-                        it.T.n1 % MK_SWZ_BOX_ROWS == 0 && (MK_SWZ >= 2 || it.cnt > 1) &&
-                        swz_end <= dynamic_smem_bytes();
-        const int xpitch = sz ? it.T.K + MK_SWZ_X_PAD : row_pitch(it.T.K);
-        const size_t x_off = sz ? swz_w + (size_t)R * it.T.K * 2 : (ring ? moe_x(P) : sm_x(P, R, it.T.K));
-        const size_t x_key = x_off | ((size_t)xpitch << 40);    // held inputs: the same place and pitch
-        if (!smem_fits(P, x_off + (size_t)it.cnt * xpitch * 2, ticket) ||
-            (ring && (size_t)R * row_pitch(it.T.K) * 2 > (size_t)PI(moe_wbuf))) {
-            drain_weights();
-            return false;
-        }
-        if (!issued && sz) {
-            if (threadIdx.x < 32) {
-                const int E2 = 2 * PI(I);
-                const int y0 = it.down ? it.e * PI(H) + it.r0 : it.e * E2 + it.r0;
-#if MK_SWZ_3D
-                static_assert(MK_SWZ_BOX_ROWS == 16, "the 3D maps' box is 16 rows");
-                issue_tile_swz3d(reinterpret_cast<bf16*>(smem + swz_w), tmaps + 2 * m + (it.down ? 1 : 0), y0,
-                                 it.T.n0, it.e * E2 + PI(I) + it.r0, it.T.n1, it.T.K, buf, MK_SWZ_BOX_ROWS);
-#else
-                issue_tile_swz(reinterpret_cast<bf16*>(smem + swz_w), tmaps + 2 * m + (it.down ? 1 : 0), y0, it.T.n0,
-                               it.e * E2 + PI(I) + it.r0, it.T.n1, it.T.K, buf, MK_SWZ_BOX_ROWS);
-#endif
-            }
-            prof_mark(PS_ISSUED);
-            issued = true;
-        }
-#else
         const size_t x_off = ring ? moe_x(P) : sm_x(P, R, it.T.K);
         if (!smem_fits(P, x_off + (size_t)it.cnt * row_pitch(it.T.K) * 2, ticket) ||
             (ring && (size_t)R * row_pitch(it.T.K) * 2 > (size_t)PI(moe_wbuf))) {
             drain_weights();
             return false;
         }
-#endif
         if (!issued) { issue_item(P, it.T, buf, ring); prof_mark(PS_ISSUED); }
         int claim = 0;                       // (late: thread 0's answer, published after the GEMV)
         if (late) {
@@ -586,39 +402,20 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
                               : item_xrow(P, l, m, route, it.down, it.st, i);
         }
         __syncthreads();
-#if MK_SWZ
-        const bool same = keep_x && inputs_held(it.cnt, it.T.K, x_key);
-#else
         const bool same = keep_x && inputs_held(it.cnt, it.T.K, x_off);
-#endif
 #if MK_MOE_LOCAL
         if (it.down && threadIdx.x < it.cnt) {   // the epilogue's pair weights and ranks (route_to_shared's)
             s_pair_w[threadIdx.x] = __uint_as_float((unsigned)s_route_pw[it.st + threadIdx.x] << 16);
             s_pair_rank[threadIdx.x] = s_route_rank[it.st + threadIdx.x];
         }
 #endif
-#if MK_SWZ
-        if (!same) load_x(reinterpret_cast<bf16*>(smem + x_off), it.cnt, it.T.K, xpitch);
-#else
         if (!same) load_x(reinterpret_cast<bf16*>(smem + x_off), it.cnt, it.T.K);
-#endif
 #if MK_PROFILE
         __syncthreads();                     // (profiling only: the inputs' loads are done, for the mark)
         prof_phase(2);
 #endif
         wait_weights(buf);                   // (its barrier: every thread compared s_xprev, sX is published)
-#if MK_SWZ
-        if (keep_x) inputs_hold(it.cnt, it.T.K, x_key);
-#else
         if (keep_x) inputs_hold(it.cnt, it.T.K, x_off);
-#endif
-#if MK_SWZ
-        if (sz) {
-            gemv_swz(reinterpret_cast<const bf16*>(smem + swz_w), reinterpret_cast<const bf16*>(smem + x_off), xpitch,
-                     R, it.T.K, it.cnt, MK_SWZ_3D != 0);
-            prof_mark(PS_COMPUTED);
-        } else
-#endif
         if (ring) {
             gemv_at(reinterpret_cast<const bf16*>(smem + moe_w(P, buf)), reinterpret_cast<const bf16*>(smem + x_off),
                     R, it.T.K, it.cnt);
@@ -629,36 +426,14 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
         // late: every thread read the previous answer at the end of the last item, and the GEMV's barriers since
         // then separate that read from this write; the item's last barrier below publishes it
         if (late && threadIdx.x == 0) s_w[2] = claim;
-#if MK_MOE_EARLY_ISSUE && !MK_SWZ
-        // one buffer, the next item known: the GEMV's closing barrier freed the buffer, so the last warp decodes the
-        // next item (for an O item a global load) and issues its tile now, while warps 0..NW-2 write this item's
-        // epilogue; the next item's first barrier joins them. A tile whose layout does not fit is not issued: the
-        // next item's own smem_fits (the same formula) reports it. 2: only after a down or O item, which signal
-        // nothing (a gate/up item's signal then runs with no copy in flight)
-        const bool early = !two && !late && nxt < n_items && (MK_MOE_EARLY_ISSUE == 1 || it.down || it.slot < 0);
-        if (early && (threadIdx.x >> 5) == NW - 1) {
-            const MoeItem nx = moe_item(P, l, route, egu, edn, nxt, n_gu);
-            if (sm_x_end(P, nx.T.n0 + nx.T.n1, nx.T.K, nx.cnt) <= dynamic_smem_bytes())
-                issue_weights_w0(reinterpret_cast<bf16*>(smem + sm_w(P, buf)), nx.T.w0, nx.T.n0, nx.T.w1, nx.T.n1,
-                                 nx.T.K, buf);
-        }
-        if (early) {
-            if ((threadIdx.x >> 5) < NW - 1)
-                item_epilogue<NW - 1>(P, l, m, route, it, item, gu_ctr);
-        } else
-#else
-        constexpr bool early = false;
-#endif
-        {
-            item_epilogue<NW>(P, l, m, route, it, item, gu_ctr);
-        }
+        item_epilogue<NW>(P, l, m, route, it, item, gu_ctr);
         if (late) {
             if (oitem || it.down) __syncthreads();   // (a gate/up item's signal ended on one)
             item = s_w[2];
         } else {
             item = nxt;
         }
-        issued = prefetched || early;        // (early: the same buffer)
+        issued = prefetched;
         if (prefetched) buf ^= 1;
     }
 #if MK_PROFILE

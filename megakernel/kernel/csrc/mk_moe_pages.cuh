@@ -41,15 +41,6 @@
 
 #define PG_INPUT_WARP (NW - 2)          // warp NW - 2 loads inputs, warp NW - 1 weights; warps 0 .. pg_n - 1 compute
 #define PG_LOADER_WARP (NW - 1)
-// MK_PG_EPI_WARP=1: warp NW - 3 writes every item's epilogue, in item order, where the ring leaves it free (pg_n <=
-// NW - 3), so a computing warp never holds its ring page's next lap through an epilogue (SiLU, stores and a fenced
-// signal: ~3.4 us per gate/up item in the b8 trace at 5b5e58b, against ~0.9 us per page); 0: the computing warp
-// that counts an item's last page writes it. Measured no faster (ee2de36, its own process against the default's):
-// b8 12.48 vs 12.45 ms, b4 7.91 vs 7.90, b2 5.14 vs 5.08; its tiny GPU tests and racecheck at 6 rows pass
-#ifndef MK_PG_EPI_WARP
-#define MK_PG_EPI_WARP 0
-#endif
-#define PG_EPI_WARP (NW - 3)
 // MK_PG_PAGE_STATS=1 (with MK_PROFILE, a diagnostic build): a paged item's four marks hold sums over its pages, in ns,
 // instead of stamps: m0 its warps' waits for the page to land (starved), m1 their waits for the item's inputs (low
 // 32 bits) and the count of pages a warp was already waiting for when they landed (high 32), m2 their math, m3 the
@@ -75,47 +66,20 @@
 // the item's page waits, but a worker holds its next item longer (the layer's tail). 8K, ms at 1 / 4 / 8 (961268a,
 // each build in its own process): b1 3.111 / 3.100 / 3.123, b8 10.99 / 10.92 / 10.91, b16 17.69 / 17.59 / 17.56;
 // at 1 / half an item (0) / 4 (8512fc1): b1 3.113 / 3.110 / 3.094, b8 11.04 / 11.01 / 10.97, b16 17.71 / 17.65 /
-// 17.62. 4 pages (a b1 gate/up item is 8, a b8 or b16 one 16).
+// 17.62. 4 pages (a b1 gate/up item is 8, a b8 or b16 one 16). The claim is made between two page loops, the pages
+// before and after it: a SASS audit (session 23) found that with the atomic inside the one loop, the branch around it
+// waited on the atomic's scoreboard at every page (ptxas guards the next lap's write of its register), so the loader
+// stalled for the round trip one page after the claim (measured even either way, session 24; the loop form was
+// MK_PG_CLAIM_SPLIT=0, and two claims in flight MK_PG_CLAIM_AHEAD=2, both removed in session 26: the SASS put both
+// claims' atomics on one scoreboard, so it hid no more than the lead).
 #ifndef MK_PG_CLAIM_LEAD
 #define MK_PG_CLAIM_LEAD 4
 #endif
-// MK_PG_CLAIM_AHEAD: claims in flight per loader: 1, the next item's (made MK_PG_CLAIM_LEAD pages before the current
-// item's end); 2, the next two (item j + 2's made during item j, so its round trip has a whole item to land under;
-// a worker then holds up to two unstarted items at the layer's tail). The no-deadlock argument above holds for
-// either: a worker still claims in queue order and runs its claimed items in that order. Plans with pg_claim_late
-// (a claim only once the item's inputs are loaded) keep one claim in flight under 2. 2 is under test, and its SASS
-// (session 23) puts both claims' atomics on one scoreboard, so reading the older claim also waits for the newer:
-// with MK_PG_CLAIM_SPLIT it hides what a lead of MK_PG_CLAIM_LEAD pages hides, no more.
-#ifndef MK_PG_CLAIM_AHEAD
-#define MK_PG_CLAIM_AHEAD 1
-#endif
-// MK_PG_CLAIM_SPLIT: the loader's claim made between two page loops (1), the pages before and after it, instead of
-// inside the one loop (0). A SASS audit (session 23) found that with the atomic inside the loop, the branch around it
-// waits on the atomic's scoreboard at every page (ptxas guards the next lap's write of the same register), so the
-// loader stalls for the claim's round trip (1.4-3.2 us under load) one page after making it: the lead of
-// MK_PG_CLAIM_LEAD pages hid one page, which fits the lead's ~0.5% effect and the ~3.3 us per item the loader lost
-// outside its ring waits (session 21). Under MK_PG_CLAIM_AHEAD=2 the same wait serialised both claims.
-#ifndef MK_PG_CLAIM_SPLIT
-#define MK_PG_CLAIM_SPLIT 1
-#endif
-static_assert(MK_PG_CLAIM_SPLIT == 0 || MK_PG_CLAIM_SPLIT == 1, "MK_PG_CLAIM_SPLIT is 0 or 1");
-static_assert(MK_PG_CLAIM_AHEAD == 1 || MK_PG_CLAIM_AHEAD == 2, "MK_PG_CLAIM_AHEAD is 1 or 2");
 // MK_PG_PROXY_FENCE: a proxy fence before each page's copy (1), or none (0: the computing warp's reads are ordered
 // before the copy's writes by the `empty` mbarrier alone, as TMA pipelines commonly do). Under test.
 #ifndef MK_PG_PROXY_FENCE
 #define MK_PG_PROXY_FENCE 1
 #endif
-// MK_PG_FREE_EARLY: a gate/up item's slot is freed before its counter's release (1) instead of after it (0). The
-// release waits until every copy in flight on the SM has landed (mem_latency.cu: 2-6 us under load with the ring's
-// ~190 KB in flight), and the loader publishes item j only once item j - PAGE_SLOTS's slot is free: at b1 a worker
-// runs ~5 items a layer, 3 of them gate/up, so a slot held through each release may be what stalls the loader
-// between items (session 21: ~3.3 us per item outside its ring waits). The slot's outputs and fields are read
-// before it is freed; the release still orders the item's activation stores (the warp barrier before it). Under test.
-// (Profiles: a gate/up item's record then ends before its release, so its span leaves the release out.)
-#ifndef MK_PG_FREE_EARLY
-#define MK_PG_FREE_EARLY 0
-#endif
-static_assert(MK_PG_FREE_EARLY == 0 || MK_PG_FREE_EARLY == 1, "MK_PG_FREE_EARLY is 0 or 1");
 #define PG_END (-1)                     // an item description's kind: no more items (the input warp stops)
 
 // The worker's barriers and bookkeeping: in the plan's dynamic shared memory (at pg_state_off, PAGE_STATE_BYTES of
@@ -300,10 +264,9 @@ __device__ __forceinline__ bool pg_load_inputs(const Params& P, PgState& G, int 
 }
 
 // One warp: item slot q's epilogue from its fp32 outputs (a gate/up item's SiLU(gate) * up into eact and its
-// counter; a down item's weighted rows into y; an O item's rows plus the bias into ao). Under MK_PG_FREE_EARLY a
-// gate/up item's counter is returned, for the caller to signal once the slot is free (else it is signalled here and
-// the result is null).
-__device__ __forceinline__ int* pg_epilogue(const Params& P, PgState& G, int l, int m, int q) {
+// counter's release; a down item's weighted rows into y; an O item's rows plus the bias into ao). (Freeing a gate/up
+// item's slot before its release instead, MK_PG_FREE_EARLY, measured even: session 24; removed in session 26.)
+__device__ __forceinline__ void pg_epilogue(const Params& P, PgState& G, int l, int m, int q) {
     const int lane = threadIdx.x & 31;
     const int* it = G.item[q];
     const int kind = it[1], eslot = it[2], st = it[4], r0 = it[5], nr = it[6], nc = it[11];
@@ -320,14 +283,9 @@ __device__ __forceinline__ int* pg_epilogue(const Params& P, PgState& G, int l, 
             }
         }
         __syncwarp();
-#if MK_PG_FREE_EARLY
-        return PP(int*, counters) + l * PI(cpl) + PI(c_gu) + eslot;
-#else
         if (lane == 0) {
-            signal_fence();
             red_release(PP(int*, counters) + l * PI(cpl) + PI(c_gu) + eslot, 1);
         }
-#endif
     } else if (kind == PG_DN) {
         for (int i = 0; i < nc; i++) {
             const float w = G.w[q][i];
@@ -348,32 +306,18 @@ __device__ __forceinline__ int* pg_epilogue(const Params& P, PgState& G, int l, 
             }
         }
     }
-    return nullptr;
 }
 
 // One warp, once item slot q's pages are all computed (its `outs` phase): the item's epilogue (and its profiling
-// record), every lane's stores done when it returns; the caller then frees the slot (`free_`) and signals the counter
-// returned (pg_signal_late; MK_PG_FREE_EARLY).
-__device__ __forceinline__ int* pg_finish_item(const Params& P, PgState& G, int l, int m, int q) {
+// record), every lane's stores done when it returns; the caller then frees the slot (`free_`).
+__device__ __forceinline__ void pg_finish_item(const Params& P, PgState& G, int l, int m, int q) {
 #if MK_PROFILE
     if ((threadIdx.x & 31) == 0) G.stamp[q][4] = prof_now();
 #endif
-    int* sig = pg_epilogue(P, G, l, m, q);
+    pg_epilogue(P, G, l, m, q);
     __syncwarp();
 #if MK_PROFILE
     if ((threadIdx.x & 31) == 0) pg_prof_item(P, G, l, m, q);
-#endif
-    return sig;
-}
-
-// One warp (lane 0 acts), after freeing the slot: the gate/up counter pg_finish_item returned (MK_PG_FREE_EARLY), if
-// any.
-__device__ __forceinline__ void pg_signal_late(int* sig) {
-#if MK_PG_FREE_EARLY
-    if ((threadIdx.x & 31) == 0 && sig != nullptr) {
-        signal_fence();
-        red_release(sig, 1);
-    }
 #endif
 }
 
@@ -410,7 +354,6 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                                               const bf16* egu, const bf16* edn, const bf16* obias, const bf16* ow,
                                               int n_gu, int n_items, int first_item) {
     const int npg = PI(pg_n);
-    const bool epi_warp = MK_PG_EPI_WARP && npg <= NW - 3;   // (a ring of more pages: the computing warps write them)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (!smem_fits(P, (size_t)PI(pg_state_off) + sizeof(PgState), ticket)) return false;
     if (npg > NW - 2) {                       // (a ring page per computing warp: the plan keeps pg_n <= NW - 2)
@@ -529,16 +472,9 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             // loader reads the result after the item's last page, or an item later)
             const int claim_at = MK_PG_CLAIM_LEAD == 0 ? pages / 2
                                  : pages > MK_PG_CLAIM_LEAD ? pages - MK_PG_CLAIM_LEAD : 0;
-#if MK_PG_CLAIM_SPLIT
             for (int p = 0; p < claim_at && !stop; p++) issue_page(p);
             if (!late && !stop && lane == 0) claim = atomicAdd(work, 1);
             for (int p = claim_at; p < pages && !stop; p++) issue_page(p);
-#else
-            for (int p = 0; p < pages && !stop; p++) {
-                if (!late && p == claim_at && lane == 0) claim = atomicAdd(work, 1);
-                issue_page(p);
-            }
-#endif
             if (late && !stop) {              // claim_late: once this item's inputs are loaded (its dependency met)
                 if (!pg_wait(P, G, ticket, &G.inp[q], slot_parity(j), STALL_CLAIM, j)) {
                     stop = true;
@@ -559,23 +495,6 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
 #endif
             j++;
         };
-#if MK_PG_CLAIM_AHEAD == 2
-        if (!PI(pg_claim_late)) {
-            // Two claims in flight: item j + 2's is made during item j, so its round trip has a whole item to land
-            // under. The claims alternate between two registers and each is first read an item after its atomic
-            // (`take` at the end of the next item): a move of the fresh claim into a `pending` register would wait
-            // for the atomic there, as reading it does (the first version of this switch: SASS put a SEL on the
-            // fresh claim right after the item's last page).
-            int ca = 0, cb = 0;               // (lane 0's: item 1's claim now, then items 3, 5, ...; cb: 2, 4, ...)
-            if (lane == 0) ca = atomicAdd(work, 1);
-            while (true) {
-                if (!run_item(cb)) break;     // item j (even), claiming j + 2 into cb
-                take(ca);
-                if (!run_item(ca)) break;     // item j (odd), claiming j + 2 into ca
-                take(cb);
-            }
-        } else
-#endif
         while (true) {
             int nxt = 0;
             if (!run_item(nxt)) break;
@@ -614,17 +533,6 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
 #endif
             mbar_arrive(&G.inp[q]);           // every lane (release: its copies, weights and ranks before the
                                               // computing warps' reads)
-        }
-        __syncwarp();
-    } else if (epi_warp && warp == PG_EPI_WARP) {   // ---- the epilogue warp (MK_PG_EPI_WARP) ----
-        for (int j = 0;; j++) {
-            const int q = j % MK_PAGE_SLOTS;
-            if (!pg_wait(P, G, ticket, &G.desc[q], slot_parity(j), STALL_ITEM, j)) break;
-            if (G.item[q][1] == PG_END) break;
-            if (!pg_wait(P, G, ticket, &G.outs[q], slot_parity(j), STALL_OUTS, j)) break;
-            int* sig = pg_finish_item(P, G, l, m, q);
-            if (lane == 0) mbar_arrive(&G.free_[q]);
-            pg_signal_late(sig);
         }
         __syncwarp();
     } else if (warp < npg) {                  // ---- the computing warps: warp w, ring page w ----
@@ -688,10 +596,6 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
 #endif
             mbar_arrive(&G.outs[q]);                  // every lane (release: its own output stores; the tensor-core
             __syncwarp();                             // product's lanes all store)
-            if (epi_warp) {                           // (the epilogue warp takes it from here)
-                if (lane == 0) mbar_arrive(&G.empty[slot]);
-                continue;
-            }
             int done = 0;
             if (lane == 0) {
                 mbar_arrive(&G.empty[slot]);          // the page is free for the loader
@@ -700,9 +604,8 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             done = __shfl_sync(0xffffffffu, done, 0);
             if (done) {                           // the item's last page counted: its epilogue, then its slot is free
                 if (!pg_wait(P, G, ticket, &G.outs[q], slot_parity(j), STALL_OUTS, j)) break;
-                int* sig = pg_finish_item(P, G, l, m, q);
+                pg_finish_item(P, G, l, m, q);
                 if (lane == 0) { atomicExch(&G.done[q], 0); mbar_arrive(&G.free_[q]); }
-                pg_signal_late(sig);
             }
         }
         __syncwarp();

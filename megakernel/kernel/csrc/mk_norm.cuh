@@ -3,33 +3,8 @@
 #pragma once
 #include "mk_common.cuh"
 
-// MK_NORM_TABLES_EARLY=1 (experiment, off): the fused norm's tables (layer l - 1's layer_info row, copied whole in
-// one round trip, and layer l's norm weights' address) read by thread 0 before the task's dependency wait, into
-// shared memory, instead of by every thread after it (an L2 round trip in front of the rows' loads, which need the
-// MoE index and the weights' address). 79f285f (the two fields alone) measured 7-8% slower at b1, b8 and b16, not
-// understood; the switch is there to trace both builds.
-#ifndef MK_NORM_TABLES_EARLY
-#define MK_NORM_TABLES_EARLY 0
-#endif
-#if MK_NORM_TABLES_EARLY
-struct NormTables {
-    int li[MK_LAYER_INFO_INTS];              // layer l - 1's layer_info row
-    const uint4* w;
-};
-__shared__ NormTables s_norm_tables;         // thread 0's, before the wait: the wait's block barrier publishes them
-#endif
-
-// Thread 0, before a task's dependency wait (MK_NORM_TABLES_EARLY): the tables of the norm of layer l >= 1.
-__device__ __forceinline__ void norm_tables_early(const Params& P, int l) {
-#if MK_NORM_TABLES_EARLY
-    if (threadIdx.x == 0 && l >= 1) {
-        const int* li = layer_info(P, l - 1);
-        for (int i = 0; i < MK_LAYER_INFO_INTS; i++) s_norm_tables.li[i] = li[i];
-        s_norm_tables.w = reinterpret_cast<const uint4*>(
-            (l == PI(L)) ? PP(const bf16*, final_norm) : reinterpret_cast<const bf16*>(layer_wptr(P, l)[WP_NORM]));
-    }
-#endif
-}
+// (MK_NORM_TABLES_EARLY, removed in session 26: the fused norm's tables read by thread 0 before the dependency wait
+// measured 7-8% slower at b1, b8 and b16 (79f285f), not understood; MK_EARLY_TABLES's loads before the wait paid.)
 
 #if MK_SMALL_VEC
 // Both work on 8 consecutive columns per thread (16-byte loads and stores): thread t owns the columns 8c..8c+7 for
@@ -49,10 +24,9 @@ struct ResidualSrc {
     const uint4 *hp, *ao, *y, *mo;
     int kind, comb, ny;                      // the MLP kind, the shared experts' combination, the routed outputs
 };
-// (li: layer l - 1's layer_info row, if the caller has a copy)
-__device__ __forceinline__ ResidualSrc residual_src(const Params& P, int l, int row, const int* li = nullptr) {
+__device__ __forceinline__ ResidualSrc residual_src(const Params& P, int l, int row) {
     const int H = PI(H), Bm = PI(Bm), topk = PI(topk), lp = l - 1;
-    if (li == nullptr) li = layer_info(P, lp);
+    const int* li = layer_info(P, lp);
     const int m = li[LI_MOE_IDX];
     ResidualSrc r;
     r.hp = reinterpret_cast<const uint4*>(PP(const bf16*, h) + ((size_t)lp * Bm + row) * H);
@@ -173,16 +147,10 @@ __device__ __forceinline__ void norm_row(const Params& P, int l, const float* sH
 // and normalises it there. The same sums in the same order as residual_row + norm_row (bit-identical results).
 __device__ __forceinline__ void residual_norm_fused(const Params& P, int l, int row, float* red, bf16* x,
                                                     bf16* hout) {
-#if MK_NORM_TABLES_EARLY
-    const int H = PI(H), C = H >> 3;
-    const ResidualSrc src = residual_src(P, l, row, s_norm_tables.li);
-    const uint4* w = s_norm_tables.w;
-#else
     const int H = PI(H), C = H >> 3, L = PI(L);
     const ResidualSrc src = residual_src(P, l, row);
     const uint4* w = reinterpret_cast<const uint4*>(
         (l == L) ? PP(const bf16*, final_norm) : reinterpret_cast<const bf16*>(layer_wptr(P, l)[WP_NORM]));
-#endif
     const int ny = src.ny;
     const float eps = PF(norm_eps);
     const bool rms = PI(norm_type) == MK_NORM_RMS;
@@ -306,7 +274,6 @@ __device__ __forceinline__ void norm_row(const Params& P, int l, const float* sH
 // ---- NORM: residual add (+ MoE combine) and norm of one row ----------------------------------------------------
 // Not inlined into the persistent loop: inlined, its vectorised loads' registers spill there.
 __device__ __noinline__ bool task_norm(const Params& P, const int* rec, int ticket) {
-    norm_tables_early(P, rec[RF_LAYER]);
     if (!wait_rec(P, rec, ticket)) return false;
     const int l = rec[RF_LAYER], row = rec[RF_A0];
     const int H = PI(H), Bm = PI(Bm);

@@ -274,7 +274,6 @@ __device__ __noinline__ bool router_signal_route(const Params& P, const int* rec
     __syncthreads();                          // every logit of this tile stored
     prof_mark(PS_END);
     if (threadIdx.x == 0) {
-        signal_fence();
         s_last = atom_add_acq_rel(PP(int*, counters) + rec[RF_SIG], 1) == rec[RF_A3] - 1;
     }
     __syncthreads();

@@ -16,11 +16,14 @@
 // us per 64 KB chunk, where the copies alone take ~2). "ws+math": the same math with no block barrier, warp-specialised
 // (one producer warp issues a bulk copy per row into a stage once its `empty` mbarrier says the 8 computing warps
 // left it; each computing warp waits on the stage's `full` mbarrier itself): the design a barrier-free attention
-// split would have.
+// split would have. "+math qpad" / "+math2 qpad": the math modes with Q's rows padded by 16 bytes (the kernel's
+// MK_ATTN_Q_PAD=1, csrc/mk_attn_q.cuh): unpadded each Q fragment load is an 8-way bank conflict, so the pairs say
+// how much of the math's cost is those conflicts.
 #include <cstdio>
 #include <cstdlib>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include "../megakernel/kernel/csrc/mk_attn_q.cuh"
 
 constexpr int NT = 512;
 constexpr int ROW = 256;                      // bytes per K or V row of one kv head (head_dim 128, bf16)
@@ -87,8 +90,8 @@ __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
 
 // One computing warp's share of a chunk of CH keys (K rows 0..CH-1, V rows CH..2CH-1 at PITCH bytes), as task_attn_d
 // computes it: its 16-key slice's scores against sQ's GQ query rows, the online softmax, and O += P V over NP 16-dim
-// pairs from np0 on (all of them: KS = HD / 16; the two-warp variant: half each).
-template <int NP>
+// pairs from np0 on (all of them: KS = HD / 16; the two-warp variant: half each). QPAD: elements after each Q row.
+template <int NP, int QPAD = 0>
 __device__ __forceinline__ void chunk_math(const unsigned char* chunk, int CH, const __nv_bfloat16* sQ, int slice,
                                            int np0, float& m_run, float& l_run, float (*o)[2]) {
     constexpr int KS = HD / 16;
@@ -99,8 +102,8 @@ __device__ __forceinline__ void chunk_math(const unsigned char* chunk, int CH, c
     float sc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
 #pragma unroll 2
     for (int ks = 0; ks < KS; ks++) {
-        const __nv_bfloat16* qr = sQ + (size_t)g * HD + ks * 16 + 2 * t4;
-        const unsigned qa0 = *reinterpret_cast<const unsigned*>(qr), qa2 = *reinterpret_cast<const unsigned*>(qr + 8);
+        const unsigned* qw = reinterpret_cast<const unsigned*>(sQ);
+        const unsigned qa0 = qw[q_word<HD, QPAD>(g, ks * 8 + t4)], qa2 = qw[q_word<HD, QPAD>(g, ks * 8 + 4 + t4)];
 #pragma unroll
         for (int nt = 0; nt < 2; nt++) {
             const __nv_bfloat16* kr = sK + (size_t)(kb + nt * 8 + g) * rowp + ks * 16 + 2 * t4;
@@ -134,7 +137,8 @@ __device__ __forceinline__ void chunk_math(const unsigned char* chunk, int CH, c
 
 // Block b streams rows [b * rows_per_block, ...) of `src` (row i at i * stride bytes), `rows_chunk` rows per chunk.
 // MATH (METHOD 0 only): 0 a read of every 16 bytes; 1 the split's math, one warp per 16-key slice; 2 two warps.
-template <int METHOD, int MATH = 0>
+// QPAD: elements after each of Q's rows (the values are only for timing).
+template <int METHOD, int MATH = 0, int QPAD = 0>
 __global__ void __launch_bounds__(NT, 1) stream(const unsigned char* src, long long stride, int rows_per_block,
                                                  int rows_chunk, int stages, float* out) {
     static_assert(MATH == 0 || METHOD == 0, "the math modes load by cp.async");
@@ -152,7 +156,8 @@ __global__ void __launch_bounds__(NT, 1) stream(const unsigned char* src, long l
     const int chunk_bytes = rows_chunk * pitch;
     __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem + (size_t)stages * chunk_bytes);   // [GQ][HD]
     if (MATH)
-        for (int i = threadIdx.x; i < GQ * HD; i += NT) sQ[i] = __float2bfloat16(0.01f * ((i * 7) % 13));
+        for (int i = threadIdx.x; i < GQ * q_pitch<HD, QPAD>(); i += NT)
+            sQ[i] = __float2bfloat16(0.01f * ((i * 7) % 13));
     if (threadIdx.x == 0)
         for (int s = 0; s < 4; s++) mbar_init(&bar[s], 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -194,7 +199,7 @@ __global__ void __launch_bounds__(NT, 1) stream(const unsigned char* src, long l
         __syncthreads();
         const unsigned char* s = smem + (size_t)(c % stages) * chunk_bytes;
         if (MATH) {
-            if (computes) chunk_math<NP>(s, CH, sQ, slice, np0, m_run, l_run, o);
+            if (computes) chunk_math<NP, QPAD>(s, CH, sQ, slice, np0, m_run, l_run, o);
         } else {
             for (int i = threadIdx.x; i < chunk_bytes / 16; i += NT)   // a read of every 16 bytes
                 acc += __int_as_float(reinterpret_cast<const int4*>(s)[i].x & 0x3f800000);
@@ -272,6 +277,8 @@ int main(int argc, char** argv) {
         cudaFuncSetAttribute(stream<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, maxsm) ||
         cudaFuncSetAttribute(stream<0, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, maxsm) ||
         cudaFuncSetAttribute(stream<0, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, maxsm) ||
+        cudaFuncSetAttribute(stream<0, 1, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, maxsm) ||
+        cudaFuncSetAttribute(stream<0, 2, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, maxsm) ||
         cudaFuncSetAttribute(stream_ws, cudaFuncAttributeMaxDynamicSharedMemorySize, maxsm)) {
         printf("cudaFuncSetAttribute: %s\n", cudaGetErrorString(cudaGetLastError()));
         return 1;
@@ -280,15 +287,16 @@ int main(int argc, char** argv) {
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
     printf("%d blocks of %d threads, %d rows of %d B per block\n", blocks, NT, rows_per_block, ROW);
-    const char* names[6] = {"cp.async16", "bulk/row", "bulk16KB", "+math", "+math2", "ws+math"};
-    for (int method = 0; method < 6; method++)
+    const char* names[8] = {"cp.async16", "bulk/row", "bulk16KB", "+math", "+math2", "ws+math", "+math qpad",
+                            "+math2 qpad"};
+    for (int method = 0; method < 8; method++)
         for (long long stride : {1024LL, 256LL}) {
             if (method == 2 && stride != 256) continue;   // (contiguous only)
             if (method >= 3 && stride != 1024) continue;  // (the math modes: the KV pool's stride)
             for (int rows_chunk : {128, 256})
                 for (int stages = 2; stages <= 4; stages++) {
                     if (method >= 3 && rows_chunk != 256) continue;   // (128 keys: 8 slices, as task_attn_d)
-                    const size_t sm_need = method >= 3 ? (size_t)stages * rows_chunk * PITCH + GQ * HD * 2
+                    const size_t sm_need = method >= 3 ? (size_t)stages * rows_chunk * PITCH + q_bytes<HD, 8>(GQ)
                                                        : (size_t)stages * rows_chunk * ROW;
                     if (sm_need > (size_t)maxsm) continue;
                     auto launch = [&]() {
@@ -302,6 +310,10 @@ int main(int argc, char** argv) {
                             stream<0, 2><<<blocks, NT, sm_need>>>(src, stride, rpb, rows_chunk, stages, out);
                         if (method == 5)
                             stream_ws<<<blocks, NT, sm_need>>>(src, stride, rpb, rows_chunk, stages, out);
+                        if (method == 6)
+                            stream<0, 1, 8><<<blocks, NT, sm_need>>>(src, stride, rpb, rows_chunk, stages, out);
+                        if (method == 7)
+                            stream<0, 2, 8><<<blocks, NT, sm_need>>>(src, stride, rpb, rows_chunk, stages, out);
                     };
                     launch();
                     cudaEventRecord(e0);

@@ -112,9 +112,11 @@ def gemv_smem_bytes(K: int, rows: int, max_batch: int, elt: int = 2) -> int:
 
 def attn_smem_bytes(d: int, g: int) -> int:
     """Shared memory of one ATTN task (`task_attn`): a ring of ATTN_MAX_STAGES chunks of K and of V (rows padded by
-    8 elements), q in bf16 and the split's block-table entries; after the key loop the ring holds each computing
-    warp's partial output, max and sum."""
-    ring = O.ATTN_MAX_STAGES * 2 * O.ATTN_CHUNK * (d + 8) * 2 + g * d * 2 + O.ATTN_TABLE_SLOTS * 4
+    ATTN_ROW_PAD elements), q in bf16 (its rows padded too: what MK_ATTN_Q_PAD=1 builds use, reserved in every
+    build) and the split's block-table entries; after the key loop the ring holds each computing warp's partial
+    output, max and sum."""
+    ring = (O.ATTN_MAX_STAGES * 2 * O.ATTN_CHUNK * (d + O.ATTN_ROW_PAD) * 2 + g * (d + O.ATTN_ROW_PAD) * 2
+            + O.ATTN_TABLE_SLOTS * 4)
     merge = O.ATTN_WARPS * g * d * 4 + 2 * O.ATTN_WARPS * O.ATTN_MAX_GROUP * 4
     return max(ring, merge)
 

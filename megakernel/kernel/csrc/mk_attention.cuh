@@ -1,6 +1,7 @@
 // Decode attention: one split of one (sequence, kv head) on tensor cores, and the combine of its splits.
 #pragma once
 #include "mk_common.cuh"
+#include "mk_attn_q.cuh"
 
 // ---- attention: one split of one (sequence, kv head), on tensor cores ------------------------------------------
 // K/V stream through a ring of `attn_stages` chunks of CH keys (any block boundaries inside a chunk). Each of the
@@ -9,8 +10,8 @@
 // S = Q K^T with mma.m16n8k16 (the kv head's <= 8 query heads as rows 0-7 of the 16-row tile, rows 8-15 zero), P
 // rounded to bf16 as the A operand of O += P V (V through ldmatrix.trans), fp32 accumulation. After the last chunk
 // the warps' (max, sum, output) merge through shared memory into the split's partial output and log-sum-exp.
-// Layout: sK [AST][CH][d+8] bf16 | sV [AST][CH][d+8] bf16 | sQ [g][d] bf16; after the loop: sOw [ATTN_WARPS][g][d] f32 | sMw, sLw
-// [ATTN_WARPS][ATTN_MAX_GROUP] f32 (schedule.attn_smem_bytes).
+// Layout: sK [AST][CH][d+8] bf16 | sV [AST][CH][d+8] bf16 | sQ [g][d(+8)] bf16 (mk_attn_q.cuh); after the loop:
+// sOw [ATTN_WARPS][g][d] f32 | sMw, sLw [ATTN_WARPS][ATTN_MAX_GROUP] f32 (schedule.attn_smem_bytes).
 #define CH MK_ATTN_CHUNK
 #define AST MK_ATTN_MAX_STAGES
 #define AWARPS MK_ATTN_WARPS
@@ -106,6 +107,7 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
     // head_dim is 16 * KS (task_attn picks KS from it): a constant here, so the copies' row and column arithmetic
     // compiles to shifts (as PI(head_dim), each 16-byte copy's u / per was a full division: ~22 instructions per copy)
     constexpr int d = 16 * KS;
+    constexpr int QPAD = MK_ATTN_Q_PAD ? MK_ATTN_ROW_PAD : 0;   // elements after each of Q's rows (mk_attn_q.cuh)
     const int nkv = PI(n_kv), gq = PI(n_heads) / nkv, KVs = nkv * d, Q = PI(n_heads) * d;
     const int Bm = PI(Bm), bs = PI(block_size), S = PI(split_tokens);
     const int nst = min(max(PI(attn_stages), 2), AST);
@@ -114,11 +116,11 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
 #endif
     const int lo = W > 0 ? max(0, p - W + 1) : 0;
     const int k0 = lo + j * S, k1 = min(p + 1, k0 + S);
-    constexpr int rowp = d + 8;
+    constexpr int rowp = d + MK_ATTN_ROW_PAD;
     bf16* sK = reinterpret_cast<bf16*>(smem);
     bf16* sV = sK + AST * CH * rowp;
     const float scale = PF(attn_scale);
-    const size_t ring = (size_t)2 * AST * CH * rowp * 2 + (size_t)gq * d * 2 + MK_ATTN_TABLE_SLOTS * 4;
+    const size_t ring = (size_t)2 * AST * CH * rowp * 2 + (size_t)gq * q_pitch<d, QPAD>() * 2 + MK_ATTN_TABLE_SLOTS * 4;
     const size_t merge = (size_t)AWARPS * gq * d * 4 + (size_t)2 * AWARPS * MK_ATTN_MAX_GROUP * 4;
     if (!smem_fits(P, ring > merge ? ring : merge, ticket)) return false;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -130,8 +132,8 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
     // The split's block-table entries, read once (one L2 round trip for all of them) instead of per chunk segment
     // (kv_slot: two dependent global loads in front of each segment's copies). step_inputs keeps a split's blocks
     // within MK_ATTN_TABLE_SLOTS.
-    bf16* sQ = sV + AST * CH * rowp;           // [gq][d], after the ring
-    int* sBlk = reinterpret_cast<int*>(sQ + gq * d);
+    bf16* sQ = sV + AST * CH * rowp;           // [gq][d + QPAD], after the ring
+    int* sBlk = reinterpret_cast<int*>(sQ + gq * q_pitch<d, QPAD>());
     const int blk0 = k0 / bs, nblk = k1 > k0 ? (k1 - 1) / bs - blk0 + 1 : 0;
     // MK_ATTN_TABLE: the cp.async path reads them up front too, before its wait (else it looks each KV block segment
     // up as it goes: kv_slot's table load in front of the segment's copies)
@@ -259,8 +261,21 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
     if constexpr (q_async) {
         // its own cp.async group, older than every chunk group after it: the loop's first wait covers it, and the
         // loop issues chunk 1 without waiting for Q's round trip first (the register load's STS did)
-        for (int i = threadIdx.x; i < gq * d / 8; i += NT) cp_async16(sQ + (size_t)i * 8, qg + (size_t)i * 8);
+        if constexpr (QPAD != 0) {
+            for (int i = threadIdx.x; i < gq * (d / 8); i += NT) {
+                const int r = i / (d / 8);
+                cp_async16(sQ + (size_t)q_chunk<d, QPAD>(r, i - r * (d / 8)) * 8, qg + (size_t)i * 8);
+            }
+        } else {
+            for (int i = threadIdx.x; i < gq * d / 8; i += NT) cp_async16(sQ + (size_t)i * 8, qg + (size_t)i * 8);
+        }
         cp_async_commit();                     // every thread: the group counts stay uniform
+    } else if constexpr (QPAD != 0) {
+        for (int i = threadIdx.x; i < gq * (d / 2); i += NT) {
+            const int r = i / (d / 2);
+            reinterpret_cast<unsigned*>(sQ)[q_word<d, QPAD>(r, i - r * (d / 2))] =
+                __ldcg(reinterpret_cast<const unsigned*>(qg) + i);
+        }
     } else {
         for (int i = threadIdx.x; i < gq * d / 2; i += NT)
             reinterpret_cast<unsigned*>(sQ)[i] = __ldcg(reinterpret_cast<const unsigned*>(qg) + i);
@@ -319,7 +334,8 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
             float sc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};   // keys kb + nt*8 + 2t4 (+1)
 #pragma unroll 2
             for (int ks = 0; ks < KS; ks++) {
-                const bf16* qr = sQ + (size_t)g * d + ks * 16 + 2 * t4;
+                // row g's words ks * 8 + t4 and 4 further (mk_attn_q.cuh's q_word: row g at g * (d + QPAD))
+                const bf16* qr = sQ + (size_t)g * q_pitch<d, QPAD>() + ks * 16 + 2 * t4;
                 const unsigned qa0 = g < gq ? *reinterpret_cast<const unsigned*>(qr) : 0u;
                 const unsigned qa2 = g < gq ? *reinterpret_cast<const unsigned*>(qr + 8) : 0u;
 #pragma unroll

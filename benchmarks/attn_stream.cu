@@ -17,13 +17,13 @@
 // (one producer warp issues a bulk copy per row into a stage once its `empty` mbarrier says the 8 computing warps
 // left it; each computing warp waits on the stage's `full` mbarrier itself): the design a barrier-free attention
 // split would have. "+math qpad" / "+math2 qpad": the math modes with Q's rows padded by 16 bytes (the kernel's
-// MK_ATTN_Q_PAD=1, csrc/mk_attn_q.cuh): unpadded each Q fragment load is an 8-way bank conflict, so the pairs say
+// MK_ATTN_PAD=1, csrc/mk_attn_layout.cuh): unpadded each Q fragment load is an 8-way bank conflict, so the pairs say
 // how much of the math's cost is those conflicts.
 #include <cstdio>
 #include <cstdlib>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
-#include "../megakernel/kernel/csrc/mk_attn_q.cuh"
+#include "../megakernel/kernel/csrc/mk_attn_layout.cuh"
 
 constexpr int NT = 512;
 constexpr int ROW = 256;                      // bytes per K or V row of one kv head (head_dim 128, bf16)
@@ -296,7 +296,7 @@ int main(int argc, char** argv) {
             for (int rows_chunk : {128, 256})
                 for (int stages = 2; stages <= 4; stages++) {
                     if (method >= 3 && rows_chunk != 256) continue;   // (128 keys: 8 slices, as task_attn_d)
-                    const size_t sm_need = method >= 3 ? (size_t)stages * rows_chunk * PITCH + q_bytes<HD, 8>(GQ)
+                    const size_t sm_need = method >= 3 ? (size_t)stages * rows_chunk * PITCH + GQ * q_pitch<HD, 8>() * 2
                                                        : (size_t)stages * rows_chunk * ROW;
                     if (sm_need > (size_t)maxsm) continue;
                     auto launch = [&]() {

@@ -42,6 +42,8 @@ def compile_bench(arch: str = "sm_90a") -> ctypes.CDLL:
     d = Path(tempfile.mkdtemp(prefix="gemv_stream_"))
     for name, text in build.source_texts().items():
         (d / name).write_text(text)
+    # the swizzled tiles' core: in csrc beside the kernel's sources, no longer part of the kernel's build (MK_SWZ)
+    (d / "mk_gemv_swz.cuh").write_text((build.CSRC / "mk_gemv_swz.cuh").read_text())
     (d / "gemv_stream.cu").write_text((HERE / "gemv_stream.cu").read_text())
     lib = d / "libgemv_stream.so"
     cmd = [nvcc, *build.NVCC_FLAGS, *build.ARCH_FLAGS[arch], *build.switch_flags(), "-I", str(d),

@@ -68,8 +68,10 @@ if ATTN_MAX_STAGES not in (2, 3, 4):
 DEFAULT_ATTN_STAGES = 2
 ATTN_MAX_GROUP = 8           # query heads per kv head the attention's 16-row MMA tile serves (rows 8-15 pad)
 ATTN_MAX_HEAD_DIM = 128      # head_dim of the tensor-core attention, at most (a multiple of 16)
-ATTN_ROW_PAD = 8             # elements after each K and V row (and, MK_ATTN_Q_PAD=1, Q row) in an attention split's
+ATTN_ROW_PAD = 8             # elements after each K and V row (and, MK_ATTN_PAD=1, Q row) in an attention split's
                              # shared memory: rows 16 bytes off a multiple of 128 read without bank conflicts
+ATTN_MERGE_PAD = 8           # floats after each row of an attention split's merge (MK_ATTN_PAD=1): its float2
+                             # stores one wavefront per half-warp (csrc/mk_attn_layout.cuh)
 ATTN_OUT_PER_THREAD = 4      # (query heads per kv head) * head_dim <= NUM_THREADS * this
 ATTN_TABLE_SLOTS = 512       # KV blocks of one attention split at most: attention reads their block-table entries
                              # into shared memory up front (step_inputs checks a step's splits fit)
@@ -306,6 +308,7 @@ def generate_header() -> str:
                   ATTN_CHUNK=ATTN_CHUNK, ATTN_WARPS=ATTN_WARPS, ATTN_MAX_STAGES=ATTN_MAX_STAGES,
                   ATTN_MAX_GROUP=ATTN_MAX_GROUP, ATTN_MAX_HEAD_DIM=ATTN_MAX_HEAD_DIM, ATTN_OUT_PER_THREAD=ATTN_OUT_PER_THREAD,
                   ATTN_TABLE_SLOTS=ATTN_TABLE_SLOTS, ATTN_ROW_PAD=ATTN_ROW_PAD,
+                  ATTN_MERGE_PAD=ATTN_MERGE_PAD,
                   MAX_HEAD_DIM=MAX_HEAD_DIM, MAX_GROUP=MAX_GROUP, MAX_EXPERTS=MAX_EXPERTS, MAX_TOPK=MAX_TOPK,
                   MAX_PAIRS=MAX_PAIRS, MAX_SLOTS=MAX_SLOTS, SMEM_RESERVE=SMEM_RESERVE,
                   SWZ_ALIGN=SWZ_ALIGN, SWZ_X_PAD=SWZ_X_PAD, TMAP_BYTES=TMAP_BYTES,

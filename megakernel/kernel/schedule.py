@@ -112,12 +112,12 @@ def gemv_smem_bytes(K: int, rows: int, max_batch: int, elt: int = 2) -> int:
 
 def attn_smem_bytes(d: int, g: int) -> int:
     """Shared memory of one ATTN task (`task_attn`): a ring of ATTN_MAX_STAGES chunks of K and of V (rows padded by
-    ATTN_ROW_PAD elements), q in bf16 (its rows padded too: what MK_ATTN_Q_PAD=1 builds use, reserved in every
-    build) and the split's block-table entries; after the key loop the ring holds each computing warp's partial
-    output, max and sum."""
+    ATTN_ROW_PAD elements), q in bf16 and the split's block-table entries; after the key loop the ring holds each
+    computing warp's partial output (rows of d + ATTN_MERGE_PAD floats), max and sum. Q's and the merge's rows are
+    padded only in MK_ATTN_PAD=1 builds; every build reserves the padded sizes."""
     ring = (O.ATTN_MAX_STAGES * 2 * O.ATTN_CHUNK * (d + O.ATTN_ROW_PAD) * 2 + g * (d + O.ATTN_ROW_PAD) * 2
             + O.ATTN_TABLE_SLOTS * 4)
-    merge = O.ATTN_WARPS * g * d * 4 + 2 * O.ATTN_WARPS * O.ATTN_MAX_GROUP * 4
+    merge = O.ATTN_WARPS * g * (d + O.ATTN_MERGE_PAD) * 4 + 2 * O.ATTN_WARPS * O.ATTN_MAX_GROUP * 4
     return max(ring, merge)
 
 

@@ -1,7 +1,7 @@
 // Decode attention: one split of one (sequence, kv head) on tensor cores, and the combine of its splits.
 #pragma once
 #include "mk_common.cuh"
-#include "mk_attn_q.cuh"
+#include "mk_attn_layout.cuh"
 
 // ---- attention: one split of one (sequence, kv head), on tensor cores ------------------------------------------
 // K/V stream through a ring of `attn_stages` chunks of CH keys (any block boundaries inside a chunk). Each of the
@@ -10,8 +10,8 @@
 // S = Q K^T with mma.m16n8k16 (the kv head's <= 8 query heads as rows 0-7 of the 16-row tile, rows 8-15 zero), P
 // rounded to bf16 as the A operand of O += P V (V through ldmatrix.trans), fp32 accumulation. After the last chunk
 // the warps' (max, sum, output) merge through shared memory into the split's partial output and log-sum-exp.
-// Layout: sK [AST][CH][d+8] bf16 | sV [AST][CH][d+8] bf16 | sQ [g][d(+8)] bf16 (mk_attn_q.cuh); after the loop:
-// sOw [ATTN_WARPS][g][d] f32 | sMw, sLw [ATTN_WARPS][ATTN_MAX_GROUP] f32 (schedule.attn_smem_bytes).
+// Layout: sK [AST][CH][d+8] bf16 | sV [AST][CH][d+8] bf16 | sQ [g][d(+8)] bf16 (mk_attn_layout.cuh); after the loop:
+// sOw [ATTN_WARPS][g][d(+8)] f32 | sMw, sLw [ATTN_WARPS][ATTN_MAX_GROUP] f32 (schedule.attn_smem_bytes).
 #define CH MK_ATTN_CHUNK
 #define AST MK_ATTN_MAX_STAGES
 #define AWARPS MK_ATTN_WARPS
@@ -107,7 +107,8 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
     // head_dim is 16 * KS (task_attn picks KS from it): a constant here, so the copies' row and column arithmetic
     // compiles to shifts (as PI(head_dim), each 16-byte copy's u / per was a full division: ~22 instructions per copy)
     constexpr int d = 16 * KS;
-    constexpr int QPAD = MK_ATTN_Q_PAD ? MK_ATTN_ROW_PAD : 0;   // elements after each of Q's rows (mk_attn_q.cuh)
+    constexpr int QPAD = MK_ATTN_PAD ? MK_ATTN_ROW_PAD : 0;     // after each of Q's rows (mk_attn_layout.cuh)
+    constexpr int MPAD = MK_ATTN_PAD ? MK_ATTN_MERGE_PAD : 0;   // after each of the merge's rows
     const int nkv = PI(n_kv), gq = PI(n_heads) / nkv, KVs = nkv * d, Q = PI(n_heads) * d;
     const int Bm = PI(Bm), bs = PI(block_size), S = PI(split_tokens);
     const int nst = min(max(PI(attn_stages), 2), AST);
@@ -121,7 +122,7 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
     bf16* sV = sK + AST * CH * rowp;
     const float scale = PF(attn_scale);
     const size_t ring = (size_t)2 * AST * CH * rowp * 2 + (size_t)gq * q_pitch<d, QPAD>() * 2 + MK_ATTN_TABLE_SLOTS * 4;
-    const size_t merge = (size_t)AWARPS * gq * d * 4 + (size_t)2 * AWARPS * MK_ATTN_MAX_GROUP * 4;
+    const size_t merge = (size_t)AWARPS * gq * merge_pitch<d, MPAD>() * 4 + (size_t)2 * AWARPS * MK_ATTN_MAX_GROUP * 4;
     if (!smem_fits(P, ring > merge ? ring : merge, ticket)) return false;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t4 = lane & 3;     // MMA fragment coordinates: row group and thread in group
@@ -334,7 +335,7 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
             float sc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};   // keys kb + nt*8 + 2t4 (+1)
 #pragma unroll 2
             for (int ks = 0; ks < KS; ks++) {
-                // row g's words ks * 8 + t4 and 4 further (mk_attn_q.cuh's q_word: row g at g * (d + QPAD))
+                // row g's words ks * 8 + t4 and 4 further (mk_attn_layout.cuh's q_word: row g at g * (d + QPAD))
                 const bf16* qr = sQ + (size_t)g * q_pitch<d, QPAD>() + ks * 16 + 2 * t4;
                 const unsigned qa0 = g < gq ? *reinterpret_cast<const unsigned*>(qr) : 0u;
                 const unsigned qa2 = g < gq ? *reinterpret_cast<const unsigned*>(qr + 8) : 0u;
@@ -406,7 +407,7 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
 #endif
     // merge the computing warps (a warp that never had a key keeps max -inf, sum 0, output 0)
     float* sOw = reinterpret_cast<float*>(smem);
-    float* sMw = sOw + AWARPS * gq * d;
+    float* sMw = sOw + AWARPS * gq * merge_pitch<d, MPAD>();
     float* sLw = sMw + AWARPS * MK_ATTN_MAX_GROUP;
     if (computes) {
         l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
@@ -416,7 +417,9 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
                 sMw[slice * MK_ATTN_MAX_GROUP + g] = m_run;
                 sLw[slice * MK_ATTN_MAX_GROUP + g] = l_run;
             }
-            float* ow = sOw + (size_t)(slice * gq + g) * d + np0 * 16 + 2 * t4;
+            // (mk_attn_layout.cuh's merge_float; unpadded in the form the default build has always compiled)
+            float* ow = MPAD ? sOw + merge_float<d, MPAD>(slice * gq + g, np0 * 16 + 2 * t4)
+                             : sOw + (size_t)(slice * gq + g) * d + np0 * 16 + 2 * t4;
 #pragma unroll
             for (int nt = 0; nt < 2 * NPM; nt++)
                 *reinterpret_cast<float2*>(ow + nt * 8) = make_float2(o[nt][0], o[nt][1]);
@@ -432,7 +435,7 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
         for (int w = 0; w < AWARPS; w++) {
             const float e = expf(sMw[w * MK_ATTN_MAX_GROUP + h] - M);
             L += sLw[w * MK_ATTN_MAX_GROUP + h] * e;
-            acc += sOw[(size_t)(w * gq + h) * d + dd] * e;
+            acc += sOw[MPAD ? merge_float<d, MPAD>(w * gq + h, dd) : (size_t)(w * gq + h) * d + dd] * e;
         }
         po[i] = acc / L;
         if (dd == 0) PP(float*, part_lse)[(size_t)(pbase + j) * gq + h] = M + logf(L);

@@ -94,14 +94,15 @@ typedef __nv_bfloat16 bf16;
 #define MK_ATTN_Q_ASYNC 1
 #endif
 
-// MK_ATTN_Q_PAD: an attention split's Q rows in shared memory padded like K's and V's (1: ATTN_ROW_PAD elements after
-// each; mk_attn_q.cuh), so a warp's 8 rows of A-fragment words fall in 8 different bank groups, or unpadded (0): rows
-// 256 bytes apart at head_dim 128 put all 8 in one bank, an 8-way conflict on each of a warp's 16 Q loads per chunk,
-// most of the chunk's shared-memory wavefronts (at 16 computing warps ~2050 of ~3300, with K's 512, V's 256 and the
-// copies' 512). attn_stream.cu: the two-warp math adds 1.06 us per 64 KB chunk to the copies' 2.0 and the one-warp
-// math 0.39, about in the ratio of their Q loads; the b1 trace's math is 2.0 us per chunk. Unmeasured (session 26).
-#ifndef MK_ATTN_Q_PAD
-#define MK_ATTN_Q_PAD 0
+// MK_ATTN_PAD: an attention split's Q rows (ATTN_ROW_PAD elements, as K's and V's) and its merge's fp32 rows
+// (ATTN_MERGE_PAD floats) padded in shared memory (1; mk_attn_layout.cuh), or not (0). Unpadded, rows 256 bytes apart
+// at head_dim 128 put a warp's 8 rows of Q fragment words in one bank: an 8-way conflict on each of a warp's 16 Q
+// loads per chunk, most of the chunk's shared-memory wavefronts (at 16 computing warps ~2050 of ~3300, with K's 512,
+// V's 256 and the copies' 512); the merge's output stores, once per split, 4 wavefronts per half-warp where 1 does.
+// attn_stream.cu: the two-warp math adds 1.06 us per 64 KB chunk to the copies' 2.0 and the one-warp math 0.39,
+// about in the ratio of their Q loads; the b1 trace's math is 2.0 us per chunk. Unmeasured (session 26).
+#ifndef MK_ATTN_PAD
+#define MK_ATTN_PAD 0
 #endif
 
 // MK_ATTN_STATS=1 (with MK_PROFILE, a diagnostic build): an attention split's four marks hold sums over its chunks,

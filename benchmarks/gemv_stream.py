@@ -61,7 +61,7 @@ def compile_bench(arch: str = "sm_90a") -> ctypes.CDLL:
 
 
 def smem_for(R: int, K: int, nb: int, double: bool, swizzled: bool = False) -> tuple[int, int]:
-    """(wbuf param, dynamic shared memory) of the kernel's layouts (schedule.smem_bytes); swizzled: the swz modes'
+    """(wbuf param, dynamic shared memory) of the kernel's layouts (plan.smem_bytes); swizzled: the swz modes'
     (1 KB to align the weight buffers, inputs at a pitch of K + 32)."""
     if swizzled:
         return 0, O.GEMV_SCRATCH_BYTES + O.SWZ_ALIGN + (2 if double else 1) * R * K * 2 + nb * (K + O.SWZ_X_PAD) * 2

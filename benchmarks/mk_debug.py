@@ -15,7 +15,8 @@ import torch
 
 from kernel_helpers import clone_cache, decode_batch, make_cfg, poison_scratch, prefill_state, tiny_weights
 from megakernel.kernel.backend import MegakernelBackend
-from megakernel.kernel.schedule import plan_for_rows, step_inputs
+from megakernel.kernel.plan import plan_for_rows
+from megakernel.kernel.schedule import step_inputs
 from megakernel.kernel.simulator import Simulator
 from megakernel.model.cohere2_moe import Cohere2MoeModel
 

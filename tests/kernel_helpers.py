@@ -158,7 +158,8 @@ def emulated_trace(n_blocks: int = 8):
     """A profiled step's raw records emulated on CPU from a real task list (north_like tiny model, 3 rows): the
     RawProfile, its Timeline and the TaskList (the timeline tools' tests; no GPU)."""
     from megakernel.kernel import timeline as T
-    from megakernel.kernel.schedule import ModelPlan, build_tasks, step_inputs
+    from megakernel.kernel.plan import ModelPlan
+    from megakernel.kernel.schedule import build_tasks, step_inputs
 
     cfg = make_cfg("north_like")
     w = tiny_weights(cfg)

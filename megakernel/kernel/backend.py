@@ -24,8 +24,8 @@ import torch
 from megakernel.config import ModelConfig
 from megakernel.errors import MegakernelError
 from megakernel.kernel import build, opcodes as O
-from megakernel.kernel.schedule import (ModelPlan, StepInputs, TaskList, TaskListBuilder, fused_norm_smem_bytes,
-                                        plan_for_rows, step_inputs, tiling_plans)
+from megakernel.kernel.plan import ModelPlan, fused_norm_smem_bytes, plan_for_rows, tiling_plans
+from megakernel.kernel.schedule import StepInputs, TaskList, TaskListBuilder, step_inputs
 from megakernel.kv.cache import KVCache, KVLayout
 from megakernel.model.cohere2_moe import ForwardBatch, ForwardTrace
 from megakernel.model.layers import rope_inv_freq
@@ -504,7 +504,7 @@ class MegakernelBackend(DecodeBackend):
         if code == O.ERR_SMEM:
             raise MegakernelFailure(
                 f"decode megakernel: task {task} ({op}) needs {ctrl[C['err_value']]} B of shared memory, the launch "
-                f"gave {ctrl[C['err_target']]} B: the plan's layout (schedule.smem_bytes) and the kernel's disagree")
+                f"gave {ctrl[C['err_target']]} B: the plan's layout (plan.smem_bytes) and the kernel's disagree")
         if code == O.ERR_STALL:
             what = list(O.STALL_WAITS.values())
             w = ctrl[C["err_value"]]

@@ -27,7 +27,7 @@ NUM_WARPS = NUM_THREADS // 32
 MAX_BATCH = 16 // BLOCKS_PER_SM      # rows per decode step the kernel supports (the LM head keeps row b's maximum in
                                      # warp b; at two blocks per SM the inputs of 16 rows would not fit either)
 WTILE_BYTES = 128 * 1024     # bytes of weights one GEMV task stages in shared memory, at most (the plan lowers
-                             # it for an inner size whose input rows would not fit beside it: schedule.gemv_tiles)
+                             # it for an inner size whose input rows would not fit beside it: plan.gemv_tiles)
 ROW_PAD = 0                  # elements after every GEMV weight and input row in shared memory. 32 (a pitch of 64 mod
                              # 128 bytes) frees the tensor-core GEMV's fragment loads of 2-way bank conflicts but needs
                              # one bulk copy per row: measured slower (b1 8K +0.2 ms, b8 +1.4 ms) than contiguous tiles
@@ -193,7 +193,7 @@ PARAM_FIELDS = (
     "wbuf",
     # bytes of each of the expert items' two weight buffers (the warp-specialised worker's ring; 0: none)
     "moe_wbuf",
-    # bytes of each of the streaming LM head's two weight buffers (schedule.ModelPlan.lm_wbuf; 0: one task per tile)
+    # bytes of each of the streaming LM head's two weight buffers (plan.ModelPlan.lm_wbuf; 0: one task per tile)
     "lm_wbuf",
     # 1: a block claims its next ticket when it starts a task; 0: once the task has signalled (ModelPlan.claim_ahead)
     "claim_ahead",

@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from megakernel.kernel import opcodes as O
-from megakernel.kernel.schedule import ModelPlan, StepInputs, TaskList
+from megakernel.kernel.plan import ModelPlan
+from megakernel.kernel.schedule import StepInputs, TaskList
 from megakernel.kv.cache import KVCache
 from megakernel.model import layers as Lyr
 from megakernel.model.weights import ModelWeights

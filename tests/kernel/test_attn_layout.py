@@ -1,7 +1,7 @@
 """An attention split's Q and merge layouts in shared memory (csrc/mk_attn_layout.cuh, MK_ATTN_PAD), checked on the
 CPU: the header's own functions, compiled as host code, print every mapping; this test checks that Q's 16-byte copies,
 its 32-bit stores and the MMA fragment reads agree, that no two words share a place and all fit what
-schedule.attn_smem_bytes reserves, and how many shared-memory wavefronts a warp's fragment load and a merge store cost
+plan.attn_smem_bytes reserves, and how many shared-memory wavefronts a warp's fragment load and a merge store cost
 (the 8- and 4-way conflicts the padding removes)."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def layouts(tmp_path_factory) -> tuple[dict, dict, dict]:
 @pytest.mark.parametrize("d", HEAD_DIMS)
 def test_copies_stores_and_reads_agree_on_one_layout(layouts, d, pad):
     """Every row's words land on distinct words inside ROWS rows of d + ATTN_ROW_PAD elements, the Q bytes
-    schedule.attn_smem_bytes reserves in every build (nothing overwritten, nothing outside), and row r's word w lies
+    plan.attn_smem_bytes reserves in every build (nothing overwritten, nothing outside), and row r's word w lies
     in the chunk q_chunk gives its 16-byte copy: the cp.async path (chunks), the register path (words) and the
     fragment reads (words) see one layout. Unpadded, it is the plain [rows][d] one."""
     chunks, words, _ = layouts
@@ -77,7 +77,7 @@ def test_copies_stores_and_reads_agree_on_one_layout(layouts, d, pad):
             if not pad:
                 assert words[(d, pad, r, w)] == r * d // 2 + w
     # the host reserves the kernel's ring (csrc/mk_attention.cuh `ring`) with Q at its padded size
-    from megakernel.kernel.schedule import attn_smem_bytes
+    from megakernel.kernel.plan import attn_smem_bytes
     ring = O.ATTN_MAX_STAGES * 2 * O.ATTN_CHUNK * (d + O.ATTN_ROW_PAD) * 2 + q_reserved + O.ATTN_TABLE_SLOTS * 4
     assert attn_smem_bytes(d, ROWS) >= ring
 
@@ -115,10 +115,10 @@ def test_padded_rows_load_in_one_wavefront(layouts, d):
 @pytest.mark.parametrize("pad", [0, O.ATTN_MERGE_PAD])
 @pytest.mark.parametrize("d", HEAD_DIMS)
 def test_the_merge_layout_fits_its_reservation(layouts, d, pad):
-    """The merge's ATTN_WARPS x ROWS rows of d floats land on distinct floats inside what schedule.attn_smem_bytes
+    """The merge's ATTN_WARPS x ROWS rows of d floats land on distinct floats inside what plan.attn_smem_bytes
     reserves for them in every build (rows of d + ATTN_MERGE_PAD), before the warps' maxima and sums; unpadded, the
     plain [rows][d] layout."""
-    from megakernel.kernel.schedule import attn_smem_bytes
+    from megakernel.kernel.plan import attn_smem_bytes
     _, _, merge = layouts
     rows = O.ATTN_WARPS * ROWS
     placed = [merge[(d, pad, r, c)] for r in range(rows) for c in range(d)]

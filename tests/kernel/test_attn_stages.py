@@ -22,12 +22,12 @@ def test_three_stage_plans_fit_and_the_header_carries_them():
         import pytest
         from megakernel.kernel import opcodes as O
         from megakernel.config import north_mini_code_config
-        from megakernel.kernel.schedule import attn_smem_bytes, tiling_plans
+        from megakernel.kernel.plan import attn_smem_bytes, tiling_plans
         from megakernel.kv.cache import KVLayout
         assert O.ATTN_MAX_STAGES == 3 and "MK_ATTN_MAX_STAGES 3" in O.generate_header()
         cfg = north_mini_code_config()
         layout = KVLayout.for_model(cfg, 64)
-        assert attn_smem_bytes(128, 8) == 3 * 2 * 128 * 136 * 2 + 8 * 128 * 2 + O.ATTN_TABLE_SLOTS * 4
+        assert attn_smem_bytes(128, 8) == 3 * 2 * 128 * 136 * 2 + 8 * 136 * 2 + O.ATTN_TABLE_SLOTS * 4
         for p in tiling_plans(cfg, layout, 16, True, n_workers=132, attn_stages=3):
             p.check_supported()
             assert p.attn_stages == 3 and attn_smem_bytes(p.d, p.g) <= p.smem_bytes()
@@ -42,7 +42,7 @@ def test_simulator_exact_with_three_stages():
     changes the kernel's ring, not the task list: this guards the plan and the scratch layout)."""
     _run("""
         import test_simulator as ts
-        from megakernel.kernel.schedule import ModelPlan
+        from megakernel.kernel.plan import ModelPlan
         cfg, w, st, nxt = ts._setup("north_like", 2, seed=5)
         plan = ModelPlan(cfg, st.layout, max_batch=4, n_workers=3, split_tokens=4, attn_stages=3)
         ts._check_step(cfg, w, st, nxt, plan, seeds=[1, 2])

@@ -186,7 +186,7 @@ def test_builds_without_the_paged_worker_get_plain_plans(monkeypatch):
     asking for moe_pages there is refused with a clear error; the default build keeps its paged plans."""
     from megakernel.config import north_mini_code_config
     from megakernel.kernel.backend import DEFAULT_TUNING, build_knobs, check_build_runs
-    from megakernel.kernel.schedule import tiling_plans
+    from megakernel.kernel.plan import tiling_plans
     from megakernel.kv.cache import KVLayout
 
     cfg = north_mini_code_config()
@@ -212,7 +212,7 @@ def test_constant_tables_build_refuses_deeper_models(monkeypatch):
 
     from megakernel.config import north_mini_code_config
     from megakernel.kernel.backend import check_build_runs
-    from megakernel.kernel.schedule import ModelPlan
+    from megakernel.kernel.plan import ModelPlan
     from megakernel.kv.cache import KVLayout
 
     north = north_mini_code_config()

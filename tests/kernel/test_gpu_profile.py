@@ -19,7 +19,7 @@ def test_profiled_step_records_every_task_in_order(variant, B):
     from megakernel.kernel import opcodes as O
     from megakernel.kernel import timeline as T
     from megakernel.kernel.backend import MegakernelBackend
-    from megakernel.kernel.schedule import plan_for_rows
+    from megakernel.kernel.plan import plan_for_rows
 
     cfg = make_cfg(variant)
     w = tiny_weights(cfg, device="cuda", dtype=torch.bfloat16, seed=B)

@@ -9,7 +9,8 @@ import torch
 
 from kernel_helpers import decode_batch, hang_launches, make_cfg, poison_scratch, prefill_state, tiny_weights
 from megakernel.kernel import opcodes as O
-from megakernel.kernel.schedule import ModelPlan, build_tasks, step_inputs
+from megakernel.kernel.plan import ModelPlan
+from megakernel.kernel.schedule import build_tasks, step_inputs
 
 
 class _FakeBackend:

@@ -12,7 +12,8 @@ import torch
 
 from kernel_helpers import VARIANTS, clone_cache, decode_batch, make_cfg, prefill_state, tiny_weights
 from megakernel.kernel import opcodes as O
-from megakernel.kernel.schedule import ModelPlan, build_tasks, step_inputs, validate
+from megakernel.kernel.plan import ModelPlan
+from megakernel.kernel.schedule import build_tasks, step_inputs, validate
 from megakernel.kernel.simulator import ReadBeforeWrite, SimDeadlock, Simulator
 from megakernel.model.cohere2_moe import Cohere2MoeModel, ForwardTrace
 
@@ -291,7 +292,7 @@ def test_per_batch_tilings_on_north_dims():
     a plan of their own, the same tiles with the O-projection tiles in the expert queues. (Power-of-two tiles,
     tile_kb=0; the default tile_kb's: test_tile_kb_tilings_on_north_dims.)"""
     from megakernel.config import north_mini_code_config
-    from megakernel.kernel.schedule import plan_for_rows, tiling_plans
+    from megakernel.kernel.plan import plan_for_rows, tiling_plans
     from megakernel.kv.cache import KVLayout
 
     cfg = north_mini_code_config()
@@ -335,7 +336,7 @@ def test_prefetching_tilings_on_north_dims():
     plan keeps one buffer. Every plan fits the shared memory with the static part reserved, every tile fits its
     buffer, a QKV tile stays inside one head, and the small task kinds stay clear of buffer 1."""
     from megakernel.config import north_mini_code_config
-    from megakernel.kernel.schedule import small_task_smem_bytes, tiling_plans
+    from megakernel.kernel.plan import small_task_smem_bytes, tiling_plans
     from megakernel.kv.cache import KVLayout
 
     cfg = north_mini_code_config()
@@ -371,7 +372,7 @@ def test_tile_kb_tilings_on_north_dims():
     two) and O-projection tiles (24 rows of 4096), 32-row QKV tiles (a tile stays inside one head) and 64-row down
     tiles (MAX_TILE_ROWS); launches of 16 rows keep the default tiles (their inputs leave no room)."""
     from megakernel.config import north_mini_code_config
-    from megakernel.kernel.schedule import plan_for_rows, tiling_plans
+    from megakernel.kernel.plan import plan_for_rows, tiling_plans
     from megakernel.kv.cache import KVLayout
 
     cfg = north_mini_code_config()
@@ -448,7 +449,7 @@ def test_fused_norm_plans_on_north_dims_need_no_more_shared_memory():
     default plans with fused_norm take exactly the shared memory (and the tiles) of the plans without it, inside
     the limit; a hidden size past 8 columns per thread stages the fp32 row (and a block sum's scratch)."""
     from megakernel.config import north_mini_code_config
-    from megakernel.kernel.schedule import fused_norm_smem_bytes, tiling_plans
+    from megakernel.kernel.plan import fused_norm_smem_bytes, tiling_plans
     from megakernel.kv.cache import KVLayout
 
     cfg = north_mini_code_config()
@@ -520,7 +521,7 @@ def test_simulator_with_workers_routing_themselves(variant, B, o_queue):
     workers = rec[rec[:, 0] == int(O.Op.MOE_WORKER)]
     assert len(workers) == 2 * len(plan.moe_layers)
     assert (workers[:, O.R["w0c"]] == workers[:, O.R["layer"]] * plan.cpl + plan.c_rl).all()
-    from megakernel.kernel.schedule import route_scratch_bytes
+    from megakernel.kernel.plan import route_scratch_bytes
     assert plan.smem_bytes() >= route_scratch_bytes(plan.E) + plan.r_stride * 4     # the workers' routing fits
     _check_step(cfg, w, st, nxt, plan, seeds=[B, B + 13])
 
@@ -592,7 +593,7 @@ def test_expert_ring_tilings_on_north_dims():
     buffers with their inputs after it (the warp-specialised worker's layout): each item tile fits one buffer, the
     plan fits the shared memory, and batch 1 gets ~96 KB expert tiles."""
     from megakernel.config import north_mini_code_config
-    from megakernel.kernel.schedule import tiling_plans
+    from megakernel.kernel.plan import tiling_plans
     from megakernel.kv.cache import KVLayout
 
     cfg = north_mini_code_config()
@@ -619,13 +620,13 @@ def test_simulator_with_the_expert_ring(B):
 
 
 def test_lm_head_runs_cover_the_vocab_largest_first():
-    """The streaming LM head's runs (schedule.lm_runs): they tile the vocabulary exactly and in order, shrink toward
+    """The streaming LM head's runs (plan.lm_runs): they tile the vocabulary exactly and in order, shrink toward
     the end of the list (guided: 2/3 of an even share of what is left over the blocks, at least 4 tiles but the
     last), and a plan without the stream gets one task per tile. At North dims batch 1's plan under o_queue=0,
     tile_kb=0 (a plain one-row plan) has a few hundred runs of 25-row tiles in two 100 KB buffers, the shared
     memory stays inside the limit, and the scratch holds one maximum per run."""
     from megakernel.config import north_mini_code_config
-    from megakernel.kernel.schedule import lm_runs, plan_for_rows, tiling_plans
+    from megakernel.kernel.plan import lm_runs, plan_for_rows, tiling_plans
     from megakernel.kv.cache import KVLayout
 
     for vocab, rows, blocks in ((262144, 21, 132), (1000, 7, 3), (50, 64, 132)):
@@ -671,7 +672,7 @@ def test_paged_worker_layout_on_north_dims():
     item kind (gate/up and router K = 2048, down K = 768, O K = 4096), its item slots hold the largest input row and
     item, the whole fits the shared memory (with the static part reserved), and the other plans are unchanged."""
     from megakernel.config import north_mini_code_config
-    from megakernel.kernel.schedule import tiling_plans
+    from megakernel.kernel.plan import tiling_plans
     from megakernel.kv.cache import KVLayout
 
     cfg = north_mini_code_config()
@@ -714,7 +715,7 @@ def test_paged_worker_layout_for_several_rows():
     queued), that many rows of outputs, the layer's x rows once, at least 4 pages, all inside the shared memory
     and in order; plans of more rows keep the plain worker; a paged plan is never merged into a plain one."""
     from megakernel.config import north_mini_code_config
-    from megakernel.kernel.schedule import tiling_plans
+    from megakernel.kernel.plan import tiling_plans
     from megakernel.kv.cache import KVLayout
 
     cfg = north_mini_code_config()
@@ -746,7 +747,7 @@ def test_paged_worker_layout_for_several_rows():
         assert p.pg_state_off >= p.pg_x_off + 2 * R * p.H and p.pg_state_off % 16 == 0
         assert p.pages_smem_bytes() <= p.smem_bytes() <= O.SMEM_LIMIT - O.SMEM_RESERVE
     # the 5..8-row launches run the 8-row paged plan (not a plain plan of the same tiles)
-    from megakernel.kernel.schedule import plan_for_rows
+    from megakernel.kernel.plan import plan_for_rows
     assert all(plan_for_rows(plans, b).pg_rows == 8 for b in range(5, 9))
 
 
@@ -756,7 +757,7 @@ def test_paged_items_sized_by_their_own_knob():
     page layout still fitting; plans without pages keep the plain sizes; a paged plan whose layout would not fit
     them keeps the plain sizes too."""
     from megakernel.config import north_mini_code_config
-    from megakernel.kernel.schedule import paged_item_rows, tiling_plans
+    from megakernel.kernel.plan import paged_item_rows, tiling_plans
     from megakernel.kv.cache import KVLayout
 
     cfg = north_mini_code_config()
@@ -876,7 +877,7 @@ def test_split_slots_leave_the_paged_ring_more_pages():
     the 16-row plan keeps 6 pages at 8 and 8 at 4 (4 without), the 8-row plan 10 at 4 (8 without); the queue may
     have an expert in several slots, within n_slots (never more than the pairs); everything fits."""
     from megakernel.config import north_mini_code_config
-    from megakernel.kernel.schedule import tiling_plans
+    from megakernel.kernel.plan import tiling_plans
     from megakernel.kv.cache import KVLayout
 
     cfg = north_mini_code_config()
@@ -904,7 +905,7 @@ def test_paged_gate_up_items_load_their_own_x_rows_where_that_frees_pages():
     rows); the 1..9-row plans keep the shared rows (per-item rows would not add a page); 0 turns it off, 2 forces
     it; every layout fits, the slots hold pg_rows rows of the widest input; the step stays exact with it forced."""
     from megakernel.config import north_mini_code_config
-    from megakernel.kernel.schedule import tiling_plans
+    from megakernel.kernel.plan import tiling_plans
     from megakernel.kv.cache import KVLayout
 
     cfg = north_mini_code_config()

@@ -11,7 +11,8 @@ import pytest
 from kernel_helpers import decode_batch, emulated_trace, make_cfg, prefill_state, tiny_weights
 from megakernel.kernel import opcodes as O
 from megakernel.kernel import timeline as T
-from megakernel.kernel.schedule import ModelPlan, build_tasks, step_inputs
+from megakernel.kernel.plan import ModelPlan
+from megakernel.kernel.schedule import build_tasks, step_inputs
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ def test_constants_and_north_plans_fit_half_an_sm():
     out = _run("""
         from megakernel.kernel import opcodes as O
         from megakernel.config import north_mini_code_config
-        from megakernel.kernel.schedule import tiling_plans, plan_for_rows
+        from megakernel.kernel.plan import tiling_plans, plan_for_rows
         from megakernel.kv.cache import KVLayout
         assert (O.BLOCKS_PER_SM, O.NUM_THREADS, O.NUM_WARPS, O.MAX_BATCH) == (2, 256, 8, 8)
         assert O.ATTN_CHUNK == 64 and O.ATTN_WARPS == 4 and O.SMEM_LIMIT == 113 * 1024
@@ -46,7 +46,7 @@ def test_simulator_matches_torch_on_two_block_plans():
     configs: test_simulator's own check (logits, experts, KV cache), in the experiment's interpreter."""
     out = _run("""
         from kernel_helpers import VARIANTS
-        from megakernel.kernel.schedule import ModelPlan
+        from megakernel.kernel.plan import ModelPlan
         from test_simulator import _check_step, _setup
         for name in sorted(VARIANTS):
             for B in (1, 5):

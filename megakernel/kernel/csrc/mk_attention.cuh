@@ -11,7 +11,7 @@
 // rounded to bf16 as the A operand of O += P V (V through ldmatrix.trans), fp32 accumulation. After the last chunk
 // the warps' (max, sum, output) merge through shared memory into the split's partial output and log-sum-exp.
 // Layout: sK [AST][CH][d+8] bf16 | sV [AST][CH][d+8] bf16 | sQ [g][d(+8)] bf16 (mk_attn_layout.cuh); after the loop:
-// sOw [ATTN_WARPS][g][d(+8)] f32 | sMw, sLw [ATTN_WARPS][ATTN_MAX_GROUP] f32 (schedule.attn_smem_bytes).
+// sOw [ATTN_WARPS][g][d(+8)] f32 | sMw, sLw [ATTN_WARPS][ATTN_MAX_GROUP] f32 (plan.attn_smem_bytes).
 #define CH MK_ATTN_CHUNK
 #define AST MK_ATTN_MAX_STAGES
 #define AWARPS MK_ATTN_WARPS

@@ -149,7 +149,7 @@ __device__ __forceinline__ void lm_store_best(const Params& P, int t, float bv, 
 
 // Whether a FLAG_FUSED_NORM tile keeps each row's residual in registers (residual_norm_fused: 8 columns per thread,
 // no shared memory beyond the block sum's NW floats in the GEMV scratch) or stages it in fp32 after the inputs
-// (residual_row + norm_row: (H + NW) * 4 bytes more). schedule.fused_norm_smem_bytes is the host's side of this.
+// (residual_row + norm_row: (H + NW) * 4 bytes more). plan.fused_norm_smem_bytes is the host's side of this.
 #if MK_SMALL_VEC >= 2
 #define FUSED_NORM_IN_REGS(H) ((H) % 8 == 0 && ((H) >> 3) <= NT)
 #else

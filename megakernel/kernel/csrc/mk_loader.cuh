@@ -4,7 +4,7 @@
 #include "mk_common.cuh"
 
 // ---- GEMV: a tile of weight rows (staged in shared memory) times up to MB input rows ---------------------------
-// Layouts (schedule.smem_bytes sizes both; every weight and input row is padded to a pitch of K + ROW_PAD elements):
+// Layouts (plan.smem_bytes sizes both; every weight and input row is padded to a pitch of K + ROW_PAD elements):
 //   one buffer (wbuf == 0):   sRed [GEMV_RED_FLOATS] f32 | sOut [64*MB] f32 | sW [R][pitch] bf16 | sX [nb][pitch] bf16
 //   two buffers (wbuf > 0):   sRed | sOut | sW0 [wbuf B] | sW1 [wbuf B] | sX [nb][pitch] bf16
 // With two buffers a block issues the weights of the task (or MoE item) it runs next into the other buffer before

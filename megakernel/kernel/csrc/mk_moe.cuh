@@ -68,7 +68,7 @@ __device__ __forceinline__ bool route_in_worker(const Params& P, int m, int* rou
 #endif
 
 // The first O item of a layer's queue (o_queue plans): after its n_gu gate/up items and the first o_after eighths of
-// its down items (schedule.ModelPlan.o_after; the simulator's _o_start is the same formula).
+// its down items (plan.ModelPlan.o_after; the simulator's _o_start is the same formula).
 __device__ __forceinline__ int o_queue_start(const Params& P, int n_gu) {
     return n_gu + ((n_gu / PI(gu_tiles)) * PI(dn_tiles) * PI(o_after) >> 3);
 }
@@ -76,7 +76,7 @@ __device__ __forceinline__ int o_queue_start(const Params& P, int n_gu) {
 // Item `item` of a queue without O items (n_s expert slots, G gate/up and D down items each): its slot and tile,
 // and whether it is a down item. lag 0: every gate/up item, then every down item; lag > 0: the down items of slot
 // s right after the gate/up items of slot s + lag (the last lag slots' after every gate/up item), so a down item's
-// gate/up items are always earlier in the queue (schedule.ModelPlan.dn_lag; simulator.queue_kind is the same).
+// gate/up items are always earlier in the queue (plan.ModelPlan.dn_lag; simulator.queue_kind is the same).
 __device__ __forceinline__ bool queue_kind(int n_s, int G, int D, int lag, int item, int& slot, int& t) {
     int base = 0, s0 = 0;
     if (lag > 0 && lag < n_s) {

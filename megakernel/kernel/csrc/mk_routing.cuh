@@ -101,7 +101,7 @@ __device__ __forceinline__ void topk_phase(bool stamp, int k) {
 }
 
 // Bytes of topk_route's shared-memory scratch at the start of the dynamic shared memory (the layout below;
-// schedule.small_task_smem_bytes sizes it for the largest batch).
+// plan.small_task_smem_bytes sizes it for the largest batch).
 __device__ __forceinline__ int topk_scratch_bytes(int E) {
     const int nq = (E + 31) >> 5, e32 = nq * 32;
     return (MB * e32 + 2 * MB * MK_MAX_TOPK + e32 + MB * nq + 2 * nq) * 4;
@@ -122,7 +122,7 @@ __device__ __noinline__ void topk_route(const Params& P, int m, int* route, bool
     const int B = PI(B), Bm = PI(Bm), E = PI(E), k = PI(topk);
     const int nq = (E + 31) >> 5, e32 = nq * 32;                  // experts in whole warps' worth
     const float* rl = PP(const float*, rlog) + (size_t)m * Bm * E;
-    // layout: schedule.small_task_smem_bytes (route)
+    // layout: plan.small_task_smem_bytes (route)
     int* sRank = reinterpret_cast<int*>(smem);                     // [B][e32] position in the row's top-k, or -1
     int* sId = sRank + MB * e32;                                   // [B][MAX_TOPK] the row's experts, best first
     float* sSc = reinterpret_cast<float*>(sId + MB * MK_MAX_TOPK); // [B][MAX_TOPK] their logits, then weights

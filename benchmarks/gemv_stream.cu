@@ -21,6 +21,7 @@
 //                  store, meet on named barrier 1 and signal (the megakernel's MK_MOE_EARLY_ISSUE=1)
 //  13 epi_early_nf as epi_early, the release without the __threadfence
 //  14 epi_nf       as epi, the release without the __threadfence
+//  (MK_SIGNAL_FENCE and MK_MOE_EARLY_ISSUE, the kernel switches these modes mirrored, were removed in session 26.)
 //  Each block also sums thread 0's cycles in the signal. What they answer: does the signal's fence or release wait
 //  for a tile copy in flight (its cycles in epi_early against epi), and what the early issue gains with and without
 //  the fence (epi - epi_early against epi_nf - epi_early_nf).

@@ -7,7 +7,7 @@ plan's runtime knobs swept in-process, ms/step per point.
 Each variant is `default` or comma-separated KEY=INT overrides of the plan (keys: kernel/backend.py TUNING_KEYS:
 split_tokens, attn_stages, n_workers, oproj_first, qkv_by_head, batch_tiles), applied on top of the defaults. The task lists are rebuilt for
 every variant. Compile-time switches (kernel/build.py KERNEL_SWITCHES) are per process: run the script again with
-$MEGAKERNEL_KERNEL_DEFINES, e.g. MEGAKERNEL_KERNEL_DEFINES=MK_SIGNAL_FENCE=0. Prints the achieved bandwidth and % of the roofline measured
+$MEGAKERNEL_KERNEL_DEFINES, e.g. MEGAKERNEL_KERNEL_DEFINES=MK_ATTN_PAD=1. Prints the achieved bandwidth and % of the roofline measured
 in the same run, as `megakernel bench` does; the full sweep stays `megakernel bench --sweep`.
 """
 

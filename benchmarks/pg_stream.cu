@@ -3,7 +3,8 @@
 // wait ~5 us for each page, while each page lands ~1.2 us after its copy is issued: the loader issues late, ~3.3 us
 // per item outside its ring waits (SPEED_NOTES, twenty-first session). sm_stream.cu's bare queue of the same 128 KB
 // items reaches 33-49 GB/s per SM. The candidates are build switches, each a full kernel build and an A/B on the
-// device; this kernel has the worker's shape with each candidate as a runtime knob, so one run ranks them all:
+// device; this kernel has the worker's shape with each candidate as a runtime knob, so one run ranks them all (the
+// kernel switches named below were measured in session 24 and the losing ones removed in session 26; the modes stay):
 //   - one loader lane (warp 15) claims 128 KB gate/up items by atomicAdd on a global head, `lead` pages before the
 //     current item's end (inside the page loop, or between two loops: `split`), with `ahead` (1 or 2) claims, publishes each in one of 3 item slots once the
 //     slot's previous item is freed, and streams its 8 pages (4 gate + 4 up pages of 4 rows of 2048) by 16 KB bulk

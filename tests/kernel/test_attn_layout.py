@@ -33,7 +33,17 @@ void dump() {
 }
 template <int D>
 void both() { dump<D, 0, 0>(); dump<D, %(pad)d, %(mpad)d>(); }
-int main() { %(calls)s return 0; }
+void pending() {
+    for (int stages = 2; stages <= 4; stages++)
+        for (int chunks = 1; chunks <= 7; chunks++)
+            for (int q_async = 0; q_async <= 1; q_async++)
+                for (int c = 0; c < chunks; c++)
+                    for (int n_issued = c + 1; n_issued <= chunks; n_issued++)
+                        for (int nbq = 1; nbq <= n_issued; nbq++)
+                            std::printf("P %%d %%d %%d %%d %%d\n", c, n_issued, nbq, q_async,
+                                        attn_pending_groups(c, n_issued, nbq, q_async != 0));
+}
+int main() { %(calls)s pending(); return 0; }
 """
 
 
@@ -52,11 +62,15 @@ def layouts(tmp_path_factory) -> tuple[dict, dict, dict]:
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
     out = subprocess.run([str(tmp / "dump")], capture_output=True, text=True, check=True).stdout
-    tables: dict[str, dict] = {"C": {}, "W": {}, "M": {}}
+    tables: dict[str, dict] = {"C": {}, "W": {}, "M": {}, "P": {}}
     for line in out.splitlines():
-        kind, d, pad, r, i, v = line.split()
-        tables[kind][(int(d), int(pad), int(r), int(i))] = int(v)
+        kind, *key, v = line.split()
+        tables[kind][tuple(int(k) for k in key)] = int(v)
+    PENDING.update(tables["P"])
     return tables["C"], tables["W"], tables["M"]
+
+
+PENDING: dict[tuple, int] = {}   # (c, n_issued, n_before_q, q_async) -> attn_pending_groups, filled by `layouts`
 
 
 @pytest.mark.parametrize("pad", [0, O.ATTN_ROW_PAD])
@@ -153,3 +167,47 @@ def test_the_padding_takes_the_merge_stores_from_eight_wavefronts_to_two(layouts
     cols = range(0, d, 8)
     assert {store_wavefronts(merge, d, 0, 1, c) for c in cols} == {8}
     assert {store_wavefronts(merge, d, O.ATTN_MERGE_PAD, 1, c) for c in cols} == {2}
+
+
+def split_groups(stages: int, chunks: int, q_async: bool):
+    """task_attn_d's cp.async path, as far as its groups go: before the loop it issues up to stages - 1 chunks (the
+    ring's depth less the stage the loop refills first), then Q's rows as a group of their own (q_async); each lap c
+    first issues the next chunk if any is left, then waits for chunk c. Yields, per lap, (c, n_issued, n_before_q,
+    the groups in commit order)."""
+    groups, n_issued = [], 0
+    while n_issued < stages - 1 and n_issued < chunks:
+        groups.append(f"chunk{n_issued}")
+        n_issued += 1
+    n_before_q = n_issued
+    if q_async:
+        groups.append("q")
+    for c in range(chunks):
+        if n_issued < chunks:
+            groups.append(f"chunk{n_issued}")
+            n_issued += 1
+        yield c, n_issued, n_before_q, list(groups)
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_each_chunk_wait_covers_its_chunk_and_q(layouts, stages):
+    """The wait of lap c leaves attn_pending_groups groups in flight: chunk c and every older group have landed, Q's
+    rows at lap 0 too, at most 3 are left (cp_async_wait_pending's range), and no group is waited for that is not
+    needed and had not landed already (Q's rows, newer than chunk 1 in a ring of three, are waited for at lap 0).
+    With two stages it equals the chunk count the kernel uses there (n_issued - c - 1); with three, that count would
+    have left Q's rows in flight at lap 0 for every split of at least two chunks (the bug this function fixed)."""
+    for chunks in range(1, 8):
+        for q_async in (False, True):
+            landed: set[str] = set()
+            for c, n_issued, nbq, groups in split_groups(stages, chunks, q_async):
+                pending = PENDING[(c, n_issued, nbq, int(q_async))]
+                done = groups[:len(groups) - pending]
+                need = {f"chunk{c}"} | ({"q"} if q_async and c == 0 else set())
+                assert need <= set(done) and 0 <= pending <= 3, (stages, chunks, q_async, c, pending, groups)
+                last_needed = max(groups.index(g) for g in need)
+                assert set(done[last_needed + 1:]) <= landed, (stages, chunks, q_async, c, groups)
+                landed |= set(done)
+                if stages == 2:
+                    assert pending == n_issued - c - 1
+                elif q_async and c == 0 and chunks >= 2:
+                    old = n_issued - c - 1                          # what the kernel waited for before
+                    assert "q" not in groups[:len(groups) - old]

@@ -259,9 +259,11 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
     // (MK_ATTN_Q_ASYNC=2: the bulk paths too, where nothing else uses cp.async: the first chunk's wait adds a
     // cp.async wait for Q's rows before the barrier that publishes them)
     constexpr bool q_async = MK_ATTN_Q_ASYNC == 2 || (MK_ATTN_Q_ASYNC && !BULK);
+    [[maybe_unused]] const int n_before_q = n_issued;   // chunk groups committed before Q's (q_async)
     if constexpr (q_async) {
-        // its own cp.async group, older than every chunk group after it: the loop's first wait covers it, and the
-        // loop issues chunk 1 without waiting for Q's round trip first (the register load's STS did)
+        // its own cp.async group, older than every chunk group after it: the loop's first wait covers it (with
+        // more than two stages by counting it, below), and the loop issues its next chunk without waiting for Q's
+        // round trip first (the register load's STS did)
         if constexpr (QPAD != 0) {
             for (int i = threadIdx.x; i < gq * (d / 8); i += NT) {
                 const int r = i / (d / 8);
@@ -312,7 +314,11 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
             wait_chunk(c);
             if (q_async && c == 0) cp_async_wait_all();   // this thread's copies of Q's rows
         } else {
-            cp_async_wait_pending(n_issued - c - 1);
+            // chunk c's group and every older one, at c == 0 Q's too (mk_attn_layout.cuh): with a ring of two the
+            // chunks after c are the groups to leave, but with more (MEGAKERNEL_ATTN_MAX_STAGES=3, attn_stages=3)
+            // chunk 1 is committed before Q's rows too, and leaving n_issued - 1 groups let chunk 0's math read Q
+            // before its copies landed (a helper's review, session 26)
+            cp_async_wait_pending(AST > 2 ? attn_pending_groups(c, n_issued, n_before_q, q_async) : n_issued - c - 1);
         }
         if constexpr (TM) {
             // rows the boxes brought that are not the split's keys, and rows of the last 16-key slice no box

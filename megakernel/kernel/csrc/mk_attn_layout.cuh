@@ -1,6 +1,6 @@
-// Two of an attention split's shared-memory layouts, padded (MK_ATTN_PAD=1) or not (0). Self-contained (host and
-// device, no kernel parameters): the kernel, benchmarks/attn_stream.cu and a CPU test
-// (tests/kernel/test_attn_layout.py) use these functions, so the test checks the code the kernel runs.
+// Two of an attention split's shared-memory layouts, padded (MK_ATTN_PAD=1) or not (0), and its cp.async group
+// accounting. Self-contained (host and device, no kernel parameters): the kernel, benchmarks/attn_stream.cu and a CPU
+// test (tests/kernel/test_attn_layout.py) use these functions, so the test checks the code the kernel runs.
 //
 // Q, [gq][d + QPAD] bf16 (QPAD: opcodes.ATTN_ROW_PAD elements, as K's and V's rows have). Every chunk of every split,
 // each computing warp reads its MMA A fragments from Q as 32-bit words (row g = lane / 4, word ks * 8 + lane % 4, and
@@ -53,4 +53,12 @@ MK_HD constexpr int merge_pitch() {
 template <int D, int MPAD>
 MK_HD constexpr size_t merge_float(size_t r, int c) {
     return r * merge_pitch<D, MPAD>() + c;
+}
+
+// The cp.async groups a thread of a split may leave in flight once chunk c must have landed (the 16-byte copy path):
+// its groups in commit order are the n_before_q chunks issued ahead of Q's rows, Q's group (q_async), then the later
+// chunks, n_issued chunks in all so far. Chunk c's group and every older one must be complete, and at c == 0 Q's
+// too. (n_issued - c - 1, the chunks after c, is enough wherever Q's group follows chunk 0 alone: a ring of two.)
+MK_HD constexpr int attn_pending_groups(int c, int n_issued, int n_before_q, bool q_async) {
+    return q_async && c == 0 && n_issued - n_before_q < n_issued - c - 1 ? n_issued - n_before_q : n_issued - c - 1;
 }

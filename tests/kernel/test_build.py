@@ -57,7 +57,7 @@ def check_build_log(log: str, spills_allowed: bool = False) -> None:
                                      "MK_PG_PROXY_FENCE=0", "MK_SMEM_ALIGN=16", "MK_PG_TC_ACC=2",
                                      "MK_EARLY_TABLES=0", "MK_ATTN_Q_ASYNC=0", "MK_CLAIM_FIRST=0",
                                      "MK_ATTN_BULK=1,MK_ATTN_Q_ASYNC=2", "MK_ATTN_PAD=1",
-                                     "MK_ATTN_BULK=1,MK_ATTN_PAD=1"])
+                                     "MK_ATTN_BULK=1,MK_ATTN_PAD=1", "MK_ATTN_BULK=1,MK_ATTN_PAD=1,MK_ATTN_ISSUE=1"])
 def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     """The builds the switches select besides the default (MK_MOE_LOCAL=0: the MoE worker's routing read from L2 per
     item; MK_SMALL_VEC=1: NORM in three or four waves of loads; MK_SMALL_VEC=3: the combine in one round trip;
@@ -72,7 +72,8 @@ def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     worker's several-row pages with two accumulators per chain; MK_EARLY_TABLES=0: the record, abort flag and tables
     loaded a round trip later; MK_ATTN_Q_ASYNC=0: attention's Q rows by register loads; MK_CLAIM_FIRST=0: a task's
     next claim by thread 0 after its signal's release; MK_ATTN_BULK=1,MK_ATTN_Q_ASYNC=2: the bulk path with Q's rows
-    by cp.async; MK_ATTN_PAD=1, alone and with the bulk path: Q's and the merge's rows padded): each
+    by cp.async; MK_ATTN_PAD=1, alone and with the bulk path: Q's and the merge's rows padded; with MK_ATTN_ISSUE=1
+    too: the bulk copies issued by more warps, or during the math): each
     compiles, its entry function does not spill, and its static shared memory fits the reserve."""
     if build.find_nvcc() is None:
         pytest.skip("nvcc not installed")

@@ -164,6 +164,10 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
     const int a0 = TM ? k0 & ~(ATM_BOX - 1) : k0;
     auto chunk_len = [&](int t0) { return min(k1 - t0, CH); };
     unsigned ph = BULK ? s_aphase : 0u; // bit st: the parity of stage st's next completion
+    // MK_ATTN_ISSUE=1, bulk copies, one warp per 16-key slice: the next chunk's copies are issued after the chunk's
+    // wait and barrier by the warps that do not compute, while the others do the math (the stage they fill was
+    // last read before the previous chunk's closing barrier), instead of by every thread before the wait
+    constexpr bool ISSUE_IN_MATH = MK_ATTN_ISSUE && BULK && !TM && !(DSPLIT && KS % 2 == 0);
     auto load_chunk = [&](int t0, int n, int stage) {
         if constexpr (TM) {
             // warp 0: lane 0 arms the stage with the boxes' bytes, lanes 0 .. 2 * nbox - 1 copy a box each
@@ -182,18 +186,39 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
                 }
             }
         } else if constexpr (BULK) {
-            // one bulk copy (TMA) per K row and per V row, spread over the block's threads, completing on the
-            // stage's mbarrier (thread 0 arms it; copies that land before the arm take the count below zero, and
-            // the phase cannot complete before thread 0's arrival). V rows n .. n+15 of a short chunk are zeroed (P
-            // is 0 there, but stale shared memory could hold NaN bit patterns).
+            // one bulk copy (TMA) per K row and per V row, completing on the stage's mbarrier (the first issuing
+            // thread arms it; copies that land before the arm take the count below zero, and the phase cannot
+            // complete before that thread's arrival). V rows n .. n+15 of a short chunk are zeroed (P is 0 there,
+            // but stale shared memory could hold NaN bit patterns). Which threads copy: a copy's issue is a loop over
+            // the warp's active lanes in SASS (one elected UBLKCP per lane, ~41 cycles each), so a warp's copies go
+            // out one after another (threads 0..255 in order gave warps 0..7 32 copies each, ~1870 cycles per chunk:
+            // a helper's SASS audit, session 26). MK_ATTN_ISSUE=1: the two-warp variant spreads them over 16 lanes
+            // of every warp (half the time, before the chunk's wait as before); the one-warp variant has its idle
+            // warps AWARPS.. issue them during the other warps' math (ISSUE_IN_MATH, below). 0: threads 0..255.
             unsigned long long* bar = &s_abar[stage];
-            if (threadIdx.x == 0) mbar_expect_tx(bar, (unsigned)(2 * n * d * 2));
-            fence_proxy_async();
-            for (int i = threadIdx.x; i < 2 * n; i += NT) {
-                const bool v = i >= n;
-                const int r = v ? i - n : i;
-                const bf16* src = key_row(t0 + r) + (v ? (size_t)bs * KVs : 0);
-                bulk_load((v ? sV : sK) + (size_t)(stage * CH + r) * rowp, src, (unsigned)d * 2, bar, l2_evict_first());
+            constexpr int first = ISSUE_IN_MATH ? AWARPS * 32 : 0;   // the first issuing thread
+            if (threadIdx.x == first) mbar_expect_tx(bar, (unsigned)(2 * n * d * 2));
+            if constexpr (!MK_ATTN_ISSUE) {
+                fence_proxy_async();
+                for (int i = threadIdx.x; i < 2 * n; i += NT) {
+                    const bool v = i >= n;
+                    const int r = v ? i - n : i;
+                    const bf16* src = key_row(t0 + r) + (v ? (size_t)bs * KVs : 0);
+                    bulk_load((v ? sV : sK) + (size_t)(stage * CH + r) * rowp, src, (unsigned)d * 2, bar,
+                              l2_evict_first());
+                }
+            } else {
+                static_assert(2 * CH <= (NW - AWARPS) * 32 && 2 * CH <= NW * 16, "one copy per issuing lane");
+                // ISSUE_IN_MATH: threads first.. in order (NT - first >= 2n); else lanes 0..15 of every warp
+                const int i = ISSUE_IN_MATH ? (int)threadIdx.x - first : (lane < 16 ? warp * 16 + lane : NT);
+                if (i >= 0 && i < 2 * n) {
+                    fence_proxy_async();           // (the stage's last reads, another thread's, were before a barrier)
+                    const bool v = i >= n;
+                    const int r = v ? i - n : i;
+                    const bf16* src = key_row(t0 + r) + (v ? (size_t)bs * KVs : 0);
+                    bulk_load((v ? sV : sK) + (size_t)(stage * CH + r) * rowp, src, (unsigned)d * 2, bar,
+                              l2_evict_first());
+                }
             }
             constexpr int per = d >> 3;
             const int pad = min(CH, (n + 15) / 16 * 16) - n;
@@ -306,7 +331,7 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
         if (threadIdx.x == 0) t_chunk = prof_now();
 #endif
         // the next chunk goes into the stage chunk c - 1 used: every thread left it at the barrier ending c - 1
-        if (t_issue < k1) issue_next();
+        if (!ISSUE_IN_MATH && t_issue < k1) issue_next();
 #if ATTN_STATS
         if (threadIdx.x == 0) { t_issued = prof_now(); st_issue += t_issued - t_chunk; }
 #endif
@@ -333,6 +358,7 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
         }
         __syncthreads();
         if (c == 0) prof_mark(PS_LANDED);      // the first chunk of K/V is in shared memory
+        if (ISSUE_IN_MATH && t_issue < k1) issue_next();   // (every thread counts it; warps AWARPS.. copy)
 #if ATTN_STATS
         if (threadIdx.x == 0) { t_chunk = prof_now(); st_wait += t_chunk - t_issued; }
 #endif

@@ -94,6 +94,14 @@ typedef __nv_bfloat16 bf16;
 #define MK_ATTN_Q_ASYNC 1
 #endif
 
+// MK_ATTN_ISSUE: which threads issue an attention chunk's bulk copies (MK_ATTN_BULK=1): 1 spreads them so no warp
+// issues more than 16 (the two-warp variant, b1-b2) or has the warps that do not compute issue them during the
+// others' math (the one-warp variant, b3-b16), where a warp's copies go out one lane at a time (~41 cycles each) and
+// issue and math took turns; 0: threads 0..255 before each chunk's wait. Unmeasured (session 26).
+#ifndef MK_ATTN_ISSUE
+#define MK_ATTN_ISSUE 0
+#endif
+
 // MK_ATTN_PAD: an attention split's Q rows (ATTN_ROW_PAD elements, as K's and V's) and its merge's fp32 rows
 // (ATTN_MERGE_PAD floats) padded in shared memory (1; mk_attn_layout.cuh), or not (0). Unpadded, rows 256 bytes apart
 // at head_dim 128 put a warp's 8 rows of Q fragment words in one bank: an 8-way conflict on each of a warp's 16 Q

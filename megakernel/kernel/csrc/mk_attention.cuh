@@ -164,10 +164,13 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
     const int a0 = TM ? k0 & ~(ATM_BOX - 1) : k0;
     auto chunk_len = [&](int t0) { return min(k1 - t0, CH); };
     unsigned ph = BULK ? s_aphase : 0u; // bit st: the parity of stage st's next completion
-    // MK_ATTN_ISSUE=1, bulk copies, one warp per 16-key slice: the next chunk's copies are issued after the chunk's
-    // wait and barrier by the warps that do not compute, while the others do the math (the stage they fill was
-    // last read before the previous chunk's closing barrier), instead of by every thread before the wait
-    constexpr bool ISSUE_IN_MATH = MK_ATTN_ISSUE && BULK && !TM && !(DSPLIT && KS % 2 == 0);
+    // MK_ATTN_ISSUE=1 on the bulk path: the one-warp variant's copies by the warps that do not compute (ISSUE_IDLE),
+    // and no block barrier between a chunk's wait and its math after the first chunk (LAP_SYNC0): each thread
+    // waits on the stage's mbarrier itself, which makes the copies visible to it, and the pad rows were zeroed and
+    // published laps earlier, so the barrier only held every warp for the slowest; at chunk 0 it publishes Q. The
+    // computing warps then wait and compute while the others issue the next chunk, two chunks in flight as before.
+    constexpr bool ISSUE_IDLE = MK_ATTN_ISSUE && BULK && !TM && !(DSPLIT && KS % 2 == 0);
+    constexpr bool LAP_SYNC0 = MK_ATTN_ISSUE && BULK && !TM;
     auto load_chunk = [&](int t0, int n, int stage) {
         if constexpr (TM) {
             // warp 0: lane 0 arms the stage with the boxes' bytes, lanes 0 .. 2 * nbox - 1 copy a box each
@@ -193,10 +196,10 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
             // the warp's active lanes in SASS (one elected UBLKCP per lane, ~41 cycles each), so a warp's copies go
             // out one after another (threads 0..255 in order gave warps 0..7 32 copies each, ~1870 cycles per chunk:
             // a helper's SASS audit, session 26). MK_ATTN_ISSUE=1: the two-warp variant spreads them over 16 lanes
-            // of every warp (half the time, before the chunk's wait as before); the one-warp variant has its idle
-            // warps AWARPS.. issue them during the other warps' math (ISSUE_IN_MATH, below). 0: threads 0..255.
+            // of every warp (half the time); in the one-warp variant the warps AWARPS.. that do not compute issue
+            // them (ISSUE_IDLE) while the others go on to their wait and math. 0: threads 0..255.
             unsigned long long* bar = &s_abar[stage];
-            constexpr int first = ISSUE_IN_MATH ? AWARPS * 32 : 0;   // the first issuing thread
+            constexpr int first = ISSUE_IDLE ? AWARPS * 32 : 0;   // the first issuing thread
             if (threadIdx.x == first) mbar_expect_tx(bar, (unsigned)(2 * n * d * 2));
             if constexpr (!MK_ATTN_ISSUE) {
                 fence_proxy_async();
@@ -209,8 +212,8 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
                 }
             } else {
                 static_assert(2 * CH <= (NW - AWARPS) * 32 && 2 * CH <= NW * 16, "one copy per issuing lane");
-                // ISSUE_IN_MATH: threads first.. in order (NT - first >= 2n); else lanes 0..15 of every warp
-                const int i = ISSUE_IN_MATH ? (int)threadIdx.x - first : (lane < 16 ? warp * 16 + lane : NT);
+                // ISSUE_IDLE: threads first.. in order (NT - first >= 2n); else lanes 0..15 of every warp
+                const int i = ISSUE_IDLE ? (int)threadIdx.x - first : (lane < 16 ? warp * 16 + lane : NT);
                 if (i >= 0 && i < 2 * n) {
                     fence_proxy_async();           // (the stage's last reads, another thread's, were before a barrier)
                     const bool v = i >= n;
@@ -331,7 +334,7 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
         if (threadIdx.x == 0) t_chunk = prof_now();
 #endif
         // the next chunk goes into the stage chunk c - 1 used: every thread left it at the barrier ending c - 1
-        if (!ISSUE_IN_MATH && t_issue < k1) issue_next();
+        if (t_issue < k1) issue_next();
 #if ATTN_STATS
         if (threadIdx.x == 0) { t_issued = prof_now(); st_issue += t_issued - t_chunk; }
 #endif
@@ -356,9 +359,8 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
                         make_uint4(0, 0, 0, 0);
             }
         }
-        __syncthreads();
+        if (!LAP_SYNC0 || c == 0) __syncthreads();
         if (c == 0) prof_mark(PS_LANDED);      // the first chunk of K/V is in shared memory
-        if (ISSUE_IN_MATH && t_issue < k1) issue_next();   // (every thread counts it; warps AWARPS.. copy)
 #if ATTN_STATS
         if (threadIdx.x == 0) { t_chunk = prof_now(); st_wait += t_chunk - t_issued; }
 #endif

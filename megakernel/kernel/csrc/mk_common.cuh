@@ -94,10 +94,11 @@ typedef __nv_bfloat16 bf16;
 #define MK_ATTN_Q_ASYNC 1
 #endif
 
-// MK_ATTN_ISSUE: which threads issue an attention chunk's bulk copies (MK_ATTN_BULK=1): 1 spreads them so no warp
-// issues more than 16 (the two-warp variant, b1-b2) or has the warps that do not compute issue them during the
-// others' math (the one-warp variant, b3-b16), where a warp's copies go out one lane at a time (~41 cycles each) and
-// issue and math took turns; 0: threads 0..255 before each chunk's wait. Unmeasured (session 26).
+// MK_ATTN_ISSUE: which threads issue an attention chunk's bulk copies (MK_ATTN_BULK=1), where a warp's copies go out
+// one lane at a time (~41 cycles each): 1 spreads them so no warp issues more than 16 (the two-warp variant, b1-b2),
+// or has the warps that do not compute issue them (the one-warp variant, b3-b16), and drops the block barrier
+// between a chunk's wait and its math after the first chunk, so the computing warps wait and compute while the
+// others issue; 0: threads 0..255, and every warp meets after each wait. Unmeasured (session 26).
 #ifndef MK_ATTN_ISSUE
 #define MK_ATTN_ISSUE 0
 #endif

@@ -10,6 +10,8 @@ bytes and its span (dependency met -> end), per chunk: wait, math and issue, and
 (p10 / p50 / p90) over the layer's splits and over all layers'. attn_stream.cu timed the copies alone at ~2.0 us per
 64 KB chunk and the math at ~0.4, where the step's chunks take ~4.5 (SPEED_NOTES, twentieth session): a split whose
 chunks mostly wait is bound by delivery under the step's load, one whose math grew by something inside the SM.
+Under MK_ATTN_ISSUE=1 "issue" is thread 0's own share (none of the copies in the one-warp variant, b3+, whose idle
+warps issue them: there a slow issue shows as math) and "wait" its own wait (mk_common.cuh says so).
 """
 
 from __future__ import annotations

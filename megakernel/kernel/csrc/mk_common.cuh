@@ -120,7 +120,9 @@ typedef __nv_bfloat16 bf16;
 // reads them). In the step a 64 KB chunk takes ~4.5 us where attn_stream.cu's copies alone take 2.0 and its math 0.4
 // (SPEED_NOTES, twentieth session): these sums say which part grows in the step. (In the profiling build, which
 // spills anyway, the one-warp-per-slice variant at head_dim 128 then spills 32 bytes instead of 8; the b1-b2 variant
-// none.)
+// none.) Under MK_ATTN_ISSUE=1 (bulk path) m0 is thread 0's own wait after chunk 0 (no barrier follows it), and m2 is
+// thread 0's share of the issue: its 16 lanes' copies in the two-warp variant, only the counters and pad rows in the
+// one-warp variant, whose copies other warps issue; their time shows in m1 where it outlasts the math.
 #ifndef MK_ATTN_STATS
 #define MK_ATTN_STATS 0
 #endif

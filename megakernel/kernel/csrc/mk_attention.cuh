@@ -201,26 +201,23 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
             unsigned long long* bar = &s_abar[stage];
             constexpr int first = ISSUE_IDLE ? AWARPS * 32 : 0;   // the first issuing thread
             if (threadIdx.x == first) mbar_expect_tx(bar, (unsigned)(2 * n * d * 2));
+            const auto copy_row = [&](int i) {     // row i of the chunk's 2n: K rows, then V rows
+                const bool v = i >= n;
+                const int r = v ? i - n : i;
+                const bf16* src = key_row(t0 + r) + (v ? (size_t)bs * KVs : 0);
+                bulk_load((v ? sV : sK) + (size_t)(stage * CH + r) * rowp, src, (unsigned)d * 2, bar,
+                          l2_evict_first());
+            };
             if constexpr (!MK_ATTN_ISSUE) {
                 fence_proxy_async();
-                for (int i = threadIdx.x; i < 2 * n; i += NT) {
-                    const bool v = i >= n;
-                    const int r = v ? i - n : i;
-                    const bf16* src = key_row(t0 + r) + (v ? (size_t)bs * KVs : 0);
-                    bulk_load((v ? sV : sK) + (size_t)(stage * CH + r) * rowp, src, (unsigned)d * 2, bar,
-                              l2_evict_first());
-                }
+                for (int i = threadIdx.x; i < 2 * n; i += NT) copy_row(i);
             } else {
                 static_assert(2 * CH <= (NW - AWARPS) * 32 && 2 * CH <= NW * 16, "one copy per issuing lane");
                 // ISSUE_IDLE: threads first.. in order (NT - first >= 2n); else lanes 0..15 of every warp
                 const int i = ISSUE_IDLE ? (int)threadIdx.x - first : (lane < 16 ? warp * 16 + lane : NT);
                 if (i >= 0 && i < 2 * n) {
                     fence_proxy_async();           // (the stage's last reads, another thread's, were before a barrier)
-                    const bool v = i >= n;
-                    const int r = v ? i - n : i;
-                    const bf16* src = key_row(t0 + r) + (v ? (size_t)bs * KVs : 0);
-                    bulk_load((v ? sV : sK) + (size_t)(stage * CH + r) * rowp, src, (unsigned)d * 2, bar,
-                              l2_evict_first());
+                    copy_row(i);
                 }
             }
             constexpr int per = d >> 3;

@@ -18,12 +18,15 @@
 // left it; each computing warp waits on the stage's `full` mbarrier itself): the design a barrier-free attention
 // split would have. "+math qpad" / "+math2 qpad": the math modes with Q's rows padded by 16 bytes (the kernel's
 // MK_ATTN_PAD=1, csrc/mk_attn_layout.cuh): unpadded each Q fragment load is an 8-way bank conflict, so the pairs say
-// how much of the math's cost is those conflicts.
+// how much of the math's cost is those conflicts. "+math qpad fast" / "+math2 qpad fast": the padded math as
+// MK_ATTN_MATH=1 builds it (csrc/mk_attn_math.cuh: K by ldmatrix, Q K^T unrolled, V loaded before the softmax, ex2).
+// Every math mode runs the kernel's own chunk math (csrc/mk_attn_math.cuh), not a copy of it.
 #include <cstdio>
 #include <cstdlib>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include "../megakernel/kernel/csrc/mk_attn_layout.cuh"
+#include "../megakernel/kernel/csrc/mk_attn_math.cuh"
 
 constexpr int NT = 512;
 constexpr int ROW = 256;                      // bytes per K or V row of one kv head (head_dim 128, bf16)
@@ -73,72 +76,23 @@ constexpr int HD = 128;                       // head_dim of the math modes (one
 constexpr int PITCH = ROW + 16;               // the math modes' padded rows (task_attn_d: d + 8 elements)
 constexpr int GQ = 8;                         // query heads per kv head (North: 32 / 4)
 
-__device__ __forceinline__ void mma_rows8(float* c, unsigned a0, unsigned a2, unsigned b0, unsigned b1) {
-    float d2 = 0.f, d3 = 0.f;
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(d2), "+f"(d3)
-        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void ldsm_x4_trans(unsigned* r, const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)) : "memory");
-}
-__device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const unsigned*>(&v);
-}
-
-// One computing warp's share of a chunk of CH keys (K rows 0..CH-1, V rows CH..2CH-1 at PITCH bytes), as task_attn_d
-// computes it: its 16-key slice's scores against sQ's GQ query rows, the online softmax, and O += P V over NP 16-dim
-// pairs from np0 on (all of them: KS = HD / 16; the two-warp variant: half each). QPAD: elements after each Q row.
-template <int NP, int QPAD = 0>
+// One computing warp's share of a chunk of CH keys (K rows 0..CH-1, V rows CH..2CH-1 at PITCH bytes): task_attn_d's
+// own math (csrc/mk_attn_math.cuh), its 16-key slice against sQ's GQ query rows over NP 16-dim pairs from np0 on (all
+// of them: KS = HD / 16; the two-warp variant: half each). QPAD: elements after each Q row; FAST: MK_ATTN_MATH=1.
+template <int NP, int QPAD = 0, bool FAST = false>
 __device__ __forceinline__ void chunk_math(const unsigned char* chunk, int CH, const __nv_bfloat16* sQ, int slice,
                                            int np0, float& m_run, float& l_run, float (*o)[2]) {
     constexpr int KS = HD / 16;
-    const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3, kb = slice * 16;
     const __nv_bfloat16* sK = reinterpret_cast<const __nv_bfloat16*>(chunk);
-    const __nv_bfloat16* sV = reinterpret_cast<const __nv_bfloat16*>(chunk + (size_t)CH * PITCH);
-    constexpr int rowp = PITCH / 2;
-    float sc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
-#pragma unroll 2
-    for (int ks = 0; ks < KS; ks++) {
-        const unsigned* qw = reinterpret_cast<const unsigned*>(sQ);
-        const unsigned qa0 = qw[q_word<HD, QPAD>(g, ks * 8 + t4)], qa2 = qw[q_word<HD, QPAD>(g, ks * 8 + 4 + t4)];
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++) {
-            const __nv_bfloat16* kr = sK + (size_t)(kb + nt * 8 + g) * rowp + ks * 16 + 2 * t4;
-            mma_rows8(sc[nt], qa0, qa2, *reinterpret_cast<const unsigned*>(kr),
-                      *reinterpret_cast<const unsigned*>(kr + 8));
-        }
-    }
-    float v[4], mx = -INFINITY;
-#pragma unroll
-    for (int e = 0; e < 4; e++) { v[e] = sc[e >> 1][e & 1] * 0.0883883f; mx = fmaxf(mx, v[e]); }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m_run, mx), alpha = expf(m_run - m_new);
-    float pr[4];
-#pragma unroll
-    for (int e = 0; e < 4; e++) pr[e] = expf(v[e] - m_new);
-    l_run = l_run * alpha + (pr[0] + pr[1] + pr[2] + pr[3]);
-    m_run = m_new;
-    const unsigned pa0 = pack_bf16x2(pr[0], pr[1]), pa2 = pack_bf16x2(pr[2], pr[3]);
-    const __nv_bfloat16* vrow = sV + (size_t)(kb + (lane & 7) + ((lane >> 3) & 1) * 8) * rowp + (lane >> 4) * 8;
-#pragma unroll
-    for (int i = 0; i < NP; i++) {
-        unsigned bv[4];
-        ldsm_x4_trans(bv, vrow + (np0 + i) * 16);
-        o[2 * i][0] *= alpha; o[2 * i][1] *= alpha;
-        o[2 * i + 1][0] *= alpha; o[2 * i + 1][1] *= alpha;
-        mma_rows8(o[2 * i], pa0, pa2, bv[0], bv[1]);
-        mma_rows8(o[2 * i + 1], pa0, pa2, bv[2], bv[3]);
-    }
+    const AttnKVPadded<PITCH / 2> kv{sK, sK + (size_t)CH * (PITCH / 2), 0};
+    attn_chunk_math<KS, NP, FAST>(AttnQSmem<HD, QPAD>{sQ, GQ}, kv, slice * 16, CH, 0, 0.0883883f, np0, m_run, l_run,
+                                  o);
 }
 
 // Block b streams rows [b * rows_per_block, ...) of `src` (row i at i * stride bytes), `rows_chunk` rows per chunk.
 // MATH (METHOD 0 only): 0 a read of every 16 bytes; 1 the split's math, one warp per 16-key slice; 2 two warps.
-// QPAD: elements after each of Q's rows (the values are only for timing).
-template <int METHOD, int MATH = 0, int QPAD = 0>
+// QPAD: elements after each of Q's rows (the values are only for timing); FAST: the math as MK_ATTN_MATH=1 builds it.
+template <int METHOD, int MATH = 0, int QPAD = 0, bool FAST = false>
 __global__ void __launch_bounds__(NT, 1) stream(const unsigned char* src, long long stride, int rows_per_block,
                                                  int rows_chunk, int stages, float* out) {
     static_assert(MATH == 0 || METHOD == 0, "the math modes load by cp.async");
@@ -199,7 +153,7 @@ __global__ void __launch_bounds__(NT, 1) stream(const unsigned char* src, long l
         __syncthreads();
         const unsigned char* s = smem + (size_t)(c % stages) * chunk_bytes;
         if (MATH) {
-            if (computes) chunk_math<NP, QPAD>(s, CH, sQ, slice, np0, m_run, l_run, o);
+            if (computes) chunk_math<NP, QPAD, FAST>(s, CH, sQ, slice, np0, m_run, l_run, o);
         } else {
             for (int i = threadIdx.x; i < chunk_bytes / 16; i += NT)   // a read of every 16 bytes
                 acc += __int_as_float(reinterpret_cast<const int4*>(s)[i].x & 0x3f800000);
@@ -279,6 +233,8 @@ int main(int argc, char** argv) {
         cudaFuncSetAttribute(stream<0, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, maxsm) ||
         cudaFuncSetAttribute(stream<0, 1, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, maxsm) ||
         cudaFuncSetAttribute(stream<0, 2, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, maxsm) ||
+        cudaFuncSetAttribute(stream<0, 1, 8, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, maxsm) ||
+        cudaFuncSetAttribute(stream<0, 2, 8, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, maxsm) ||
         cudaFuncSetAttribute(stream_ws, cudaFuncAttributeMaxDynamicSharedMemorySize, maxsm)) {
         printf("cudaFuncSetAttribute: %s\n", cudaGetErrorString(cudaGetLastError()));
         return 1;
@@ -287,9 +243,9 @@ int main(int argc, char** argv) {
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
     printf("%d blocks of %d threads, %d rows of %d B per block\n", blocks, NT, rows_per_block, ROW);
-    const char* names[8] = {"cp.async16", "bulk/row", "bulk16KB", "+math", "+math2", "ws+math", "+math qpad",
-                            "+math2 qpad"};
-    for (int method = 0; method < 8; method++)
+    const char* names[10] = {"cp.async16", "bulk/row", "bulk16KB", "+math", "+math2", "ws+math", "+math qpad",
+                             "+math2 qpad", "+math qpad fast", "+math2 qpad fast"};
+    for (int method = 0; method < 10; method++)
         for (long long stride : {1024LL, 256LL}) {
             if (method == 2 && stride != 256) continue;   // (contiguous only)
             if (method >= 3 && stride != 1024) continue;  // (the math modes: the KV pool's stride)
@@ -314,6 +270,10 @@ int main(int argc, char** argv) {
                             stream<0, 1, 8><<<blocks, NT, sm_need>>>(src, stride, rpb, rows_chunk, stages, out);
                         if (method == 7)
                             stream<0, 2, 8><<<blocks, NT, sm_need>>>(src, stride, rpb, rows_chunk, stages, out);
+                        if (method == 8)
+                            stream<0, 1, 8, true><<<blocks, NT, sm_need>>>(src, stride, rpb, rows_chunk, stages, out);
+                        if (method == 9)
+                            stream<0, 2, 8, true><<<blocks, NT, sm_need>>>(src, stride, rpb, rows_chunk, stages, out);
                     };
                     launch();
                     cudaEventRecord(e0);

@@ -23,7 +23,7 @@ from megakernel.kernel import opcodes
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("mk_math.cuh", "mk_async.cuh", "mk_page_math.cuh", "mk_common.cuh", "mk_loader.cuh", "mk_gemv_core.cuh",
            "mk_gemv.cuh", "mk_lm_head.cuh", "mk_norm.cuh", "mk_attention.cuh", "mk_routing.cuh", "mk_moe.cuh",
-           "mk_moe_pages.cuh", "mk_attn_layout.cuh", "mk_tmap.h", "mk_peak.cuh", "mk_kernel.cu")
+           "mk_moe_pages.cuh", "mk_attn_layout.cuh", "mk_attn_math.cuh", "mk_tmap.h", "mk_peak.cuh", "mk_kernel.cu")
 ARCH_FLAGS = {"sm_90a": ["-gencode=arch=compute_90a,code=sm_90a"], "sm_90": ["-gencode=arch=compute_90,code=sm_90"]}
 NVCC_FLAGS = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-lineinfo",
               "-Xptxas", "-v"]
@@ -116,7 +116,8 @@ KERNEL_SWITCHES = {"MK_GEMV_TC": 1, "MK_GEMV_B1": 1, "MK_SMALL_VEC": 2, "MK_MOE_
                    "MK_ATTN_BULK": 0, "MK_CONST_TABLES": 0, "MK_ATTN_DSPLIT": 1, "MK_ATTN_TABLE": 1,
                    "MK_PG_PAGE_STATS": 0, "MK_PG_SEG_TC": 0, "MK_PG_CLAIM_LEAD": 4, "MK_PG_PROXY_FENCE": 1,
                    "MK_SMEM_ALIGN": 128, "MK_PG_TC_ACC": 1, "MK_ATTN_STATS": 0, "MK_EARLY_TABLES": 1,
-                   "MK_ATTN_Q_ASYNC": 1, "MK_CLAIM_FIRST": 1, "MK_ATTN_PAD": 0, "MK_ATTN_ISSUE": 0}
+                   "MK_ATTN_Q_ASYNC": 1, "MK_CLAIM_FIRST": 1, "MK_ATTN_PAD": 0, "MK_ATTN_ISSUE": 0,
+                   "MK_ATTN_MATH": 0}
 # switches whose default follows another's value: (switch, value of the other) -> this switch's default there
 # (MK_MOE_LOCAL=0's persistent loop spills 24 bytes beside attention's second variant; MK_CONST_TABLES=1's 8 bytes
 # beside attention's block table in shared memory, and 4 beside the bulk-copy attention: a CI run at f62e198)

@@ -2,6 +2,7 @@
 #pragma once
 #include "mk_common.cuh"
 #include "mk_attn_layout.cuh"
+#include "mk_attn_math.cuh"
 
 // ---- attention: one split of one (sequence, kv head), on tensor cores ------------------------------------------
 // K/V stream through a ring of `attn_stages` chunks of CH keys (any block boundaries inside a chunk). Each of the
@@ -27,28 +28,6 @@ __device__ __forceinline__ void cp_async_wait_pending(int pending) {
         case 2: cp_async_wait_group<2>(); break;
         default: cp_async_wait_group<3>(); break;
     }
-}
-
-// c[0..1] += A B for rows g (0-7) of a m16n8k16 bf16 MMA whose rows 8-15 are zero: a0/a2 hold row g's columns
-// (2t, 2t+1) and (2t+8, 2t+9); the pad rows' outputs are dropped.
-__device__ __forceinline__ void mma_rows8(float* c, unsigned a0, unsigned a2, unsigned b0, unsigned b1) {
-    float d2 = 0.f, d3 = 0.f;
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(d2), "+f"(d3)
-        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
-}
-
-
-// ldmatrix x4 transposed: 4 8x8 tiles whose rows start at the lanes' shared-memory addresses
-__device__ __forceinline__ void ldsm_x4_trans_s(unsigned* r, unsigned addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
-}
-__device__ __forceinline__ void ldsm_x4_trans(unsigned* r, const bf16* p) { ldsm_x4_trans_s(r, smem_addr(p)); }
-
-__device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const unsigned*>(&v);
 }
 
 // The attention ring's mbarriers (one per stage; the bulk-copy paths, MK_ATTN_BULK >= 1) and their phases (bit st: the
@@ -77,6 +56,19 @@ __device__ __forceinline__ int tm_off(int r, int c) {
     const int line = ((r >> 4) * NCB + (c >> 6)) * ATM_BOX + (r & 15);
     return line * 128 + ((((c & 63) >> 3) ^ (r & 7)) << 4) + (c & 7) * 2;
 }
+
+// Where attn_chunk_math finds K and V in a tensor-copied chunk (MK_ATTN_BULK=2): K at kst, V at shared address vst,
+// both in tm_off's swizzled layout (the padded-row layouts: mk_attn_math.cuh's AttnKVPadded)
+template <int NCB>
+struct AttnKVTensor {
+    const unsigned char* kst;
+    unsigned vst;
+    __device__ __forceinline__ unsigned k_word(int r, int c) const {
+        return *reinterpret_cast<const unsigned*>(kst + tm_off<NCB>(r, c));
+    }
+    __device__ __forceinline__ unsigned k_addr(int r, int c) const { return smem_addr(kst + tm_off<NCB>(r, c)); }
+    __device__ __forceinline__ unsigned v_addr(int r, int c) const { return vst + tm_off<NCB>(r, c); }
+};
 
 // KS = head_dim / 16: the MMA k-steps of Q K^T and the 16-dim pairs of P V, fixed per instantiation. TM: K/V chunks
 // by tensor copies of 16-key boxes through the host's KV maps (MK_ATTN_BULK=2, head_dim a multiple of 64, blocks
@@ -309,6 +301,8 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
             reinterpret_cast<unsigned*>(sQ)[i] = __ldcg(reinterpret_cast<const unsigned*>(qg) + i);
     }
     float m_run = -INFINITY, l_run = 0.f;      // row g's running max (scaled scores) and this thread's partial sum
+    constexpr bool FAST = MK_ATTN_MATH && !TM;  // (mk_attn_math.cuh: the restructured math, padded-row paths)
+    const AttnQSmem<d, QPAD> q_smem{sQ, gq};
     // DSPLIT (head_dim a multiple of 32): two warps per 16-key slice, each accumulating half the output dims (both
     // compute the slice's scores: the same instructions on the same inputs, so the same softmax state, and the same
     // sums as one warp per slice); else one warp per slice, all dims
@@ -363,61 +357,13 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
 #endif
         const int kb = slice * 16;             // this warp's slice of the chunk
         if (computes && kb < n && kb + 16 > lo_off) {
-            float sc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};   // keys kb + nt*8 + 2t4 (+1)
-#pragma unroll 2
-            for (int ks = 0; ks < KS; ks++) {
-                // row g's words ks * 8 + t4 and 4 further (mk_attn_layout.cuh's q_word: row g at g * (d + QPAD))
-                const bf16* qr = sQ + (size_t)g * q_pitch<d, QPAD>() + ks * 16 + 2 * t4;
-                const unsigned qa0 = g < gq ? *reinterpret_cast<const unsigned*>(qr) : 0u;
-                const unsigned qa2 = g < gq ? *reinterpret_cast<const unsigned*>(qr + 8) : 0u;
-#pragma unroll
-                for (int nt = 0; nt < 2; nt++) {
-                    unsigned kb0, kb1;
-                    if constexpr (TM) {
-                        const unsigned char* kst = smem + tm_k + (size_t)stage * CH * d * 2;
-                        const int r = kb + nt * 8 + g, cidx = ks * 16 + 2 * t4;
-                        kb0 = *reinterpret_cast<const unsigned*>(kst + tm_off<NCB>(r, cidx));
-                        kb1 = *reinterpret_cast<const unsigned*>(kst + tm_off<NCB>(r, cidx + 8));
-                    } else {
-                        const bf16* kr = sK + (size_t)(stage * CH + kb + nt * 8 + g) * rowp + ks * 16 + 2 * t4;
-                        kb0 = *reinterpret_cast<const unsigned*>(kr);
-                        kb1 = *reinterpret_cast<const unsigned*>(kr + 8);
-                    }
-                    mma_rows8(sc[nt], qa0, qa2, kb0, kb1);
-                }
-            }
-            float v[4], mx = -INFINITY;
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int key = kb + (e >> 1) * 8 + 2 * t4 + (e & 1);
-                v[e] = key < n && key >= lo_off ? sc[e >> 1][e & 1] * scale : -INFINITY;
-                mx = fmaxf(mx, v[e]);
-            }
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(m_run, mx);           // finite: the slice holds one of the split's keys
-            const float alpha = expf(m_run - m_new);
-            float pr[4];
-#pragma unroll
-            for (int e = 0; e < 4; e++) pr[e] = expf(v[e] - m_new);
-            l_run = l_run * alpha + (pr[0] + pr[1] + pr[2] + pr[3]);
-            m_run = m_new;
-            const unsigned pa0 = pack_bf16x2(pr[0], pr[1]), pa2 = pack_bf16x2(pr[2], pr[3]);
-            const int vr = kb + (lane & 7) + ((lane >> 3) & 1) * 8;   // this lane's ldmatrix row
-            const bf16* vrow = sV + (size_t)(stage * CH + vr) * rowp + (lane >> 4) * 8;
-#pragma unroll
-            for (int i = 0; i < NPM; i++) {
-                const int np = np0 + i;
-                unsigned bv[4];
-                if constexpr (TM)
-                    ldsm_x4_trans_s(bv, (unsigned)(smem_addr(smem) + tm_v + stage * CH * d * 2 +
-                                                   tm_off<NCB>(vr, np * 16 + (lane >> 4) * 8)));
-                else
-                    ldsm_x4_trans(bv, vrow + np * 16);
-                o[2 * i][0] *= alpha; o[2 * i][1] *= alpha;
-                o[2 * i + 1][0] *= alpha; o[2 * i + 1][1] *= alpha;
-                mma_rows8(o[2 * i], pa0, pa2, bv[0], bv[1]);
-                mma_rows8(o[2 * i + 1], pa0, pa2, bv[2], bv[3]);
+            if constexpr (TM) {
+                const AttnKVTensor<NCB> kv{smem + tm_k + (size_t)stage * CH * d * 2,
+                                           (unsigned)(smem_addr(smem) + tm_v + stage * CH * d * 2)};
+                attn_chunk_math<KS, NPM, false>(q_smem, kv, kb, n, lo_off, scale, np0, m_run, l_run, o);
+            } else {
+                const AttnKVPadded<rowp> kv{sK, sV, stage * CH};
+                attn_chunk_math<KS, NPM, FAST>(q_smem, kv, kb, n, lo_off, scale, np0, m_run, l_run, o);
             }
         }
         __syncthreads();
@@ -445,7 +391,7 @@ __device__ __noinline__ bool task_attn_d(const Params& P, const int* rec, int ti
         l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
         if (g < gq) {
             if (t4 == 0 && half == 0) {        // (a slice's two warps hold the same max and sum)
-                sMw[slice * MK_ATTN_MAX_GROUP + g] = m_run;
+                sMw[slice * MK_ATTN_MAX_GROUP + g] = attn_max_natural<FAST>(m_run);
                 sLw[slice * MK_ATTN_MAX_GROUP + g] = l_run;
             }
             // (mk_attn_layout.cuh's merge_float; unpadded in the form the default build has always compiled)

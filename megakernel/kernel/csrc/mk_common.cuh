@@ -114,6 +114,16 @@ typedef __nv_bfloat16 bf16;
 #define MK_ATTN_PAD 0
 #endif
 
+// MK_ATTN_MATH: an attention chunk's math restructured (1; mk_attn_math.cuh, from session 26's SASS audit) on the
+// padded-row paths: Q K^T fully unrolled with K's fragments by ldmatrix, V's fragments loaded before the softmax, and
+// ex2.approx with log2(e) in the scale. Meant beside MK_ATTN_BULK=1, MK_ATTN_PAD=1, MK_ATTN_ISSUE=1, where neither
+// head_dim-128 variant spills (beside the cp.async default the one-warp variant spills 32 bytes where it spilled 20).
+// The audit's latency model: ~-0.35 us per 64 KB chunk once Q is padded. 0: the math as measured through session 25.
+// Unmeasured (session 27).
+#ifndef MK_ATTN_MATH
+#define MK_ATTN_MATH 0
+#endif
+
 // MK_ATTN_STATS=1 (with MK_PROFILE, a diagnostic build): an attention split's four marks hold sums over its chunks,
 // in ns, instead of stamps: m0 thread 0's wait for each chunk's copies (and the barrier after it), m1 the chunk's math
 // (to the barrier that ends it), m2 issuing the next chunk's copies, m3 the chunk count (benchmarks/attn_stats.py

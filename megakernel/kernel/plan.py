@@ -245,7 +245,12 @@ class ModelPlan:
                                          # 8.600-8.617 / 8.615
     o_item_kb: int = 0                   # > 0: plans that queue their O projection (o_queue) cut it into items of
                                          # at most this many KiB instead of GEMV tiles (192 KB at North dims: 86
-                                         # items, which at b1 run on 86 of the 132 workers at the layer's tail)
+                                         # items, which at b1 run on 86 of the 132 workers at the layer's tail);
+                                         # plans with static O tasks, into tasks of at most this many KiB (a
+                                         # multiple of TILE_ROW_QUANTUM rows). Session 27: at b8 the 128 O tasks of
+                                         # 128 KB are the layer's tail, one per SM after the MoE workers, ~14 us
+                                         # from claim to end (load 5, GEMV 4.3); two of 64 KB per SM would overlap
+                                         # the second's load with the first's GEMV. Not yet measured
     router_first: int = 1                # 1: each MoE layer's router tiles listed ahead of its QKV tiles (0: after)
     moe_ring: int = 0                    # plans of at most this many rows (tile_batch) give the expert items a
                                          # ring of two weight buffers of their own (tiles sized to fill one; the
@@ -415,8 +420,9 @@ class ModelPlan:
         # with the inputs of the plan's rows after it
         self.moe_wbuf = self.wbuf
         o_in_queue = self.tb <= self.o_queue                    # (whose items run on the plain worker)
-        if o_in_queue and self.o_item_kb:    # queued O items of at most o_item_kb KiB (an even count of rows)
-            self.o_rows = min(self.o_rows, max(2, self.o_item_kb * 1024 // (self.Q * 2) // 2 * 2))
+        if self.o_item_kb:                   # O items (an even count of rows) or tasks of at most o_item_kb KiB
+            cap_rows, q = self.o_item_kb * 1024 // (self.Q * 2), 2 if o_in_queue else O.TILE_ROW_QUANTUM
+            self.o_rows = min(self.o_rows, max(q, cap_rows // q * q))
         if self.tb <= self.moe_ring and not self.wbuf and self.Lm and not o_in_queue:
             one_row = max(2 * (self.H + O.ROW_PAD) * 2, (self.I + O.ROW_PAD) * 2)   # a gate/up pair, a down row
             self.moe_wbuf = self._two_buffers(max(self.H, self.I), one_row, fused)
@@ -662,9 +668,11 @@ def tiling_plans(cfg: ModelConfig, layout: KVLayout, max_batch: int, per_batch: 
     # the streaming LM head's tiles shrink with every row of input; they do not split plans (the plan of the largest
     # tile_batch with the same other tiles serves the smaller launches, its LM tiles sized for its rows)
     # (a paged plan's expert items are not GEMV tiles: their rows are part of its key, so the one-row plan's own
-    # item size, moe_pages_tile_kb_1row, is not merged into a larger plan's)
+    # item size, moe_pages_tile_kb_1row, is not merged into a larger plan's; nor are plans whose input warp loads
+    # the layer's x rows once into plans loading each item's own, pg_x_item: that is a different worker)
     key = lambda p: (tuple(t for t in p.gemv_tiles if t is not p.lm_tile), p.wbuf, p.moe_wbuf > 0,   # noqa: E731
-                     p.lm_wbuf > 0, p.o_items > 0, p.pg_n > 0, (p.gu_rows, p.dn_rows) if p.pg_n else ())
+                     p.lm_wbuf > 0, p.o_items > 0, p.pg_n > 0,
+                     (p.gu_rows, p.dn_rows, p.pg_x_item) if p.pg_n else ())
     by_tiles: dict[tuple, ModelPlan] = {}
     shrinking = knobs.get("prefetch", ModelPlan.prefetch) or knobs.get("moe_ring", ModelPlan.moe_ring)
     cands = [1 << i for i in range(max_batch.bit_length()) if 1 << i < max_batch] if shrinking else range(1, max_batch)

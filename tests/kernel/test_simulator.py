@@ -465,6 +465,25 @@ def test_fused_norm_plans_on_north_dims_need_no_more_shared_memory():
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_simulator_with_smaller_static_oproj_tasks(variant):
+    """o_item_kb without o_queue: a plan whose O projection is static OPROJ tasks cuts them into tasks of at most
+    that many KiB (a multiple of TILE_ROW_QUANTUM rows), more of them than the GEMV tiles; exact in random orders."""
+    B = 8
+    cfg, w, st, nxt = _setup(variant, B, seed=57)
+    kb = max(1, O.TILE_ROW_QUANTUM * cfg.num_heads * cfg.head_dim * 2 // 1024)    # the smallest whole quantum
+    plain = ModelPlan(cfg, st.layout, max_batch=16, n_workers=2, split_tokens=4, o_queue=1)
+    plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=2, split_tokens=4, o_queue=1, o_item_kb=kb)
+    assert plan.o_items == 0 and plain.o_rows > O.TILE_ROW_QUANTUM
+    assert plan.o_rows == O.TILE_ROW_QUANTUM and plan.n_o_tiles > plain.n_o_tiles
+    batch = decode_batch(st, nxt)
+    si = step_inputs(plan, batch.input_ids.tolist(), batch.positions.tolist(), batch.block_tables)
+    rec = build_tasks(plan, si.B, si.nsplit).records
+    per_layer = (rec[:, 0] == int(O.Op.OPROJ)).sum() // cfg.num_layers
+    assert per_layer == plan.n_o_tiles
+    _check_step(cfg, w, st, nxt, plan, seeds=[B, B + 9])
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
 @pytest.mark.parametrize("B,o_after,o_item_kb", [(1, 0, 0), (4, 0, 0), (1, 8, 0), (4, 3, 0), (1, 8, 1)])
 def test_simulator_with_oproj_in_the_expert_queue(variant, B, o_after, o_item_kb):
     """o_queue: a MoE layer's O-projection tiles are items of its expert queue (after the gate/up items and o_after

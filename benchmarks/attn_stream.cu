@@ -19,7 +19,7 @@
 // split would have. "+math qpad" / "+math2 qpad": the math modes with Q's rows padded by 16 bytes (the kernel's
 // MK_ATTN_PAD=1, csrc/mk_attn_layout.cuh): unpadded each Q fragment load is an 8-way bank conflict, so the pairs say
 // how much of the math's cost is those conflicts. "+math qpad fast" / "+math2 qpad fast": the padded math as
-// MK_ATTN_MATH=1 builds it (csrc/mk_attn_math.cuh: K by ldmatrix, Q K^T unrolled, V loaded before the softmax, ex2).
+// MK_ATTN_MATH=1 builds it (csrc/mk_attn_math.cuh: K by ldmatrix, Q K^T unrolled by 4, ex2.approx).
 // Every math mode runs the kernel's own chunk math (csrc/mk_attn_math.cuh), not a copy of it.
 #include <cstdio>
 #include <cstdlib>

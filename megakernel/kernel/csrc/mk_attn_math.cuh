@@ -9,15 +9,14 @@
 // The MMA is m16n8k16 with the kv head's <= 8 query heads as rows 0-7 and rows 8-15 zero; P is rounded to bf16 as
 // the A operand of P V (V through ldmatrix.trans); fp32 accumulation throughout.
 //
-// MK_ATTN_MATH=1 (FAST), from a SASS audit of the chunk loop (session 26): the Q K^T k-steps fully unrolled (was
-// `unroll 2`) with K's B fragments by ldmatrix (one x4 for two k-steps of one 8-key tile instead of four 32-bit
-// loads; the padded 272-byte rows are conflict-free for both), V's fragments loaded before the softmax instead of
-// after it (their latency under the max / exp / shuffles), and the exponentials as ex2.approx with log2(e) folded
-// into the scale (the running max then lives in log2 units: attn_max_natural converts it for the merge). Two more of
-// the audit's proposals were compiled and left out (session 27, ptxas): four accumulator chains (even and odd
-// k-steps apart) spill 32 bytes in the one-warp variant beside MK_ATTN_BULK=1, MK_ATTN_PAD=1, MK_ATTN_ISSUE=1, and
-// Q's fragments held in registers across chunks spill 144 bytes in the two-warp variant; as shipped neither
-// head_dim-128 variant spills in that build.
+// MK_ATTN_MATH=1 (FAST), from a SASS audit of the chunk loop (session 26): K's B fragments by ldmatrix, one x4 per
+// k-step for both 8-key tiles of the slice (was four 32-bit loads; the padded 272-byte rows are conflict-free for
+// both), the k-steps unrolled by 4 (was 2; fully unrolled, the one-warp variant spills 4 bytes at head_dim 128), and
+// the exponentials as ex2.approx with log2(e) folded into the scale (the running max then lives in log2 units:
+// attn_max_natural converts it for the merge). The audit's other proposals, compiled in session 27 and left out:
+// four accumulator chains (even and odd k-steps apart) spill 32 bytes in the one-warp variant, Q's fragments held in
+// registers across chunks 144 in the two-warp one, and V's fragments loaded above the softmax are moved back into
+// the P V loop by ptxas. A helper's lane-level model of both paths (PTX fragment layouts) matches numpy attention.
 #pragma once
 #include <cuda_bf16.h>
 #include "mk_attn_layout.cuh"
@@ -31,8 +30,8 @@ __device__ __forceinline__ void mma_rows8(float* c, unsigned a0, unsigned a2, un
         : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
 }
 
-// ldmatrix: 4 (or 2) 8x8 tiles whose rows start at the lanes' shared-memory addresses (x2: lanes 0-15's), transposed
-// or not. Lane l receives row l / 4, elements 2 (l % 4) and + 1 of each tile (of the transposed tile with .trans).
+// ldmatrix: 4 8x8 tiles whose rows start at the lanes' shared-memory addresses (lanes 8i .. 8i + 7: tile i's rows),
+// transposed or not. Lane l receives row l / 4, elements 2 (l % 4) and + 1 of each tile (.trans: of its transpose).
 __device__ __forceinline__ void ldsm_x4_trans_s(unsigned* r, unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
@@ -40,10 +39,6 @@ __device__ __forceinline__ void ldsm_x4_trans_s(unsigned* r, unsigned addr) {
 __device__ __forceinline__ void ldsm_x4_s(unsigned* r, unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
-}
-__device__ __forceinline__ void ldsm_x2_s(unsigned* r, unsigned addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
-                 : "=r"(r[0]), "=r"(r[1]) : "r"(addr) : "memory");
 }
 
 __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
@@ -108,7 +103,6 @@ __device__ __forceinline__ void attn_chunk_math(const QSrc& q, const KV& kv, int
     const int vr = kb + (lane & 7) + ((lane >> 3) & 1) * 8;   // this lane's V ldmatrix row
     const int vc = (lane >> 4) * 8;
     float sc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};                // keys kb + nt*8 + 2t4 (+1)
-    [[maybe_unused]] unsigned bv[FAST ? NPM : 1][4];          // FAST: V's fragments, loaded before the softmax
     if constexpr (!FAST) {
 #pragma unroll 2
         for (int ks = 0; ks < KS; ks++) {
@@ -121,27 +115,17 @@ __device__ __forceinline__ void attn_chunk_math(const QSrc& q, const KV& kv, int
             }
         }
     } else {
-        const int kr = lane & 7, kc = (lane >> 3) * 8;        // this lane's K ldmatrix row, and column in two k-steps
-#pragma unroll
-        for (int ks = 0; ks < KS; ks += 2) {
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++) {
-                unsigned b[4], qa0, qa2;
-                if (ks + 1 < KS) {                            // K rows kb + nt*8 .., k-steps ks and ks + 1
-                    ldsm_x4_s(b, kv.k_addr(kb + nt * 8 + kr, ks * 16 + kc));
-                    q.frag(ks, qa0, qa2);
-                    mma_rows8(sc[nt], qa0, qa2, b[0], b[1]);
-                    q.frag(ks + 1, qa0, qa2);
-                    mma_rows8(sc[nt], qa0, qa2, b[2], b[3]);
-                } else {                                      // (odd KS: the last k-step alone)
-                    ldsm_x2_s(b, kv.k_addr(kb + nt * 8 + kr, ks * 16 + (kc & 8)));
-                    q.frag(ks, qa0, qa2);
-                    mma_rows8(sc[nt], qa0, qa2, b[0], b[1]);
-                }
-            }
+        // one ldmatrix.x4 per k-step: K rows kb .. kb + 15 (lanes 16-31: the second 8-key tile), columns ks * 16 and
+        // + 8 (lanes 8-15 and 24-31), i.e. both tiles' b0 and b1; Q's fragment read once per k-step
+        const int kr = (lane & 7) + (lane >> 4) * 8, kc = ((lane >> 3) & 1) * 8;
+#pragma unroll 4
+        for (int ks = 0; ks < KS; ks++) {                     // (a full unroll spills 4 bytes at KS 8, one warp)
+            unsigned b[4], qa0, qa2;
+            ldsm_x4_s(b, kv.k_addr(kb + kr, ks * 16 + kc));
+            q.frag(ks, qa0, qa2);
+            mma_rows8(sc[0], qa0, qa2, b[0], b[1]);
+            mma_rows8(sc[1], qa0, qa2, b[2], b[3]);
         }
-#pragma unroll
-        for (int i = 0; i < NPM; i++) ldsm_x4_trans_s(bv[i], kv.v_addr(vr, (np0 + i) * 16 + vc));
     }
     const float sl = FAST ? scale * 1.4426950408889634f : scale;
     float v[4], mx = -INFINITY;
@@ -164,11 +148,10 @@ __device__ __forceinline__ void attn_chunk_math(const QSrc& q, const KV& kv, int
 #pragma unroll
     for (int i = 0; i < NPM; i++) {
         unsigned b[4];
-        if constexpr (!FAST) ldsm_x4_trans_s(b, kv.v_addr(vr, (np0 + i) * 16 + vc));
-        const unsigned* bb = FAST ? bv[FAST ? i : 0] : b;
+        ldsm_x4_trans_s(b, kv.v_addr(vr, (np0 + i) * 16 + vc));
         o[2 * i][0] *= alpha; o[2 * i][1] *= alpha;
         o[2 * i + 1][0] *= alpha; o[2 * i + 1][1] *= alpha;
-        mma_rows8(o[2 * i], pa0, pa2, bb[0], bb[1]);
-        mma_rows8(o[2 * i + 1], pa0, pa2, bb[2], bb[3]);
+        mma_rows8(o[2 * i], pa0, pa2, b[0], b[1]);
+        mma_rows8(o[2 * i + 1], pa0, pa2, b[2], b[3]);
     }
 }

@@ -115,11 +115,11 @@ typedef __nv_bfloat16 bf16;
 #endif
 
 // MK_ATTN_MATH: an attention chunk's math restructured (1; mk_attn_math.cuh, from session 26's SASS audit) on the
-// padded-row paths: Q K^T fully unrolled with K's fragments by ldmatrix, V's fragments loaded before the softmax, and
-// ex2.approx with log2(e) in the scale. Meant beside MK_ATTN_BULK=1, MK_ATTN_PAD=1, MK_ATTN_ISSUE=1, where neither
-// head_dim-128 variant spills (beside the cp.async default the one-warp variant spills 32 bytes where it spilled 20).
-// The audit's latency model: ~-0.35 us per 64 KB chunk once Q is padded. 0: the math as measured through session 25.
-// Unmeasured (session 27).
+// padded-row paths: K's fragments by ldmatrix (one x4 per k-step instead of four 32-bit loads), Q K^T unrolled by 4,
+// and ex2.approx with log2(e) in the scale instead of expf. Meant beside MK_ATTN_BULK=1, MK_ATTN_PAD=1,
+// MK_ATTN_ISSUE=1, where neither head_dim-128 variant spills (that build's one-warp variant spills 12 bytes without
+// it); beside the cp.async default the one-warp variant spills more (40 bytes, 20 without). 0: the math as measured
+// through session 25. Unmeasured (session 27).
 #ifndef MK_ATTN_MATH
 #define MK_ATTN_MATH 0
 #endif

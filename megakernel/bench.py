@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from megakernel.config import ModelConfig
+from megakernel.errors import RequestError
 
 # The standard sweep: batch 1 over context, then batch over 8K context.
 SWEEP = [(1, 1024), (1, 8192), (1, 32768), (1, 131072), (1, 262144),
@@ -442,7 +443,7 @@ def run_bench(args: argparse.Namespace) -> int:
     max_len = max(c for _, c in points) + args.steps + 32
     common = dict(device=args.device, dtype=args.dtype, max_num_seqs=max_b, max_model_len=max(max_len,
                   args.max_model_len or 0), enable_prefix_caching=False, async_scheduling=not args.sync_steps,
-                  progress=False)
+                  progress=False, num_kv_blocks=args.num_kv_blocks)
     weights, cfg = None, None
     if args.random_north:
         cfg = north_mini_code_config()
@@ -452,6 +453,7 @@ def run_bench(args: argparse.Namespace) -> int:
     peak = None
     peaks: dict[str, float] = {}
     results: list[Point] = []
+    skipped: list[dict] = []                                 # points a backend's engine could not hold, and why
     mode = "synchronous steps" if args.sync_steps else "pipelined steps"
     for backend in backends:
         t0 = time.perf_counter()
@@ -471,8 +473,14 @@ def run_bench(args: argparse.Namespace) -> int:
             trace = None
             if args.trace:
                 trace = args.trace if len(points) == 1 else args.trace.replace(".json", f"_b{B}_c{ctx}.json")
-            p = _run_point(engine, cfg, B, ctx, steps, args.kv_fill, peak, f"{backend}-{B}-{ctx}",
-                           kernels=args.profile_kernels, trace_path=trace)
+            try:
+                p = _run_point(engine, cfg, B, ctx, steps, args.kv_fill, peak, f"{backend}-{B}-{ctx}",
+                               kernels=args.profile_kernels, trace_path=trace)
+            except RequestError as e:                        # (the point's prompts do not fit this engine's KV pool:
+                _abort_all(engine)                           # on a smaller card, or beside a backend's own memory)
+                skipped.append(dict(backend=engine.runner.backend_name, batch_size=B, context=ctx, reason=str(e)))
+                print(f"backend {engine.runner.backend_name}, batch {B}, context {ctx}: skipped ({e})", flush=True)
+                continue
             results.append(p)
             roof = f", {p.roofline_pct:.1f}% of the roofline (roofline {p.roofline_tokens_per_s:.0f} tok/s)" \
                 if p.roofline_pct is not None else ""
@@ -486,7 +494,7 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.json:
         doc = dict(**run_record(), peak_read_gb_per_s=peak, peak_read_by_method=peaks, kv_fill=args.kv_fill, mode=mode,
                    torch=torch.__version__,
-                   points=[asdict(p) for p in results])
+                   points=[asdict(p) for p in results], skipped=skipped)
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
         print(f"wrote {args.json}")
@@ -526,6 +534,9 @@ def add_bench_args(b: argparse.ArgumentParser) -> None:
                    help="the standard sweep: batch 1 at 1K..256K, batch 1..16 at 8K (instead of the lists)")
     b.add_argument("--max-context", type=int, default=262144, help="drop sweep points beyond this context")
     b.add_argument("--steps", type=int, default=32, help="timed decode steps per point (default: 32)")
+    b.add_argument("--num-kv-blocks", type=lambda s: [int(x) for x in s.split(",")], default=None,
+                   help="exact KV blocks per group (full[,sliding]) instead of the engine's memory budget; a point "
+                        "whose prompts do not fit the pool is skipped, and listed as such in the JSON")
     b.add_argument("--torch-steps", type=int, default=4, help="timed steps per point for the torch backend")
     b.add_argument("--kv-fill", choices=["synthetic", "prefill"], default="synthetic",
                    help="how each point's context gets into the KV cache (default: synthetic random K/V)")

@@ -90,3 +90,19 @@ def test_run_record_names_the_build_overrides(monkeypatch):
     rec = run_record()
     assert rec["env"] == {"MEGAKERNEL_KERNEL_DEFINES": "MK_ATTN_BULK=1", "MEGAKERNEL_ATTN_MAX_STAGES": "3"}
     assert {"commit", "date", "gpu", "command"} <= set(rec)
+
+
+def test_bench_skips_a_point_its_kv_pool_cannot_hold(tmp_path):
+    """A point whose prompts do not fit the engine's KV pool (the graph backend's pool at 256K on an 80 GB card) is
+    skipped with the engine's reason, listed under `skipped` in the JSON, and the other points still run."""
+    folder = write_checkpoint("north_like", tmp_path / "m")
+    out = tmp_path / "bench.json"
+    r = subprocess.run([sys.executable, "-m", "megakernel", "bench", "--model", str(folder), "--batch-size", "1",
+                        "--context", "600,20", "--steps", "2", "--backend", "torch", "--num-kv-blocks", "4,4",
+                        "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "backend torch, batch 1, context 600: skipped (the prompt needs" in r.stdout
+    doc = json.loads(out.read_text())
+    assert [(p["batch_size"], p["context"]) for p in doc["points"]] == [(1, 20)]
+    (s,) = doc["skipped"]
+    assert (s["backend"], s["batch_size"], s["context"]) == ("torch", 1, 600) and "KV blocks" in s["reason"]

@@ -51,32 +51,28 @@ def check_build_log(log: str, spills_allowed: bool = False) -> None:
 
 
 @pytest.mark.parametrize("defines", ["MK_MOE_LOCAL=0", "MK_SMALL_VEC=1", "MK_SMALL_VEC=3",
-                                     "MK_ATTN_BULK=1",
+                                     "MK_ATTN_BULK=0", "MK_ATTN_BULK=0,MK_ATTN_PAD=0,MK_ATTN_MATH=0",
                                      "MK_ATTN_BULK=2,MK_EARLY_TABLES=0", "MK_CONST_TABLES=1",
-                                     "MK_ATTN_DSPLIT=0", "MK_ATTN_TABLE=0", "MK_PG_SEG_TC=1", "MK_PG_CLAIM_LEAD=1",
-                                     "MK_PG_PROXY_FENCE=0", "MK_SMEM_ALIGN=16", "MK_PG_TC_ACC=2",
-                                     "MK_EARLY_TABLES=0", "MK_ATTN_Q_ASYNC=0", "MK_CLAIM_FIRST=0",
-                                     "MK_ATTN_BULK=1,MK_ATTN_Q_ASYNC=2", "MK_ATTN_PAD=1",
-                                     "MK_ATTN_BULK=1,MK_ATTN_PAD=1", "MK_ATTN_BULK=1,MK_ATTN_PAD=1,MK_ATTN_ISSUE=1",
-                                     "MK_ATTN_MATH=1", "MK_ATTN_BULK=1,MK_ATTN_PAD=1,MK_ATTN_ISSUE=1,MK_ATTN_MATH=1"])
+                                     "MK_ATTN_DSPLIT=0", "MK_ATTN_BULK=0,MK_ATTN_TABLE=0", "MK_PG_SEG_TC=1",
+                                     "MK_PG_CLAIM_LEAD=1", "MK_PG_PROXY_FENCE=0", "MK_SMEM_ALIGN=16", "MK_PG_TC_ACC=2",
+                                     "MK_EARLY_TABLES=0", "MK_ATTN_BULK=0,MK_ATTN_Q_ASYNC=0", "MK_CLAIM_FIRST=0",
+                                     "MK_ATTN_Q_ASYNC=2", "MK_ATTN_PAD=0", "MK_ATTN_ISSUE=0", "MK_ATTN_MATH=0"])
 def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     """The builds the switches select besides the default (MK_MOE_LOCAL=0: the MoE worker's routing read from L2 per
     item; MK_SMALL_VEC=1: NORM in three or four waves of loads; MK_SMALL_VEC=3: the combine in one round trip;
-    MK_ATTN_BULK=1 / 2: attention by bulk or
-    tensor copies (2 with MK_EARLY_TABLES=0: beside the early loads the tensor-copy build spills 12 bytes of the
-    persistent loop's task bookkeeping, session 24, to be resolved before it is measured against the default);
-    MK_CONST_TABLES=1: the layer tables in constant memory too; MK_ATTN_DSPLIT=0: attention without its
-    two-warps-per-slice variant; MK_ATTN_TABLE=0: attention's cp.async path looking each KV block segment up as it
-    goes; MK_PG_SEG_TC=1: the paged worker's one-row pages on tensor cores; MK_PG_CLAIM_LEAD=1: its next claim one
-    page before an item's end; MK_PG_PROXY_FENCE=0: no proxy fence before a page's copy; MK_SMEM_ALIGN=16: dynamic
-    shared memory from the static section's 16-byte end (the default before session 24); MK_PG_TC_ACC=2: the paged
-    worker's several-row pages with two accumulators per chain; MK_EARLY_TABLES=0: the record, abort flag and tables
-    loaded a round trip later; MK_ATTN_Q_ASYNC=0: attention's Q rows by register loads; MK_CLAIM_FIRST=0: a task's
-    next claim by thread 0 after its signal's release; MK_ATTN_BULK=1,MK_ATTN_Q_ASYNC=2: the bulk path with Q's rows
-    by cp.async; MK_ATTN_PAD=1, alone and with the bulk path: Q's and the merge's rows padded; with MK_ATTN_ISSUE=1
-    too: the bulk copies issued by more warps, or during the math; MK_ATTN_MATH=1, alone and with those three: the
-    restructured chunk math of csrc/mk_attn_math.cuh): each
-    compiles, its entry function does not spill, and its static shared memory fits the reserve."""
+    MK_ATTN_BULK=0: attention's K/V by 16-byte cp.async, alone and as the default before session 27 (no padding, the
+    old math); MK_ATTN_BULK=2: by tensor copies (with MK_EARLY_TABLES=0: beside the early loads the tensor-copy build
+    spills 12 bytes of the persistent loop's task bookkeeping, session 24); MK_CONST_TABLES=1: the layer tables in
+    constant memory too; MK_ATTN_DSPLIT=0: attention without its two-warps-per-slice variant; MK_ATTN_TABLE=0 (on the
+    cp.async path): each KV block segment looked up as it goes; MK_PG_SEG_TC=1: the paged worker's one-row pages on
+    tensor cores; MK_PG_CLAIM_LEAD=1: its next claim one page before an item's end; MK_PG_PROXY_FENCE=0: no proxy
+    fence before a page's copy; MK_SMEM_ALIGN=16: dynamic shared memory from the static section's 16-byte end (the
+    default before session 24); MK_PG_TC_ACC=2: the paged worker's several-row pages with two accumulators per chain;
+    MK_EARLY_TABLES=0: the record, abort flag and tables loaded a round trip later; MK_ATTN_Q_ASYNC=0 (cp.async path)
+    and 2 (bulk path): attention's Q rows by register loads, or by cp.async; MK_CLAIM_FIRST=0: a task's next claim by
+    thread 0 after its signal's release; MK_ATTN_PAD=0, MK_ATTN_ISSUE=0, MK_ATTN_MATH=0: each of session 27's
+    attention defaults off): each compiles, its entry function does not spill, and its static shared memory fits the
+    reserve."""
     if build.find_nvcc() is None:
         pytest.skip("nvcc not installed")
     monkeypatch.setenv("MEGAKERNEL_CACHE_DIR", str(tmp_path))

@@ -62,10 +62,11 @@ typedef __nv_bfloat16 bf16;
 // (TMA) per 256-byte K or V row, on an mbarrier per ring stage (1); tensor copies of 16 keys x one kv head through
 // the host's maps of the KV pools, swizzled, where head_dim is 64 or 128 and KV blocks a multiple of 16 keys (2).
 // Session 25 (dynamic shared memory 128-byte aligned since session 24), against 0: 1 gives b1 8K -0.1%, b1 128K -0.2%,
-// b8 8K -3.8%; 2 gives -0.3%, +2.1%, -4.8% (and spills 12 bytes beside MK_EARLY_TABLES=1). 1 is to become the
-// default once the GPU tests and sanitizers have run on it (no device was lent for them in session 25).
+// b8 8K -3.8%; 2 gives -0.3%, +2.1%, -4.8% (and spills 12 bytes beside MK_EARLY_TABLES=1). Session 27 (H100, each
+// build in its own process): 1 alone b1 8K +0.9%, 128K +1.5%, b8 -2.9%, b16 -1.1%; with MK_ATTN_PAD, MK_ATTN_ISSUE and
+// MK_ATTN_MATH (the default since) -2.0%, -9.8%, -5.7%, -3.2% against 0 with the three off.
 #ifndef MK_ATTN_BULK
-#define MK_ATTN_BULK 0
+#define MK_ATTN_BULK 1
 #endif
 
 // MK_ATTN_DSPLIT: the build has attention's second variant, the P V accumulators split over two warps per 16-key slice
@@ -98,9 +99,10 @@ typedef __nv_bfloat16 bf16;
 // one lane at a time (~41 cycles each): 1 spreads them so no warp issues more than 16 (the two-warp variant, b1-b2),
 // or has the warps that do not compute issue them (the one-warp variant, b3-b16), and drops the block barrier
 // between a chunk's wait and its math after the first chunk, so the computing warps wait and compute while the
-// others issue; 0: threads 0..255, and every warp meets after each wait. Unmeasured (session 26).
+// others issue; 0: threads 0..255, and every warp meets after each wait. Session 27 (H100, beside MK_ATTN_BULK=1 and
+// MK_ATTN_PAD=1): b1 8K -0.1%, 128K -1.3%, b8 -0.9%, b16 -1.0%. The default since.
 #ifndef MK_ATTN_ISSUE
-#define MK_ATTN_ISSUE 0
+#define MK_ATTN_ISSUE 1
 #endif
 
 // MK_ATTN_PAD: an attention split's Q rows (ATTN_ROW_PAD elements, as K's and V's) and its merge's fp32 rows
@@ -109,9 +111,10 @@ typedef __nv_bfloat16 bf16;
 // loads per chunk, most of the chunk's shared-memory wavefronts (at 16 computing warps ~2050 of ~3300, with K's 512,
 // V's 256 and the copies' 512); the merge's output stores, once per split, 4 wavefronts per half-warp where 1 does.
 // attn_stream.cu: the two-warp math adds 1.06 us per 64 KB chunk to the copies' 2.0 and the one-warp math 0.39,
-// about in the ratio of their Q loads; the b1 trace's math is 2.0 us per chunk. Unmeasured (session 26).
+// about in the ratio of their Q loads; the b1 trace's math is 2.0 us per chunk. Session 27 (H100, beside
+// MK_ATTN_BULK=1): b1 8K -2.0%, 128K -8.9%, b8 -1.5%, b16 -1.2%. The default since.
 #ifndef MK_ATTN_PAD
-#define MK_ATTN_PAD 0
+#define MK_ATTN_PAD 1
 #endif
 
 // MK_ATTN_MATH: an attention chunk's math restructured (1; mk_attn_math.cuh, from session 26's SASS audit) on the
@@ -119,9 +122,10 @@ typedef __nv_bfloat16 bf16;
 // and ex2.approx with log2(e) in the scale instead of expf. Meant beside MK_ATTN_BULK=1, MK_ATTN_PAD=1,
 // MK_ATTN_ISSUE=1, where neither head_dim-128 variant spills (that build's one-warp variant spills 12 bytes without
 // it); beside the cp.async default the one-warp variant spills more (40 bytes, 20 without). 0: the math as measured
-// through session 25. Unmeasured (session 27).
+// through session 25. Session 27 (H100, beside the three): b1 8K -0.6%, 128K -1.1%, b8 -0.4%, b16 even. The default
+// since.
 #ifndef MK_ATTN_MATH
-#define MK_ATTN_MATH 0
+#define MK_ATTN_MATH 1
 #endif
 
 // MK_ATTN_STATS=1 (with MK_PROFILE, a diagnostic build): an attention split's four marks hold sums over its chunks,

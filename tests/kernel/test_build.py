@@ -237,17 +237,14 @@ def test_dependent_switch_defaults(monkeypatch):
     assert build.switch_flags() == ("-DMK_MOE_LOCAL=0",) and build.switch_value("MK_ATTN_DSPLIT") == 1
     monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "")
     assert build.switch_flags() == () and build.switch_value("MK_ATTN_DSPLIT") == 1
-    # MK_CONST_TABLES=1 builds read attention's block table per segment (their loop spills beside the table copy)
+    # MK_CONST_TABLES=1 builds read attention's block table per segment (their loop spills beside the table copy),
+    # and load K/V by cp.async (beside the bulk copies, the default since session 27, they spill 4 bytes)
     monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_CONST_TABLES=1")
-    assert build.switch_flags() == ("-DMK_CONST_TABLES=1", "-DMK_ATTN_TABLE=0")
-    assert build.switch_value("MK_ATTN_TABLE") == 0
-    # ... and the cp.async attention (beside the bulk copies they spill 4 bytes): no flag while that is the default
-    assert build.switch_value("MK_ATTN_BULK") == 0
-    monkeypatch.setitem(build.KERNEL_SWITCHES, "MK_ATTN_BULK", 1)
     assert build.switch_flags() == ("-DMK_CONST_TABLES=1", "-DMK_ATTN_TABLE=0", "-DMK_ATTN_BULK=0")
-    assert build.switch_value("MK_ATTN_BULK") == 0
+    assert build.switch_value("MK_ATTN_TABLE") == 0 and build.switch_value("MK_ATTN_BULK") == 0
     monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_CONST_TABLES=1,MK_ATTN_BULK=1")
     assert build.switch_value("MK_ATTN_BULK") == 1
+    assert build.switch_flags() == ("-DMK_CONST_TABLES=1", "-DMK_ATTN_TABLE=0")
 
 
 def compile_microbenchmark(name: str, tmp_path) -> list[int]:

@@ -58,7 +58,8 @@ __device__ __forceinline__ int tm_off(int r, int c) {
 }
 
 // Where attn_chunk_math finds K and V in a tensor-copied chunk (MK_ATTN_BULK=2): K at kst, V at shared address vst,
-// both in tm_off's swizzled layout (the padded-row layouts: mk_attn_math.cuh's AttnKVPadded)
+// both in tm_off's swizzled layout (the padded-row layouts: mk_attn_math.cuh's AttnKVPadded). No k_addr: the
+// tensor-copy path runs the math with FAST off.
 template <int NCB>
 struct AttnKVTensor {
     const unsigned char* kst;
@@ -66,7 +67,6 @@ struct AttnKVTensor {
     __device__ __forceinline__ unsigned k_word(int r, int c) const {
         return *reinterpret_cast<const unsigned*>(kst + tm_off<NCB>(r, c));
     }
-    __device__ __forceinline__ unsigned k_addr(int r, int c) const { return smem_addr(kst + tm_off<NCB>(r, c)); }
     __device__ __forceinline__ unsigned v_addr(int r, int c) const { return vst + tm_off<NCB>(r, c); }
 };
 

@@ -4,7 +4,8 @@
 // caller's, through two small interfaces:
 //   Q:  frag(ks, a0, a2)  - row g's A-fragment words for k-step ks (g = lane / 4: columns ks*16 + 2t, + 8)
 //   KV: k_word(r, c)      - the 32-bit word of K row r at column c (c even)
-//       k_addr(r, c)      - the shared-memory address of K row r, column c (16-byte aligned: an ldmatrix row)
+//       k_addr(r, c)      - (FAST only) the shared-memory address of K row r, column c (16-byte aligned: an
+//                           ldmatrix row)
 //       v_addr(r, c)      - the same for V
 // The MMA is m16n8k16 with the kv head's <= 8 query heads as rows 0-7 and rows 8-15 zero; P is rounded to bf16 as
 // the A operand of P V (V through ldmatrix.trans); fp32 accumulation throughout.

@@ -86,11 +86,33 @@ __device__ __forceinline__ void issue_weights(const Params& P, const Tile& T, in
 
 __shared__ const bf16* s_xrow[MB];
 
-// Copies nb input rows (pointers in s_xrow) of K elements into sX (pitch row_pitch(K)) with plain L2 loads (the
-// inputs were written in this launch), four 16-byte loads in flight per thread; threads 0..NTHREADS-1 take part.
+// MK_LOADX_ASYNC: load_x by 16-byte cp.async, every copy of a thread in flight at once (1), or four L2 loads in
+// flight per thread through registers (0). At 16 rows the O projection's input is 16 x 4096 bf16 = 128 KB: 8192
+// 16-byte pieces, four rounds of L2 round trips at 0 (two at 8 rows), one at 1. The b16 trace (session 28, H100) has
+// the 256 O tiles of a layer run after the MoE workers, two per SM, 8.5 us of each waiting on its loads (64 KB of
+// weights and those 128 KB of inputs): the layer's last ~37 us.
+#ifndef MK_LOADX_ASYNC
+#define MK_LOADX_ASYNC 0
+#endif
+
+// Copies nb input rows (pointers in s_xrow) of K elements into sX (pitch row_pitch(K)) from L2 (the inputs were
+// written in this launch; .cg, never the incoherent L1 / nc path); threads 0..NTHREADS-1 take part, and each has
+// its own copies landed when it returns (the caller's barrier publishes them).
 template <int NTHREADS = NT>
 __device__ __forceinline__ void load_x(bf16* sX, int nb, int K, int pitch_elems = 0) {   // 0: row_pitch(K)
     const int per_row = K >> 3, n = nb * per_row, pitch = pitch_elems ? pitch_elems : row_pitch(K);
+#if MK_LOADX_ASYNC
+    // piece u = threadIdx.x + i * NTHREADS is row b, 16-byte column c: both stepped, no division per piece
+    int b = 0, c = threadIdx.x;
+    while (c >= per_row && b < nb) { c -= per_row; b++; }
+    for (int u = threadIdx.x; u < n; u += NTHREADS) {
+        cp_async16(sX + (size_t)b * pitch + c * 8, reinterpret_cast<const uint4*>(s_xrow[b]) + c);
+        c += NTHREADS;
+        while (c >= per_row) { c -= per_row; b++; }
+    }
+    cp_async_commit();
+    cp_async_wait_all();
+#else
     for (int u0 = threadIdx.x; u0 < n; u0 += 4 * NTHREADS) {
         uint4 v[4];
 #pragma unroll
@@ -110,6 +132,7 @@ __device__ __forceinline__ void load_x(bf16* sX, int nb, int K, int pitch_elems 
             }
         }
     }
+#endif
 }
 
 // All threads: waits for the weights in buffer `buf`, then the block barrier that also publishes sX.

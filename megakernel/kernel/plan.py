@@ -173,6 +173,12 @@ class ModelPlan:
                                          # 4.894-4.900 / 4.895 / 4.862, b8 11.371-11.382 / 11.389 / 11.485, b16
                                          # 18.487-18.509 / 18.489 / 18.742, 128K 5.607-5.617 / 5.612 / 5.612
     oproj_first: int = 0                 # 1: each layer's O-projection tiles listed ahead of its MoE workers
+    o_workers_before: int = -1           # >= 0 (static O tasks only): that many of a MoE layer's workers listed
+                                         # ahead of its O-projection tiles, the rest after them, so the blocks that
+                                         # leave attention last run the O projection while the first ones stream
+                                         # experts (0 is oproj_first; -1: every worker first). The b16 trace
+                                         # (session 28, H100) has the O tiles after every worker: the layer's last
+                                         # ~37 us, HBM at ~20%
     qkv_by_head: int = 1                 # 1: QKV tiles listed kv head by head (its K, V, then Q tiles), not Q, K, V
                                          # (with claim_ahead=0 measured b1 8K 4.09 vs 4.16 ms, b8 14.90 vs 15.28)
     fused_norm: int = 1                  # steps of at most this many rows skip the per-row NORM tasks of layers >= 1:

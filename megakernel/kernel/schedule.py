@@ -317,14 +317,23 @@ def _template(plan: ModelPlan, B: int) -> tuple[list, dict[int, int], dict[int, 
             em.emit(Op.OPROJ, l, len(r0), sig=c, waits=[(c_comb, B * nkv * cp)], a0=r0, a1=nr)
             return c
 
-        c_o = emit_oproj() if plan.oproj_first and not o_in_queue else -1
-        # 7. MoE workers (but the early ones)
+        # 7. MoE workers (but the early ones); static O tiles among them where oproj_first / o_workers_before say
+        n_late = plan.n_workers - n_early if moe else 0
+        o_before = n_late                        # workers listed ahead of the O tiles (n_late: O after the MLP)
+        if moe and not o_in_queue:
+            o_before = 0 if plan.oproj_first else (plan.o_workers_before if 0 <= plan.o_workers_before < n_late
+                                                   else n_late)
+        c_o = -1
         mlp_target = 0
         if moe:
-            if plan.n_workers > n_early:
-                em.emit(Op.MOE_WORKER, l, plan.n_workers - n_early, sig=c_mlp, waits=[route_wait] + norm_waits,
-                        a0=m)
+            if o_before:
+                em.emit(Op.MOE_WORKER, l, o_before, sig=c_mlp, waits=[route_wait] + norm_waits, a0=m)
+            if o_before < n_late:
+                c_o = emit_oproj()
+                em.emit(Op.MOE_WORKER, l, n_late - o_before, sig=c_mlp, waits=[route_wait] + norm_waits, a0=m)
             mlp_target += plan.n_workers
+        elif plan.oproj_first:
+            c_o = emit_oproj()
         # 8. static MLP down tiles
         if kind != O.MLP_NONE:
             r0, nr = _tiles(H, plan.mdn_rows[plan.mlp_width[l]])
@@ -336,7 +345,7 @@ def _template(plan: ModelPlan, B: int) -> tuple[list, dict[int, int], dict[int, 
         if o_in_queue:
             prev_done = [(c_mlp, mlp_target)]
         else:
-            if not plan.oproj_first:
+            if c_o < 0:
                 c_o = emit_oproj()
             prev_done = [(c_o, n_o_tiles), (c_mlp, mlp_target)]
     # final norm, LM head, argmax

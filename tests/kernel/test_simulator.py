@@ -94,6 +94,25 @@ def test_simulator_with_oproj_listed_before_the_workers(B):
     _check_step(cfg, w, st, nxt, plan, seeds=[B, B + 7])
 
 
+@pytest.mark.parametrize("B", [1, 5])
+def test_simulator_with_oproj_among_the_workers(B):
+    """`o_workers_before`: a MoE layer's static O tiles listed after that many of its workers and before the rest;
+    the list stays topological and the step exact under random claim orders."""
+    cfg, w, st, nxt = _setup("north_like", B, seed=B + 3)
+    plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=3, split_tokens=4, o_workers_before=2, o_queue=0)
+    batch = decode_batch(st, nxt)
+    si = step_inputs(plan, batch.input_ids.tolist(), batch.positions.tolist(), batch.block_tables)
+    rec = build_tasks(plan, si.B, si.nsplit).records
+    moe_layers = [l for l in range(cfg.num_layers) if cfg.is_moe(l)]
+    assert moe_layers
+    for l in moe_layers:
+        idx = lambda op: np.nonzero((rec[:, 0] == int(op)) & (rec[:, 1] == l))[0]   # noqa: E731
+        workers, oproj = idx(O.Op.MOE_WORKER), idx(O.Op.OPROJ)
+        assert len(workers) == 3 and len(oproj) > 0
+        assert workers[1] < oproj[0] and oproj[-1] < workers[2], f"layer {l}: {workers} / {oproj}"
+    _check_step(cfg, w, st, nxt, plan, seeds=[B, B + 11])
+
+
 def _find(tl, op):
     return [i for i in range(len(tl.records)) if int(tl.records[i, 0]) == int(op)]
 

@@ -13,7 +13,8 @@
 #      e.g. MK_PG_PAGE_STATS=1,MK_ATTN_STATS=1; benchmarks/page_stats.py, attn_stats.py and layer_bandwidth.py JSON
 #      beside it; TRACE_KEEP=1 keeps the .npz);
 #   6. BUILD_AB="MK_X=0 default": the step at $AB_POINTS (default 1x8192,8x8192,16x8192) under each build in its own
-#      process (comma-separated KEY=VAL switch lists as MEGAKERNEL_KERNEL_DEFINES takes them, or "default");
+#      process (comma-separated KEY=VAL switch lists as MEGAKERNEL_KERNEL_DEFINES takes them, or "default"), the
+#      plan variants $AB_VARIANTS in each (default "default default": two runs; not step 3's $VARIANTS);
 # Logs and JSON under $OUT (bundle.tgz when more than 8 files).
 #   run(command="MEGAKERNEL_COMMIT=<SHA> SWEEP=1 TRACE_POINT=8x8192 bash scripts/gpu_default_check.sh", timeout_s=600)
 set -u
@@ -70,6 +71,7 @@ fi
 if [ -n "${BUILD_AB:-}" ]; then             # (gpu_build_ab.sh's stage 2 alone, into $OUT/ab)
   echo "=== builds $BUILD_AB at $(($(date +%s) - t0)) s"
   OUT=$OUT/ab BUILDS="$BUILD_AB" POINTS="${AB_POINTS:-1x8192,8x8192,16x8192}" SKIP_TESTS=1 SKIP_TRACE=1 \
+    VARIANTS="${AB_VARIANTS:-default default}" \
     VARIANTS_TIMEOUT=${AB_TIMEOUT:-110} bash scripts/gpu_build_ab.sh 2>&1 | grep -E "^b|rror"
 fi
 echo "=== done at $(($(date +%s) - t0)) s"

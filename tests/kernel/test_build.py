@@ -72,8 +72,8 @@ def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     MK_EARLY_TABLES=0: the record, abort flag and tables loaded a round trip later; MK_ATTN_Q_ASYNC=0 (cp.async path)
     and 2 (bulk path): attention's Q rows by register loads, or by cp.async; MK_CLAIM_FIRST=0: a task's next claim by
     thread 0 after its signal's release; MK_ATTN_PAD=0, MK_ATTN_ISSUE=0, MK_ATTN_MATH=0: each of session 27's
-    attention defaults off; MK_LOADX_ASYNC=1: GEMV input rows by cp.async, all in flight): each compiles, its entry function does not spill, and its static shared memory fits the
-    reserve."""
+    attention defaults off; MK_LOADX_ASYNC=1: GEMV input rows by cp.async, all in flight): each compiles, its entry
+    function does not spill, and its static shared memory fits the reserve."""
     if build.find_nvcc() is None:
         pytest.skip("nvcc not installed")
     monkeypatch.setenv("MEGAKERNEL_CACHE_DIR", str(tmp_path))

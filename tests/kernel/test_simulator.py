@@ -74,20 +74,25 @@ def test_simulator_several_steps_and_default_split(B):
     _check_step(cfg, w, st, nxt, plan, seeds=[1], steps=3)
 
 
+def _records_by_layer(cfg, st, nxt, plan):
+    """The step's task records, its MoE layers (at least one), and where op's records of layer l sit in the list."""
+    batch = decode_batch(st, nxt)
+    si = step_inputs(plan, batch.input_ids.tolist(), batch.positions.tolist(), batch.block_tables)
+    rec = build_tasks(plan, si.B, si.nsplit).records
+    moe_layers = [l for l in range(cfg.num_layers) if cfg.is_moe(l)]
+    assert moe_layers
+    return rec, moe_layers, lambda op, l: np.nonzero((rec[:, 0] == int(op)) & (rec[:, 1] == l))[0]
+
+
 @pytest.mark.parametrize("B", [1, 5])
 def test_simulator_with_oproj_listed_before_the_workers(B):
     """The `oproj_first` and `qkv_by_head` orderings (measurement knobs) keep the list topological and the step
     exact."""
     cfg, w, st, nxt = _setup("north_like", B, seed=B)
     plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=1 + B, split_tokens=4, oproj_first=1, qkv_by_head=1)
-    batch = decode_batch(st, nxt)
-    si = step_inputs(plan, batch.input_ids.tolist(), batch.positions.tolist(), batch.block_tables)
-    rec = build_tasks(plan, si.B, si.nsplit).records
-    moe_layers = [l for l in range(cfg.num_layers) if cfg.is_moe(l)]
-    assert moe_layers
+    rec, moe_layers, at = _records_by_layer(cfg, st, nxt, plan)
     for l in moe_layers:
-        at = lambda op: int(np.nonzero((rec[:, 0] == int(op)) & (rec[:, 1] == l))[0][0])
-        assert at(O.Op.OPROJ) < at(O.Op.MOE_WORKER), f"layer {l}: O projection not ahead of the workers"
+        assert at(O.Op.OPROJ, l)[0] < at(O.Op.MOE_WORKER, l)[0], f"layer {l}: O projection not ahead of the workers"
     qkv = rec[(rec[:, 0] == int(O.Op.QKV)) & (rec[:, 1] == 0)]
     sig = qkv[:, O.R["sig"]]
     assert (np.diff(sig) >= 0).all() and len(set(sig.tolist())) == cfg.num_kv_heads, sig   # head by head
@@ -100,14 +105,9 @@ def test_simulator_with_oproj_among_the_workers(B):
     the list stays topological and the step exact under random claim orders."""
     cfg, w, st, nxt = _setup("north_like", B, seed=B + 3)
     plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=3, split_tokens=4, o_workers_before=2, o_queue=0)
-    batch = decode_batch(st, nxt)
-    si = step_inputs(plan, batch.input_ids.tolist(), batch.positions.tolist(), batch.block_tables)
-    rec = build_tasks(plan, si.B, si.nsplit).records
-    moe_layers = [l for l in range(cfg.num_layers) if cfg.is_moe(l)]
-    assert moe_layers
+    _, moe_layers, at = _records_by_layer(cfg, st, nxt, plan)
     for l in moe_layers:
-        idx = lambda op: np.nonzero((rec[:, 0] == int(op)) & (rec[:, 1] == l))[0]   # noqa: E731
-        workers, oproj = idx(O.Op.MOE_WORKER), idx(O.Op.OPROJ)
+        workers, oproj = at(O.Op.MOE_WORKER, l), at(O.Op.OPROJ, l)
         assert len(workers) == 3 and len(oproj) > 0
         assert workers[1] < oproj[0] and oproj[-1] < workers[2], f"layer {l}: {workers} / {oproj}"
     _check_step(cfg, w, st, nxt, plan, seeds=[B, B + 11])

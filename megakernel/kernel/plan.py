@@ -176,7 +176,8 @@ class ModelPlan:
     o_workers_before: int = -1           # >= 0 (static O tasks only): that many of a MoE layer's workers listed
                                          # ahead of its O-projection tiles, the rest after them, so the blocks that
                                          # leave attention last run the O projection while the first ones stream
-                                         # experts (0 is oproj_first; -1: every worker first). The b16 trace
+                                         # experts (0 orders MoE layers as oproj_first does, which also lists
+                                         # the dense layer's O tiles first; -1: every worker first). The b16 trace
                                          # (session 28, H100) has the O tiles after every worker: the layer's last
                                          # ~37 us, HBM at ~20%
     qkv_by_head: int = 1                 # 1: QKV tiles listed kv head by head (its K, V, then Q tiles), not Q, K, V

@@ -304,8 +304,13 @@ def _template(plan: ModelPlan, B: int) -> tuple[list, dict[int, int], dict[int, 
         o_in_queue = moe and plan.o_items > 0
         c_mlp = l * cpl + plan.c_mlp
         n_early = min(plan.workers_early, plan.n_workers) if moe and not o_in_queue else 0
-        if n_early:                              # (workers_early: ahead of the attention splits)
-            em.emit(Op.MOE_WORKER, l, n_early, sig=c_mlp, waits=[route_wait] + norm_waits, a0=m)
+
+        def emit_workers(n: int) -> None:
+            """n of this MoE layer's workers (the list may place them in up to three groups)."""
+            if n:
+                em.emit(Op.MOE_WORKER, l, n, sig=c_mlp, waits=[route_wait] + norm_waits, a0=m)
+
+        emit_workers(n_early)                    # (workers_early: ahead of the attention splits)
         em.parts.append(_AttnSlot(l, gi, np.asarray(qkv_c, np.int32), np.asarray([targets[c] for c in qkv_c]), c_comb))
 
         def emit_oproj() -> int:
@@ -321,16 +326,17 @@ def _template(plan: ModelPlan, B: int) -> tuple[list, dict[int, int], dict[int, 
         n_late = plan.n_workers - n_early if moe else 0
         o_before = n_late                        # workers listed ahead of the O tiles (n_late: O after the MLP)
         if moe and not o_in_queue:
-            o_before = 0 if plan.oproj_first else (plan.o_workers_before if 0 <= plan.o_workers_before < n_late
-                                                   else n_late)
+            if plan.oproj_first:
+                o_before = 0
+            elif 0 <= plan.o_workers_before < n_late:
+                o_before = plan.o_workers_before
         c_o = -1
         mlp_target = 0
         if moe:
-            if o_before:
-                em.emit(Op.MOE_WORKER, l, o_before, sig=c_mlp, waits=[route_wait] + norm_waits, a0=m)
+            emit_workers(o_before)
             if o_before < n_late:
                 c_o = emit_oproj()
-                em.emit(Op.MOE_WORKER, l, n_late - o_before, sig=c_mlp, waits=[route_wait] + norm_waits, a0=m)
+                emit_workers(n_late - o_before)
             mlp_target += plan.n_workers
         elif plan.oproj_first:
             c_o = emit_oproj()

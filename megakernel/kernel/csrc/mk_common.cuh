@@ -122,8 +122,8 @@ typedef __nv_bfloat16 bf16;
 // and ex2.approx with log2(e) in the scale instead of expf. Meant beside MK_ATTN_BULK=1, MK_ATTN_PAD=1,
 // MK_ATTN_ISSUE=1, where neither head_dim-128 variant spills (that build's one-warp variant spills 12 bytes without
 // it); on the cp.async path without the padding (MK_ATTN_BULK=0, MK_ATTN_PAD=0) the one-warp variant spills more
-// with it (40 bytes, 20 without). 0: the math as measured through session 25. Session 27 (H100, beside the three): b1 8K -0.6%, 128K -1.1%, b8 -0.4%, b16 even. The default
-// since.
+// with it (40 bytes, 20 without). 0: the math as measured through session 25. Session 27 (H100, beside the
+// three): b1 8K -0.6%, 128K -1.1%, b8 -0.4%, b16 even. The default since.
 #ifndef MK_ATTN_MATH
 #define MK_ATTN_MATH 1
 #endif

@@ -173,13 +173,21 @@ class ModelPlan:
                                          # 4.894-4.900 / 4.895 / 4.862, b8 11.371-11.382 / 11.389 / 11.485, b16
                                          # 18.487-18.509 / 18.489 / 18.742, 128K 5.607-5.617 / 5.612 / 5.612
     oproj_first: int = 0                 # 1: each layer's O-projection tiles listed ahead of its MoE workers
-    o_workers_before: int = -1           # >= 0 (static O tasks only): that many of a MoE layer's workers listed
-                                         # ahead of its O-projection tiles, the rest after them, so the blocks that
-                                         # leave attention last run the O projection while the first ones stream
-                                         # experts (0 orders MoE layers as oproj_first does, which also lists
-                                         # the dense layer's O tiles first; -1: every worker first). The b16 trace
-                                         # (session 28, H100) has the O tiles after every worker: the layer's last
-                                         # ~37 us, HBM at ~20%
+    o_workers_after: int = 16            # MoE layers whose O projection is static tasks (plans of more rows than
+                                         # o_queue): this many of the layer's workers listed after its O tiles, the
+                                         # rest ahead of them, so the blocks that leave attention last run the O
+                                         # projection inside the MoE phase while the first ones stream experts (0:
+                                         # every worker first, the O tiles at the layer's tail; n_workers or more:
+                                         # the O tiles first, as oproj_first orders MoE layers). The b16 trace
+                                         # (session 28, H100) had the O tiles after every worker: the layer's last
+                                         # ~37 us, HBM at ~20%. H100, MK_LOADX_ASYNC=1, one process, ms at 0 / 8 /
+                                         # 16 / 24 / 48 (session 29): b16 17.96 / 17.57 / 17.44 / 17.50 / 17.74,
+                                         # b12 15.24 / 14.94 / 14.72 / 14.78 / 14.99, b6 9.35 / 9.27 / 9.24 / 9.26
+                                         # / 9.35, b3 6.09 / 6.04 / 5.99 / 5.95 / 6.06
+    o_workers_after_2row: int = 48       # the same for plans of at most 2 rows (tile_batch), whose MoE phase is too
+                                         # short for 16 blocks to run the 128 O tiles inside it: b2 ms at 0 / 16 /
+                                         # 32 / 48 / 60 (session 29, as above) 4.92-4.95 / 4.86-4.87 / 4.77-4.78 /
+                                         # 4.73 (twice) / 4.82
     qkv_by_head: int = 1                 # 1: QKV tiles listed kv head by head (its K, V, then Q tiles), not Q, K, V
                                          # (with claim_ahead=0 measured b1 8K 4.09 vs 4.16 ms, b8 14.90 vs 15.28)
     fused_norm: int = 1                  # steps of at most this many rows skip the per-row NORM tasks of layers >= 1:
@@ -399,6 +407,9 @@ class ModelPlan:
         self.tb = self.tile_batch or Bm
         if not 1 <= self.tb <= Bm:
             raise ValueError(f"tile_batch {self.tile_batch} outside 1..max_batch ({Bm})")
+        if self.o_workers_after < 0 or self.o_workers_after_2row < 0:
+            raise ValueError("o_workers_after and o_workers_after_2row are counts of workers, >= 0")
+        self.o_late_workers = self.o_workers_after_2row if self.tb <= 2 else self.o_workers_after
         if self.slot_pairs < 0:
             raise ValueError(f"slot_pairs is a count of pairs per queue slot, >= 0, got {self.slot_pairs}")
         # queue slots of a layer, at most: one per active expert, plus (slot_pairs) one per further slot_pairs of an
@@ -679,9 +690,10 @@ def tiling_plans(cfg: ModelConfig, layout: KVLayout, max_batch: int, per_batch: 
     # tile_batch with the same other tiles serves the smaller launches, its LM tiles sized for its rows)
     # (a paged plan's expert items are not GEMV tiles: their rows are part of its key, so the one-row plan's own
     # item size, moe_pages_tile_kb_1row, is not merged into a larger plan's; nor are plans whose input warp loads
-    # the layer's x rows once into plans loading each item's own, pg_x_item: that is a different worker)
+    # the layer's x rows once into plans loading each item's own, pg_x_item: that is a different worker; nor a plan
+    # whose O tiles have their own place among the workers, o_workers_after_2row)
     key = lambda p: (tuple(t for t in p.gemv_tiles if t is not p.lm_tile), p.wbuf, p.moe_wbuf > 0,   # noqa: E731
-                     p.lm_wbuf > 0, p.o_items > 0, p.pg_n > 0,
+                     p.lm_wbuf > 0, p.o_items > 0, p.pg_n > 0, p.o_late_workers,
                      (p.gu_rows, p.dn_rows, p.pg_x_item) if p.pg_n else ())
     by_tiles: dict[tuple, ModelPlan] = {}
     shrinking = knobs.get("prefetch", ModelPlan.prefetch) or knobs.get("moe_ring", ModelPlan.moe_ring)

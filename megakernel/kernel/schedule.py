@@ -322,14 +322,11 @@ def _template(plan: ModelPlan, B: int) -> tuple[list, dict[int, int], dict[int, 
             em.emit(Op.OPROJ, l, len(r0), sig=c, waits=[(c_comb, B * nkv * cp)], a0=r0, a1=nr)
             return c
 
-        # 7. MoE workers (but the early ones); static O tiles among them where oproj_first / o_workers_before say
+        # 7. MoE workers (but the early ones); static O tiles among them where oproj_first / o_workers_after say
         n_late = plan.n_workers - n_early if moe else 0
         o_before = n_late                        # workers listed ahead of the O tiles (n_late: O after the MLP)
         if moe and not o_in_queue:
-            if plan.oproj_first:
-                o_before = 0
-            elif 0 <= plan.o_workers_before < n_late:
-                o_before = plan.o_workers_before
+            o_before = 0 if plan.oproj_first else n_late - min(n_late, plan.o_late_workers)
         c_o = -1
         mlp_target = 0
         if moe:

@@ -99,18 +99,23 @@ def test_simulator_with_oproj_listed_before_the_workers(B):
     _check_step(cfg, w, st, nxt, plan, seeds=[B, B + 7])
 
 
-@pytest.mark.parametrize("B", [1, 5])
+@pytest.mark.parametrize("B", [1, 2, 5])
 def test_simulator_with_oproj_among_the_workers(B):
-    """`o_workers_before`: a MoE layer's static O tiles listed after that many of its workers and before the rest;
-    the list stays topological and the step exact under random claim orders."""
+    """`o_workers_after` (`o_workers_after_2row` for plans of at most two rows): a MoE layer's static O tiles listed
+    ahead of that many of its workers and after the rest; the list stays topological and the step exact under random
+    claim orders. 0 puts every worker first; at least n_workers puts the O tiles first."""
     cfg, w, st, nxt = _setup("north_like", B, seed=B + 3)
-    plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=3, split_tokens=4, o_workers_before=2, o_queue=0)
-    _, moe_layers, at = _records_by_layer(cfg, st, nxt, plan)
-    for l in moe_layers:
-        workers, oproj = at(O.Op.MOE_WORKER, l), at(O.Op.OPROJ, l)
-        assert len(workers) == 3 and len(oproj) > 0
-        assert workers[1] < oproj[0] and oproj[-1] < workers[2], f"layer {l}: {workers} / {oproj}"
-    _check_step(cfg, w, st, nxt, plan, seeds=[B, B + 11])
+    for late, late_2row in ((1, 3), (3, 1), (0, 0)):
+        plan = ModelPlan(cfg, st.layout, max_batch=16, tile_batch=B, n_workers=3, split_tokens=4, o_queue=0,
+                         o_workers_after=late, o_workers_after_2row=late_2row)
+        n_after = late_2row if B <= 2 else late
+        _, moe_layers, at = _records_by_layer(cfg, st, nxt, plan)
+        for l in moe_layers:
+            workers, oproj = at(O.Op.MOE_WORKER, l), at(O.Op.OPROJ, l)
+            assert len(workers) == 3 and len(oproj) > 0
+            assert sum(i > oproj[-1] for i in workers) == n_after, f"layer {l}: {workers} / {oproj}"
+            assert all(not oproj[0] < i < oproj[-1] for i in workers), f"layer {l}: a worker among the O tiles"
+        _check_step(cfg, w, st, nxt, plan, seeds=[B, B + 11])
 
 
 def _find(tl, op):

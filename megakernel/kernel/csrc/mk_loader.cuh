@@ -86,13 +86,13 @@ __device__ __forceinline__ void issue_weights(const Params& P, const Tile& T, in
 
 __shared__ const bf16* s_xrow[MB];
 
-// MK_LOADX_ASYNC: load_x by 16-byte cp.async, every copy of a thread in flight at once (1), or four L2 loads in
-// flight per thread through registers (0). At 16 rows the O projection's input is 16 x 4096 bf16 = 128 KB: 8192
-// 16-byte pieces, four rounds of L2 round trips at 0 (two at 8 rows), one at 1. The b16 trace (session 28, H100) has
-// the 256 O tiles of a layer run after the MoE workers, two per SM, 8.5 us of each waiting on its loads (64 KB of
-// weights and those 128 KB of inputs): the layer's last ~37 us.
+// MK_LOADX_ASYNC: load_x by 16-byte cp.async, every copy of a thread in flight at once (1, the default since session
+// 29), or four L2 loads in flight per thread through registers (0). At 16 rows the O projection's input is 16 x 4096
+// bf16 = 128 KB: 8192 16-byte pieces, four rounds of L2 round trips at 0 (two at 8 rows), one at 1. The b16 trace
+// (session 28, H100) had 8.5 us of each O tile's 14.2 waiting on its loads (64 KB of weights and those 128 KB of
+// inputs). Measured (session 29, H100, own processes): b16 -2.3%, b8 -1.3%, b1 even.
 #ifndef MK_LOADX_ASYNC
-#define MK_LOADX_ASYNC 0
+#define MK_LOADX_ASYNC 1
 #endif
 
 // Copies nb input rows (pointers in s_xrow) of K elements into sX (pitch row_pitch(K)) from L2 (the inputs were

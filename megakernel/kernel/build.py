@@ -122,12 +122,13 @@ KERNEL_SWITCHES = {"MK_GEMV_TC": 1, "MK_GEMV_B1": 1, "MK_SMALL_VEC": 2, "MK_MOE_
 # (MK_MOE_LOCAL=0's persistent loop spills 24 bytes beside attention's second variant; MK_CONST_TABLES=1's 8 bytes
 # beside attention's block table in shared memory, and 4 beside the bulk-copy attention: a CI run at f62e198)
 # MK_LOADX_ASYNC=1's inlined copy loop costs mk_decode 12 spilled bytes beside the cp.async attention (MK_ATTN_BULK=0,
-# and MK_CONST_TABLES=1, which selects it), the tensor-copy attention and MK_PG_SEG_TC=1 (session 29; a non-inlined
-# copy loop spilled more, in more functions): those builds keep the register loads.
+# also where MK_CONST_TABLES=1 selects it: a default set here counts for the entries after it), the tensor-copy
+# attention and MK_PG_SEG_TC=1 (session 29; a non-inlined copy loop spilled more, in more functions): those builds
+# keep the register loads.
 DEPENDENT_DEFAULTS = {("MK_ATTN_DSPLIT", ("MK_MOE_LOCAL", 0)): 0, ("MK_ATTN_TABLE", ("MK_CONST_TABLES", 1)): 0,
                       ("MK_ATTN_BULK", ("MK_CONST_TABLES", 1)): 0,
                       ("MK_LOADX_ASYNC", ("MK_ATTN_BULK", 0)): 0, ("MK_LOADX_ASYNC", ("MK_ATTN_BULK", 2)): 0,
-                      ("MK_LOADX_ASYNC", ("MK_CONST_TABLES", 1)): 0, ("MK_LOADX_ASYNC", ("MK_PG_SEG_TC", 1)): 0}
+                      ("MK_LOADX_ASYNC", ("MK_PG_SEG_TC", 1)): 0}
 
 
 def switch_value(name: str) -> int:
@@ -153,7 +154,7 @@ def switch_flags() -> tuple[str, ...]:
             flags.append(f"-D{name}={int(val)}")
     for (name, (other, value)), default in DEPENDENT_DEFAULTS.items():
         if name not in given and given.get(other, KERNEL_SWITCHES[other]) == value and default != KERNEL_SWITCHES[name]:
-            given[name] = default            # (once, where several of its conditions hold)
+            given[name] = default            # (once where several conditions hold; later entries see it)
             flags.append(f"-D{name}={default}")
     return tuple(flags)
 

@@ -230,7 +230,8 @@ def test_constant_tables_build_refuses_deeper_models(monkeypatch):
 
 def test_dependent_switch_defaults(monkeypatch):
     """MK_MOE_LOCAL=0 builds leave out attention's second variant unless asked (their loop spills beside it);
-    asked for, it stays; the default build has it. Likewise MK_CONST_TABLES=1 builds and attention's table copy."""
+    asked for, it stays; the default build has it. Likewise MK_CONST_TABLES=1 builds and attention's table copy, and
+    the builds whose mk_decode spills beside MK_LOADX_ASYNC=1."""
     monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_MOE_LOCAL=0")
     assert build.switch_flags() == ("-DMK_MOE_LOCAL=0", "-DMK_ATTN_DSPLIT=0")
     assert build.switch_value("MK_ATTN_DSPLIT") == 0
@@ -240,12 +241,20 @@ def test_dependent_switch_defaults(monkeypatch):
     assert build.switch_flags() == () and build.switch_value("MK_ATTN_DSPLIT") == 1
     # MK_CONST_TABLES=1 builds read attention's block table per segment (their loop spills beside the table copy),
     # and load K/V by cp.async (beside the bulk copies, the default since session 27, they spill 4 bytes)
+    # (and so keep GEMV inputs in registers: MK_LOADX_ASYNC=1 spills 12 bytes beside the cp.async attention)
     monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_CONST_TABLES=1")
-    assert build.switch_flags() == ("-DMK_CONST_TABLES=1", "-DMK_ATTN_TABLE=0", "-DMK_ATTN_BULK=0")
+    assert build.switch_flags() == ("-DMK_CONST_TABLES=1", "-DMK_ATTN_TABLE=0", "-DMK_ATTN_BULK=0",
+                                    "-DMK_LOADX_ASYNC=0")
     assert build.switch_value("MK_ATTN_TABLE") == 0 and build.switch_value("MK_ATTN_BULK") == 0
     monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_CONST_TABLES=1,MK_ATTN_BULK=1")
-    assert build.switch_value("MK_ATTN_BULK") == 1
+    assert build.switch_value("MK_ATTN_BULK") == 1 and build.switch_value("MK_LOADX_ASYNC") == 1
     assert build.switch_flags() == ("-DMK_CONST_TABLES=1", "-DMK_ATTN_TABLE=0")
+    # MK_LOADX_ASYNC follows the attention's copies and MK_PG_SEG_TC; asked for, it stays
+    for defines in ("MK_ATTN_BULK=0", "MK_ATTN_BULK=2", "MK_PG_SEG_TC=1"):
+        monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", defines)
+        assert build.switch_value("MK_LOADX_ASYNC") == 0 and build.switch_flags()[-1] == "-DMK_LOADX_ASYNC=0"
+        monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", defines + ",MK_LOADX_ASYNC=1")
+        assert build.switch_value("MK_LOADX_ASYNC") == 1 and "-DMK_LOADX_ASYNC=0" not in build.switch_flags()
 
 
 def compile_microbenchmark(name: str, tmp_path) -> list[int]:

@@ -9,9 +9,9 @@
 #      racecheck at each of $SAN_BS rows (default "6 3 2": the 4..8-, 3- and 2-row paged plans; SAN_BS="" skips);
 #   3. the step at $POINTS under $VARIANTS (VARIANTS="" skips), one process;
 #   4. SWEEP=1: the decode sweep of the megakernel and the graph backend (scripts/gpu_decode_sweep.sh, in $OUT/sweep);
-#   5. TRACE_POINT=BxCTX: the profiling build's timeline at that point (summary lines; TRACE_DEFINES: its switches,
-#      e.g. MK_PG_PAGE_STATS=1,MK_ATTN_STATS=1; benchmarks/page_stats.py, attn_stats.py and layer_bandwidth.py JSON
-#      beside it; TRACE_KEEP=1 keeps the .npz);
+#   5. TRACE_POINT="BxCTX ...": the profiling build's timeline at each point (summary lines; TRACE_DEFINES: its
+#      switches, e.g. MK_PG_PAGE_STATS=1,MK_ATTN_STATS=1; benchmarks/page_stats.py, attn_stats.py and
+#      layer_bandwidth.py JSON beside it; TRACE_KEEP=1 keeps the .npz);
 #   6. BUILD_AB="MK_X=0 default": the step at $AB_POINTS (default 1x8192,8x8192,16x8192) under each build in its own
 #      process (comma-separated KEY=VAL switch lists as MEGAKERNEL_KERNEL_DEFINES takes them, or "default"), the
 #      plan variants $AB_VARIANTS in each (default "default default": two runs; not step 3's $VARIANTS);
@@ -55,8 +55,8 @@ if [ "${SWEEP:-0}" = 1 ]; then
   OUT=$OUT/sweep BACKENDS=megakernel,graph SWEEP_TIMEOUT=${SWEEP_TIMEOUT:-240} bash scripts/gpu_decode_sweep.sh 2>&1 \
     | grep -E "megakernel \(|/ graph|rror"
 fi
-if [ -n "${TRACE_POINT:-}" ]; then
-  bsz=${TRACE_POINT%x*}; ctx=${TRACE_POINT#*x}
+for point in ${TRACE_POINT:-}; do          # (one or several BxCTX, space-separated)
+  bsz=${point%x*}; ctx=${point#*x}
   echo "=== trace b$bsz $ctx ${TRACE_DEFINES:-default build} at $(($(date +%s) - t0)) s"
   MEGAKERNEL_KERNEL_DEFINES=${TRACE_DEFINES:-} timeout ${TRACE_TIMEOUT:-100} python3 -m megakernel bench --random-north \
     --backend megakernel --batch-size $bsz --context $ctx --steps 20 --trace "$OUT/tl_b$bsz.npz" 2>&1 \
@@ -67,7 +67,7 @@ if [ -n "${TRACE_POINT:-}" ]; then
   # attention splits' chunk sums (meaningful under TRACE_DEFINES=...,MK_ATTN_STATS=1)
   python3 benchmarks/attn_stats.py "$OUT/tl_b$bsz.npz" --json "$OUT/tl_b${bsz}_attn_stats.json" > /dev/null 2>&1
   [ "${TRACE_KEEP:-0}" = 1 ] || rm -f "$OUT/tl_b$bsz.npz"
-fi
+done
 if [ -n "${BUILD_AB:-}" ]; then             # (gpu_build_ab.sh's stage 2 alone, into $OUT/ab)
   echo "=== builds $BUILD_AB at $(($(date +%s) - t0)) s"
   OUT=$OUT/ab BUILDS="$BUILD_AB" POINTS="${AB_POINTS:-1x8192,8x8192,16x8192}" SKIP_TESTS=1 SKIP_TRACE=1 \

@@ -691,9 +691,9 @@ def tiling_plans(cfg: ModelConfig, layout: KVLayout, max_batch: int, per_batch: 
     # (a paged plan's expert items are not GEMV tiles: their rows are part of its key, so the one-row plan's own
     # item size, moe_pages_tile_kb_1row, is not merged into a larger plan's; nor are plans whose input warp loads
     # the layer's x rows once into plans loading each item's own, pg_x_item: that is a different worker; nor a plan
-    # whose O tiles have their own place among the workers, o_workers_after_2row)
+    # whose static O tiles have their own place among the workers, o_workers_after_2row)
     key = lambda p: (tuple(t for t in p.gemv_tiles if t is not p.lm_tile), p.wbuf, p.moe_wbuf > 0,   # noqa: E731
-                     p.lm_wbuf > 0, p.o_items > 0, p.pg_n > 0, p.o_late_workers,
+                     p.lm_wbuf > 0, p.o_items > 0, p.pg_n > 0, p.o_late_workers if p.Lm and not p.o_items else -1,
                      (p.gu_rows, p.dn_rows, p.pg_x_item) if p.pg_n else ())
     by_tiles: dict[tuple, ModelPlan] = {}
     shrinking = knobs.get("prefetch", ModelPlan.prefetch) or knobs.get("moe_ring", ModelPlan.moe_ring)

@@ -321,19 +321,27 @@ def test_per_batch_tilings_on_north_dims():
 
     cfg = north_mini_code_config()
     layout = KVLayout.for_model(cfg, 64)
+    # (static O tiles everywhere: one place among the workers for every plan, so the tilings alone split plans)
+    one_order = dict(o_workers_after_2row=ModelPlan.o_workers_after)
     paged = tiling_plans(cfg, layout, 16, True, n_workers=132, prefetch=0, o_queue=0, tile_kb=0, moe_pages=8,
-                         moe_pages_from=2, slot_pairs=0)
+                         moe_pages_from=2, slot_pairs=0, **one_order)
     assert [(p.tb, p.pg_rows) for p in paged] == [(8, 8), (9, 0), (16, 0)]     # (the 2..8-row launches paged)
     assert [plan_for_rows(paged, b).tb for b in range(1, 17)] == [9] + [8] * 7 + [9] + [16] * 7
     every = tiling_plans(cfg, layout, 16, True, n_workers=132, prefetch=0, o_queue=0, tile_kb=0, moe_pages=8,
-                         moe_pages_from=1, slot_pairs=0)                                    # (one row paged too)
+                         moe_pages_from=1, slot_pairs=0, **one_order)                       # (one row paged too)
     # (one row: a paged plan of its own, its items of moe_pages_tile_kb_1row; 2..8 rows the 8-row plan's)
     assert [plan_for_rows(every, b).tb for b in range(1, 17)] == [1] + [8] * 7 + [9] + [16] * 7
     assert every[0].tb == 1 and every[0].pg_n and every[0].gu_rows < every[1].gu_rows
     five = tiling_plans(cfg, layout, 16, True, n_workers=132, prefetch=0, o_queue=0, tile_kb=0, moe_pages=8,
-                        moe_pages_from=5, slot_pairs=0)                                     # (the 1..4-row launches plain)
+                        moe_pages_from=5, slot_pairs=0, **one_order)                        # (the 1..4-row launches plain)
     assert [plan_for_rows(five, b).tb for b in range(1, 17)] == [9] * 4 + [8] * 4 + [9] + [16] * 7
-    plans = tiling_plans(cfg, layout, 16, True, n_workers=132, prefetch=0, o_queue=0, tile_kb=0, moe_pages=0)
+    # with the O tiles of <= 2-row launches placed apart (o_workers_after_2row, the default), those get a plan of
+    # their own: the 2-row tiling, its O tiles ahead of more workers
+    two = tiling_plans(cfg, layout, 16, True, n_workers=132, prefetch=0, o_queue=0, tile_kb=0, moe_pages=0)
+    assert [(p.tb, p.o_late_workers) for p in two] == [(2, 48), (9, 16), (16, 16)]
+    assert [plan_for_rows(two, b).tb for b in range(1, 17)] == [2] * 2 + [9] * 7 + [16] * 7
+    plans = tiling_plans(cfg, layout, 16, True, n_workers=132, prefetch=0, o_queue=0, tile_kb=0, moe_pages=0,
+                         **one_order)
     assert [p.tb for p in plans] == [9, 16]
     assert (plans[0].o_rows, plans[1].o_rows) == (16, 8)
     assert plan_for_rows(plans, 1) is plans[0] and plan_for_rows(plans, 9) is plans[0]
@@ -341,7 +349,7 @@ def test_per_batch_tilings_on_north_dims():
     assert all(p.o_items == 0 for p in plans)
     for o_queue in (1, 4):
         plans = tiling_plans(cfg, layout, 16, True, n_workers=132, prefetch=0, o_queue=o_queue, tile_kb=0,
-                             moe_pages=0)
+                             moe_pages=0, **one_order)
         assert [p.tb for p in plans] == [o_queue, 9, 16]
         assert [p.o_rows for p in plans] == [16, 16, 8]
         assert [p.o_items for p in plans] == [plans[0].n_o_tiles, 0, 0] and plans[0].n_o_tiles > 0

@@ -491,6 +491,10 @@ class ModelPlan:
         self.n_lm_tiles = len(self.lm_runs)          # LM-head tasks: one maximum per row each
         self.n_o_tiles = math.ceil(self.H / self.o_rows)
         self.o_items = self.n_o_tiles if o_in_queue and self.Lm else 0     # per MoE layer's queue
+        # a MoE layer's workers listed ahead of its static O tiles (schedule.py): of those after its attention splits
+        # (n_workers less workers_early), all but o_late_workers; none with oproj_first
+        n_late = self.n_workers - min(self.workers_early, self.n_workers)
+        self.o_workers_ahead = 0 if self.oproj_first else n_late - min(n_late, self.o_late_workers)
         if self.combine_parts < 1 or self.g % self.combine_parts or \
                 (self.combine_parts > 1 and self.g // self.combine_parts * self.d > O.NUM_THREADS):
             raise ValueError(f"combine_parts={self.combine_parts} must divide the {self.g} query heads per kv head, "
@@ -693,7 +697,8 @@ def tiling_plans(cfg: ModelConfig, layout: KVLayout, max_batch: int, per_batch: 
     # the layer's x rows once into plans loading each item's own, pg_x_item: that is a different worker; nor a plan
     # whose static O tiles have their own place among the workers, o_workers_after_2row)
     key = lambda p: (tuple(t for t in p.gemv_tiles if t is not p.lm_tile), p.wbuf, p.moe_wbuf > 0,   # noqa: E731
-                     p.lm_wbuf > 0, p.o_items > 0, p.pg_n > 0, p.o_late_workers if p.Lm and not p.o_items else -1,
+                     p.lm_wbuf > 0, p.o_items > 0, p.pg_n > 0,
+                     p.o_workers_ahead if p.Lm and not p.o_items else -1,
                      (p.gu_rows, p.dn_rows, p.pg_x_item) if p.pg_n else ())
     by_tiles: dict[tuple, ModelPlan] = {}
     shrinking = knobs.get("prefetch", ModelPlan.prefetch) or knobs.get("moe_ring", ModelPlan.moe_ring)

@@ -326,7 +326,7 @@ def _template(plan: ModelPlan, B: int) -> tuple[list, dict[int, int], dict[int, 
         n_late = plan.n_workers - n_early if moe else 0
         o_before = n_late                        # workers listed ahead of the O tiles (n_late: O after the MLP)
         if moe and not o_in_queue:
-            o_before = 0 if plan.oproj_first else n_late - min(n_late, plan.o_late_workers)
+            o_before = plan.o_workers_ahead
         c_o = -1
         mlp_target = 0
         if moe:

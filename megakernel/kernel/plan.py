@@ -491,9 +491,11 @@ class ModelPlan:
         self.n_lm_tiles = len(self.lm_runs)          # LM-head tasks: one maximum per row each
         self.n_o_tiles = math.ceil(self.H / self.o_rows)
         self.o_items = self.n_o_tiles if o_in_queue and self.Lm else 0     # per MoE layer's queue
-        # a MoE layer's workers listed ahead of its static O tiles (schedule.py): of those after its attention splits
-        # (n_workers less workers_early), all but o_late_workers; none with oproj_first
-        n_late = self.n_workers - min(self.workers_early, self.n_workers)
+        # a MoE layer's workers listed ahead of its attention splits (workers_early, where its O projection is static
+        # tasks), and of the others those listed ahead of its static O tiles: all but o_late_workers, none with
+        # oproj_first (schedule.py lists them so)
+        self.n_workers_early = min(self.workers_early, self.n_workers) if not self.o_items else 0
+        n_late = self.n_workers - self.n_workers_early
         self.o_workers_ahead = 0 if self.oproj_first else n_late - min(n_late, self.o_late_workers)
         if self.combine_parts < 1 or self.g % self.combine_parts or \
                 (self.combine_parts > 1 and self.g // self.combine_parts * self.d > O.NUM_THREADS):

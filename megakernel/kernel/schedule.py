@@ -303,7 +303,7 @@ def _template(plan: ModelPlan, B: int) -> tuple[list, dict[int, int], dict[int, 
         c_comb = ctr(l, plan.c_comb, "attention combines", B * nkv * cp)
         o_in_queue = moe and plan.o_items > 0
         c_mlp = l * cpl + plan.c_mlp
-        n_early = min(plan.workers_early, plan.n_workers) if moe and not o_in_queue else 0
+        n_early = plan.n_workers_early if moe else 0
 
         def emit_workers(n: int) -> None:
             """n of this MoE layer's workers (the list may place them in up to three groups)."""

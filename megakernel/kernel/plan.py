@@ -190,6 +190,19 @@ class ModelPlan:
                                          # 4.73 (twice) / 4.82
     qkv_by_head: int = 1                 # 1: QKV tiles listed kv head by head (its K, V, then Q tiles), not Q, K, V
                                          # (with claim_ahead=0 measured b1 8K 4.09 vs 4.16 ms, b8 14.90 vs 15.28)
+    qkv_fill_rows: int = 1               # plans of at most this many rows (tile_batch) cut their QKV tiles as large
+                                         # as the tile budget allows (48 rows at 1-3, 40 at 4-11), each kv head's
+                                         # Q, K and V rows into near-equal tiles (schedule.qkv_tiles); larger plans
+                                         # (0: all) keep a row count dividing head_dim (32 there). The b1 8K trace
+                                         # at 63e8d4d: 160 tiles of 32 rows, ~123 claimed before the layer's input
+                                         # is ready and 37 at ~8.7 us, whose weights land at ~14 us, so the last kv
+                                         # head's attention waited to ~19 us; at 48 rows 112 tiles, one per block
+                                         # (its attention from ~12 us), but the routing chain's L2 reads slow under
+                                         # the larger tiles' copies (TOPK ends 13.8 us instead of 11.8). H100, one
+                                         # process, 16 / 0 (session 30): b1 8K 3.273-3.285 / 3.293-3.294 ms, 1K
+                                         # 3.124-3.125 / 3.154-3.155, 128K 4.836-4.841 / 4.853-4.855; b2 4.797-4.800
+                                         # / 4.769-4.775, b3 6.099-6.130 / 6.129-6.132, b8 11.330-11.334 /
+                                         # 11.266-11.267, b10 13.155-13.171 / 13.185-13.188
     fused_norm: int = 1                  # steps of at most this many rows skip the per-row NORM tasks of layers >= 1:
                                          # QKV / router / MLP gate-up tiles normalise their own inputs (in registers:
                                          # fused_norm_smem_bytes). 8K, ms at 0 / 4 (804f4cb, one process): b1
@@ -236,7 +249,7 @@ class ModelPlan:
                                          # process): b4 7.894 / 7.639 / 7.707, b6 10.409 / 10.063 / 10.135, b8
                                          # 12.456 / 12.000 / 12.145, b12 19.573 / 17.230 / 17.372, b16 23.654 /
                                          # 20.799 / 21.412 (8: b16 22.840, b8 12.454); b2 equal. 0: off
-    dn_lag: int = 16                     # > 0: a MoE layer's queue puts the down items of expert slot s right
+    dn_lag: int = 32                     # > 0: a MoE layer's queue puts the down items of expert slot s right
                                          # after the gate/up items of slot s + dn_lag (slots past the last: after
                                          # every gate/up item, in slot order), so down items stream while later
                                          # experts' gate/up items still load instead of all at the layer's end
@@ -248,7 +261,12 @@ class ModelPlan:
                                          # (again 12.665 / 12.563 at 0 / 16), b4 8.035 / 8.284 / 8.091 / 7.963 /
                                          # 8.047 (8.045 / 7.972); the plain worker at b16 23.556 / 23.604 at 0 / 16.
                                          # A lag under ~16 slots (~400 items, what 132 workers hold in flight)
-                                         # makes down items wait on gate/up items still loading
+                                         # makes down items wait on gate/up items still loading. 32 since session
+                                         # 30 (the O tiles now inside the MoE phase; H100, 63e8d4d, one process,
+                                         # 16 / 24 / 32 / 48 / 64): b16 17.434-17.445 / 17.370 / 17.372-17.383 /
+                                         # 17.376 / 17.383, b8 11.207-11.211 / 11.158 / 11.157-11.159 / 11.163 /
+                                         # 11.171, b2 4.752-4.775 / 4.743 / 4.733-4.745 / 4.737 / 4.736; 8: b8
+                                         # 11.420, b16 17.667; b1 even
     o_after: int = 8                     # 0..8: eighths of a layer's down items queued ahead of its O items
                                          # (o_queue; 0: right after the gate/up items, where a worker that claims
                                          # one may wait for the combines; 8: after every down item). 8 since
@@ -324,13 +342,19 @@ class ModelPlan:
                                          # per worker per b8 layer, each paying an epilogue and a signal). 8K, ms
                                          # at 0 / 256, one process (c832144, tensor-core pages): b5 9.458 / 9.340,
                                          # b6 10.692 / 10.585, b7 11.818 / 11.733, b8 12.733 / 12.641
-    moe_pages_tile_kb_1row: int = 128    # > 0: a one-row paged plan's items of up to this many KiB instead of
+    moe_pages_tile_kb_1row: int = 96     # > 0: a one-row paged plan's items of up to this many KiB instead of
                                          # moe_pages_tile_kb's (0: that knob's; moe_pages_tile_kb=0, the plain
                                          # worker's sizes, applies to every plan). One row, ms at 6f6d235 (one
                                          # process; the plain worker's 192 KB items / paged 256 / 192 / 128 / 96 /
                                          # 64): 8K 3.311 / 3.342 / 3.328 / 3.262-3.271 / 3.347 / 3.426; 1K 3.023 /
                                          # - / 3.000 / 2.943 / 3.065; 128K 5.543 / - / 5.641 / 5.568 / 5.539. Two
-                                         # and four rows keep 256 (128: b2 4.934 / 4.874, b4 7.456 / 7.236)
+                                         # and four rows keep 256 (128: b2 4.934 / 4.874, b4 7.456 / 7.236).
+                                         # 96 since session 30 (64 KB gate/up items, 8 rows a half, and 96 KB
+                                         # down items of 64 rows, where 128 gives 128 and 120 KB). H100, one
+                                         # process (63e8d4d with qkv_fill_rows), 128 / 96 / 112 / 80 / 64 / 160 /
+                                         # 192: 8K 3.268-3.280 / 3.263-3.268 / 3.268 / 3.319 / 3.336 / 3.304 /
+                                         # 3.368; 1K 3.121-3.125 / 3.093-3.096 / 3.107 / 3.154 / 3.169 / 3.145 /
+                                         # 3.369; 128K 4.836-4.847 / 4.823-4.825 / 4.840 / 4.851 / 4.844
     moe_tile_kb: int = 0                 # > 0: the expert items' tiles (gate/up, down) of up to this many KiB
                                          # instead of tile_kb's (0). For the paged worker: at 64 a gate/up item is
                                          # 2 x 8 rows of 2048, 4 pages, so its ring of 12 holds three items (its
@@ -430,7 +454,8 @@ class ModelPlan:
             self.claim_ahead = 1             # the prefetch issues the next ticket's tile: it must know that ticket
         rows = lambda K, halves=1: tile_rows(K, halves, max_batch=self.tb, wbuf=self.wbuf, tile_kb=self.tile_kb)
         r = rows(self.H)
-        while r > 1 and (d % r or r % 2):    # a QKV tile stays inside one head (its counter, RoPE pairs)
+        fill = self.tb <= self.qkv_fill_rows
+        while r > 1 and ((not fill and d % r) or r % 2):   # whole RoPE pairs (and, unless fill, a divisor of d)
             r -= 1
         self.qkv_rows = r
         self.o_rows = rows(self.Q)

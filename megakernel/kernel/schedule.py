@@ -163,6 +163,23 @@ def _tiles(n_rows: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
     return r0, np.minimum(rows, n_rows - r0).astype(np.int32)
 
 
+def qkv_tiles(Q: int, KV: int, d: int, g: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """A layer's QKV tiles (first row, rows) in row order: each kv head's Q rows (g heads of d), then each kv head's
+    K rows, then its V rows, cut into the fewest tiles of at most `rows` rows, near-equal and even (multiples of 8
+    where `rows` is), so no tile spans two kv heads (a tile signals its kv head's counter) and each holds whole RoPE
+    pairs. Where `rows` divides d these are the uniform tiles of `rows`."""
+    q = 8 if rows % 8 == 0 and d % 8 == 0 else 2
+    starts, counts = [], []
+    segments = [(h * g * d, g * d) for h in range(Q // (g * d))] + [(Q + h * d, d) for h in range(2 * KV // d)]
+    for s0, n in segments:
+        k = -(-n // rows)
+        units, extra = divmod(n // q, k)
+        sizes = [q * (units + 1)] * extra + [q * units] * (k - extra)
+        starts.extend(s0 + np.cumsum([0] + sizes[:-1]))
+        counts.extend(sizes)
+    return np.asarray(starts, np.int32), np.asarray(counts, np.int32)
+
+
 def build_tasks(plan: ModelPlan, B: int, nsplit: np.ndarray) -> TaskList:
     """The task list of one decode step of B rows with `nsplit[s, group]` attention splits."""
     return TaskListBuilder(plan, B).build(nsplit)
@@ -274,7 +291,7 @@ def _template(plan: ModelPlan, B: int) -> tuple[list, dict[int, int], dict[int, 
 
         route_wait = emit_routing() if moe and plan.router_first else (-1, 0)   # what the workers wait on
         # 3. QKV tiles, grouped by the kv head whose counter they feed
-        r0, nr = _tiles(Q + 2 * KV, plan.qkv_rows)
+        r0, nr = qkv_tiles(Q, KV, d, plan.g, plan.qkv_rows)
         head = np.where(r0 < Q, r0 // d // g, np.where(r0 < Q + KV, (r0 - Q) // d, (r0 - Q - KV) // d))
         if plan.qkv_by_head:     # a head's attention waits for all its tiles: list them together, K/V first, so
             region = np.where(r0 < Q, 2, np.where(r0 < Q + KV, 0, 1))    # the first heads' attention starts

@@ -299,11 +299,12 @@ class Simulator:
         bias = lw.qkv_bias[r0:r0 + nr] if lw.qkv_bias is not None else None
         out = F.linear(x, lw.qkv[r0:r0 + nr], bias)                     # [B, nr]
         dd0 = (r0 if r0 < Q else (r0 - Q) % KV) % d
+        dd = (dd0 + torch.arange(nr, device=self.dev)) % d   # (a Q tile may span two query heads: schedule.qkv_tiles)
         if cfg.uses_rope(l) and r0 < Q + KV:
             rows = []
             for s in range(B):
                 cos, sin = self._cos_sin(s)
-                c, sn = cos[0, dd0:dd0 + nr].float(), sin[0, dd0:dd0 + nr].float()
+                c, sn = cos[0, dd].float(), sin[0, dd].float()
                 xf = out[s].float()
                 rot = torch.stack([-xf[1::2], xf[0::2]], dim=-1).flatten()
                 rows.append((xf * c + rot * sn).to(out.dtype))
@@ -313,6 +314,7 @@ class Simulator:
             return
         which = 0 if r0 < Q + KV else 1
         kvh = ((r0 - Q) % KV) // d
+        assert dd0 + nr <= d, "a K or V tile stays inside its kv head"
         g, layer_kv = self.cache.layer(l)
         for s in range(B):
             blk, off = self._slot(s, g, self.pos[s])

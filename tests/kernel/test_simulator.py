@@ -381,7 +381,7 @@ def test_prefetching_tilings_on_north_dims():
             assert p.wbuf >= O.PREFETCH_MIN_TILE
             assert all((K + O.ROW_PAD) * rows * 2 <= p.wbuf for K, rows in p.gemv_tiles)
             assert small_task_smem_bytes(p.E, p.H) <= O.GEMV_SCRATCH_BYTES + p.wbuf
-            assert p.d % p.qkv_rows == 0 and p.qkv_rows % 2 == 0
+            assert p.qkv_rows % 2 == 0 and (p.d % p.qkv_rows == 0 or p.tb <= p.qkv_fill_rows)
     b1 = plans[0]
     assert b1.wbuf >= 96 * 1024 and b1.gu_rows * 2 * b1.H * 2 >= 96 * 1024      # ~98 KB tiles at batch 1
     # the smaller tiles of the prefetching plans need more LM-head maxima than the full plan: the backend sizes the
@@ -401,8 +401,9 @@ def test_simulator_with_a_smaller_tile_batch(B):
 
 def test_tile_kb_tilings_on_north_dims():
     """tile_kb=192 at North dims: the launches of one row get 192 KB gate/up tiles (24 rows per half, no power of
-    two) and O-projection tiles (24 rows of 4096), 32-row QKV tiles (a tile stays inside one head) and 64-row down
-    tiles (MAX_TILE_ROWS); launches of 16 rows keep the default tiles (their inputs leave no room)."""
+    two) and O-projection tiles (24 rows of 4096), 48-row QKV tiles (qkv_fill_rows: 112 tiles, none across two kv
+    heads; 32 rows, dividing head_dim, with qkv_fill_rows=0) and 64-row down tiles (MAX_TILE_ROWS); launches of 16
+    rows keep the default tiles (their inputs leave no room)."""
     from megakernel.config import north_mini_code_config
     from megakernel.kernel.plan import plan_for_rows, tiling_plans
     from megakernel.kv.cache import KVLayout
@@ -412,13 +413,19 @@ def test_tile_kb_tilings_on_north_dims():
     plans = tiling_plans(cfg, layout, 16, True, n_workers=132, tile_kb=192, moe_pages_from=2)   # (one row plain)
     default = tiling_plans(cfg, layout, 16, True, n_workers=132)
     one = plan_for_rows(plans, 1)
-    assert (one.gu_rows, one.o_rows, one.qkv_rows, one.dn_rows) == (24, 24, 32, 64)
+    assert (one.gu_rows, one.o_rows, one.qkv_rows, one.dn_rows) == (24, 24, 48, 64)
+    tl = build_tasks(one, 1, np.full((1, one.n_groups), 4))
+    qkv = tl.records[(tl.records[:, 0] == O.Op.QKV) & (tl.records[:, 1] == 1)]
+    assert len(qkv) == 112 and set(qkv[:, 3].tolist()) == {40, 48} and qkv[:, 3].sum() == 4096 + 2 * 512
+    whole = plan_for_rows(tiling_plans(cfg, layout, 16, True, n_workers=132, tile_kb=192, moe_pages_from=2,
+                                       qkv_fill_rows=0), 1)
+    assert whole.qkv_rows == 32 and (whole.gu_rows, whole.o_rows) == (one.gu_rows, one.o_rows)
     assert one.gu_tiles == 32 and one.n_o_tiles == math.ceil(2048 / 24)
-    # the default one-row plan is paged, its expert items of moe_pages_tile_kb_1row = 128 KB: 16-row gate/up halves,
-    # 80-row down items (multiples of TILE_ROW_QUANTUM); the static tiles stay tile_kb's
+    # the default one-row plan is paged, its expert items of moe_pages_tile_kb_1row = 96 KB: 8-row gate/up halves
+    # (12 rows fit, a multiple of TILE_ROW_QUANTUM is 8), 64-row down items; the static tiles stay tile_kb's
     paged_one = plan_for_rows(default, 1)
-    assert paged_one.pg_n and (paged_one.gu_rows, paged_one.dn_rows, paged_one.o_rows) == (16, 80, 24)
-    assert 2 * paged_one.gu_rows * 2048 * 2 <= 128 * 1024 and paged_one.dn_rows * 768 * 2 <= 128 * 1024
+    assert paged_one.pg_n and (paged_one.gu_rows, paged_one.dn_rows, paged_one.o_rows) == (8, 64, 24)
+    assert 2 * paged_one.gu_rows * 2048 * 2 <= 96 * 1024 and paged_one.dn_rows * 768 * 2 <= 96 * 1024
     full, full0 = plans[-1], default[-1]
     assert (full.gu_rows, full.o_rows, full.qkv_rows, full.dn_rows) == \
         (full0.gu_rows, full0.o_rows, full0.qkv_rows, full0.dn_rows)
@@ -822,8 +829,8 @@ def test_paged_items_sized_by_their_own_knob():
     assert (2048, 64) not in p.gemv_tiles and (768, 128) not in p.gemv_tiles
     assert p.pg_out_rows >= 128 and p.pages_smem_bytes() <= p.smem_bytes() <= O.SMEM_LIMIT - O.SMEM_RESERVE
     assert not big[16].big_items and (big[16].gu_rows, big[16].dn_rows) == (base[16].gu_rows, base[16].dn_rows)
-    # one row: its own size (moe_pages_tile_kb_1row = 128 KB), or the knob's where that is 0
-    assert big[1].big_items and (big[1].gu_rows, big[1].dn_rows) == (16, 80)
+    # one row: its own size (moe_pages_tile_kb_1row = 96 KB), or the knob's where that is 0
+    assert big[1].big_items and (big[1].gu_rows, big[1].dn_rows) == (8, 64)
     own = tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=8, moe_pages_tile_kb=256,
                        moe_pages_tile_kb_1row=0)[0]
     assert own.tb == 1 and (own.gu_rows, own.dn_rows) == (32, 128)

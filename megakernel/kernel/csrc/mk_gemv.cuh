@@ -264,18 +264,20 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
             const int d = PI(head_dim), KVs = PI(n_kv) * d;
             const bf16* bias = reinterpret_cast<const bf16*>(wp[WP_QKV_BIAS]);
             const int region = r0 < Q ? 0 : (r0 < Q + KVs ? 1 : 2);
+            // (a tile stays inside one kv head's Q, K or V rows, but may span two of its query heads:
+            // schedule.qkv_tiles; each pair's head and dimension are its own)
             const int rel = r0 - (region == 0 ? 0 : (region == 1 ? Q : Q + KVs));
-            const int head = rel / d, dd0 = rel % d;
             const bool rope = li[LI_USES_ROPE] && region < 2;
             const float* inv_freq = PP(const float*, inv_freq);
             const int* pos = step_in(P) + Bm;
             for (int i = threadIdx.x; i < (nr / 2) * B; i += NT) {
                 const int pr = i / B, b = i - pr * B, r = 2 * pr;
+                const int head = (rel + r) / d, dd = rel + r - head * d;
                 float v0 = sOut[r * MB + b], v1 = sOut[(r + 1) * MB + b];
                 if (bias) { v0 += bf2f(bias[r0 + r]); v1 += bf2f(bias[r0 + r + 1]); }
                 v0 = rbf(v0); v1 = rbf(v1);
                 if (rope) {
-                    const float ang = (float)pos[b] * inv_freq[(dd0 + r) >> 1];
+                    const float ang = (float)pos[b] * inv_freq[dd >> 1];
                     const float c = rbf(cosf(ang)), s = rbf(sinf(ang));
                     const float o0 = v0 * c + (-v1) * s;
                     const float o1 = v1 * c + v0 * s;
@@ -286,7 +288,7 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
                     dst = PP(bf16*, q) + ((size_t)l * Bm + b) * Q + r0 + r;
                 } else {
                     dst = kv_slot(P, li[LI_GROUP], li[LI_LIG], b, pos[b]) + (region == 2 ? (size_t)PI(block_size) * KVs : 0)
-                          + head * d + dd0 + r;
+                          + head * d + dd;
                 }
                 dst[0] = f2bf(v0);
                 dst[1] = f2bf(v1);

@@ -168,6 +168,8 @@ def qkv_tiles(Q: int, KV: int, d: int, g: int, rows: int) -> tuple[np.ndarray, n
     K rows, then its V rows, cut into the fewest tiles of at most `rows` rows, near-equal and even (multiples of 8
     where `rows` is), so no tile spans two kv heads (a tile signals its kv head's counter) and each holds whole RoPE
     pairs. Where `rows` divides d these are the uniform tiles of `rows`."""
+    if rows < 2 or rows % 2:
+        raise ValueError(f"QKV tiles hold whole RoPE pairs: want an even row count >= 2, got {rows}")
     q = 8 if rows % 8 == 0 and d % 8 == 0 else 2
     starts, counts = [], []
     segments = [(h * g * d, g * d) for h in range(Q // (g * d))] + [(Q + h * d, d) for h in range(2 * KV // d)]
@@ -264,7 +266,7 @@ def _template(plan: ModelPlan, B: int) -> tuple[list, dict[int, int], dict[int, 
             norm_waits = [(c_x, B)] if fuse else []      # the MoE items read the NORM's x, not a router tile's
         r_waits, r_fl = (prev_done, O.FLAG_FUSED_NORM) if fuse else (x_waits, fl)
         # 2. router tiles and the top-k, ahead of the QKV tiles by default (`router_first`): router -> top-k ->
-        #    experts is the longer of a layer's two branches; listed after the 160 QKV tiles, the router tiles and
+        #    experts is the longer of a layer's two branches; listed after the QKV tiles (160 then), the router tiles and
         #    the top-k were claimed in the blocks' second wave, ~8 us after the norm
         m = plan.moe_idx.get(l, -1)
 

@@ -310,6 +310,7 @@ class Simulator:
                 rows.append((xf * c + rot * sn).to(out.dtype))
             out = torch.stack(rows)
         if r0 < Q:
+            assert r0 // (p.g * d) == (r0 + nr - 1) // (p.g * d), "a Q tile stays inside one kv head's query heads"
             self.wr("q", (l, slice(0, B), slice(r0, r0 + nr)), out)
             return
         which = 0 if r0 < Q + KV else 1

@@ -13,7 +13,7 @@ import torch
 from kernel_helpers import VARIANTS, clone_cache, decode_batch, make_cfg, prefill_state, tiny_weights
 from megakernel.kernel import opcodes as O
 from megakernel.kernel.plan import ModelPlan
-from megakernel.kernel.schedule import build_tasks, step_inputs, validate
+from megakernel.kernel.schedule import build_tasks, qkv_tiles, step_inputs, validate
 from megakernel.kernel.simulator import ReadBeforeWrite, SimDeadlock, Simulator
 from megakernel.model.cohere2_moe import Cohere2MoeModel, ForwardTrace
 
@@ -211,7 +211,7 @@ def test_north_task_list_shape():
     tl = build_tasks(plan, si.B, si.nsplit)
     validate(tl)
     ops = np.bincount(tl.records[:, 0], minlength=13)
-    assert ops[O.Op.QKV] == 49 * (32 + 8) * 128 // plan.qkv_rows
+    assert ops[O.Op.QKV] == 49 * len(qkv_tiles(32 * 128, 4 * 128, 128, 8, plan.qkv_rows)[0])
     assert ops[O.Op.MOE_WORKER] == 48 * 132
     assert ops[O.Op.LM_HEAD] == plan.n_lm_tiles
 
@@ -397,6 +397,21 @@ def test_simulator_with_a_smaller_tile_batch(B):
     cfg, w, st, nxt = _setup("north_like", B, seed=11 + B)
     plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=2, split_tokens=4, tile_batch=B)
     _check_step(cfg, w, st, nxt, plan, seeds=[B])
+
+
+@pytest.mark.parametrize("variant", ["softmax_2dense_bias", "softmax_shared_avg_untied_g4"])
+@pytest.mark.parametrize("rows", [6, 10, 12])
+@pytest.mark.parametrize("B", [1, 3])
+def test_simulator_with_qkv_tiles_across_heads(variant, rows, B):
+    """QKV tiles whose rows do not divide head_dim (qkv_fill_rows: 48 or 40 at North dims): Q tiles that start
+    inside a query head and span two, K / V tiles cut unevenly inside a head. The rows are set on the plan here
+    (the tiny dims' tile budget gives 64), which sizes nothing else; the step stays exact in random orders."""
+    cfg, w, st, nxt = _setup(variant, B, seed=rows + B)
+    plan = ModelPlan(cfg, st.layout, max_batch=4, n_workers=3, split_tokens=4)
+    plan.qkv_rows = rows
+    r0, nr = qkv_tiles(plan.Q, plan.KV, plan.d, plan.g, rows)
+    assert (r0 % plan.d != 0).any() and (nr < rows).any()
+    _check_step(cfg, w, st, nxt, plan, seeds=[rows, rows + 5])
 
 
 def test_tile_kb_tilings_on_north_dims():

@@ -98,6 +98,10 @@ DEFAULT_SPLIT_TOKENS = 512   # keys per attention split (rounded to the KV block
 MAX_SPLITS_PER_HEAD = 256    # longer contexts get longer splits
 # ModelPlan.l2_prefetch's bits: what a layer's QKV tile prefetches into L2 (cp.async.bulk.prefetch.L2, no shared
 # memory, nothing waits on it) while the layer's routing leaves HBM idle
+DN_LAG_MIN = 12              # a MoE queue's down-item lag (ModelPlan.dn_lag) is at most half the step's expert slots,
+                             # and 0 where that is under this many slots: H100, 02f69ca + the cap, one process, lag 8
+                             # at b2 (~16 slots) 4.872-4.896 ms against 4.716-4.732 at 0; ~12 at b3 6.010-6.016 /
+                             # 6.039-6.060 (mk_moe.cuh queue_kind, simulator.queue_kind)
 L2PF_OPROJ = 1               # its share of the layer's O-projection weights (read ~40 us later, after attention)
 L2PF_NEXT_QKV = 2            # its own rows of the next layer's QKV weights (read one layer later)
 L2PF_EVICT_LAST = 4          # the prefetched lines with priority evict_last (else evict_normal); weights stream
@@ -321,7 +325,7 @@ def generate_header() -> str:
                   COMB_SUM=COMB_SUM, COMB_AVERAGE=COMB_AVERAGE, PROF_INTS=PROF_INTS, PROF_N_STAMPS=len(PROF_STAMPS),
                   PROF_N_MARKS=len(PROF_MARK_FIELDS),
                   PROF_BLOCK_INTS=PROF_BLOCK_INTS, PROF_ITEM_GU=PROF_ITEM_GU, PROF_ITEM_DN=PROF_ITEM_DN, PROF_ITEM_O=PROF_ITEM_O,
-                  L2PF_OPROJ=L2PF_OPROJ, L2PF_NEXT_QKV=L2PF_NEXT_QKV, L2PF_EVICT_LAST=L2PF_EVICT_LAST)
+                  DN_LAG_MIN=DN_LAG_MIN, L2PF_OPROJ=L2PF_OPROJ, L2PF_NEXT_QKV=L2PF_NEXT_QKV, L2PF_EVICT_LAST=L2PF_EVICT_LAST)
     lines += [f"#define MK_{k} {v}" for k, v in consts.items()]
     lines.append("")
     lines += [f"#define OP_{op.name} {int(op)}" for op in Op]

@@ -266,7 +266,10 @@ class ModelPlan:
                                          # 16 / 24 / 32 / 48 / 64): b16 17.434-17.445 / 17.370 / 17.372-17.383 /
                                          # 17.376 / 17.383, b8 11.207-11.211 / 11.158 / 11.157-11.159 / 11.163 /
                                          # 11.171, b2 4.752-4.775 / 4.743 / 4.733-4.745 / 4.737 / 4.736; 8: b8
-                                         # 11.420, b16 17.667; b1 even
+                                         # 11.420, b16 17.667; b1 even. The kernel caps the lag at half the
+                                         # step's slots and drops one under opcodes.DN_LAG_MIN (32 had put
+                                         # every down item last at b4, ~30 slots; the cap's 8 at b2 was +3%):
+                                         # against lag 0, b3 -0.3%, b4 -0.5%, b8 / b16 -0.1%, b2 even
     o_after: int = 8                     # 0..8: eighths of a layer's down items queued ahead of its O items
                                          # (o_queue; 0: right after the gate/up items, where a worker that claims
                                          # one may wait for the combines; 8: after every down item). 8 since

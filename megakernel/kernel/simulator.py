@@ -37,7 +37,11 @@ def queue_kind(n_slots: int, G: int, D: int, lag: int, item: int) -> tuple[bool,
     """(down, slot, tile) of item `item` of a MoE layer's queue without O items: n_slots experts' G gate/up items
     each, then (lag 0) their D down items each; with lag > 0 the down items of slot s follow the gate/up items of
     slot s + lag (those of the last `lag` slots after every gate/up item). A down item's gate/up items always come
-    earlier. (csrc/mk_moe.cuh queue_kind is the same formula.)"""
+    earlier. The lag is at most half the slots (a lag past them would put every down item last), and 0 under
+    DN_LAG_MIN. (csrc/mk_moe.cuh queue_kind is the same formula.)"""
+    lag = min(lag, n_slots // 2)
+    if lag < O.DN_LAG_MIN:
+        lag = 0
     if lag <= 0 or lag >= n_slots:
         return (False, *divmod(item, G)) if item < n_slots * G else (True, *divmod(item - n_slots * G, D))
     head = lag * G                           # slots 0 .. lag-1: gate/up only

@@ -877,32 +877,43 @@ def test_simulator_with_the_paged_worker():
     _check_step(cfg, w, st, nxt, plan, seeds=[1, 4])
 
 
-@pytest.mark.parametrize("n_slots,lag", [(1, 1), (5, 0), (5, 1), (5, 2), (5, 4), (5, 5), (5, 9), (17, 3)])
-def test_queue_order_with_down_lag(n_slots, lag):
+@pytest.mark.parametrize("n_slots,lag", [(1, 1), (5, 0), (5, 1), (5, 2), (5, 4), (5, 5), (5, 9), (17, 3), (17, 8),
+                                         (17, 12), (40, 12), (40, 32), (20, 32)])
+@pytest.mark.parametrize("lag_min", [0, O.DN_LAG_MIN])
+def test_queue_order_with_down_lag(n_slots, lag, lag_min, monkeypatch):
     """dn_lag: the queue is a permutation of the layer's items (every gate/up and down tile of every slot once),
-    each down item after all of its slot's gate/up items, and (0 < lag < slots) the down items of slot s right
-    after the gate/up items of slot s + lag."""
+    each down item after all of its slot's gate/up items, and the down items of slot s right after the gate/up
+    items of slot s + k for k = min(lag, half the slots), or (k under DN_LAG_MIN, or 0) every down item after every
+    gate/up item. lag_min 0: the order the small test dims can reach (their steps have fewer slots than
+    DN_LAG_MIN)."""
     from megakernel.kernel.simulator import queue_kind
 
+    monkeypatch.setattr(O, "DN_LAG_MIN", lag_min)
+    k = min(lag, n_slots // 2)
+    k = 0 if k < lag_min else k
     G, D = 3, 2
     order = [queue_kind(n_slots, G, D, lag, i) for i in range(n_slots * (G + D))]
     assert sorted(order) == sorted([(False, s, t) for s in range(n_slots) for t in range(G)] +
                                    [(True, s, t) for s in range(n_slots) for t in range(D)])
-    pos = {k: i for i, k in enumerate(order)}
+    pos = {key: i for i, key in enumerate(order)}
     for s in range(n_slots):
         assert min(pos[(True, s, t)] for t in range(D)) > max(pos[(False, s, t)] for t in range(G))
-        if 0 < lag and s + lag < n_slots:
-            assert pos[(True, s, 0)] == pos[(False, s + lag, G - 1)] + 1
-    if lag == 0 or lag >= n_slots:
+        if 0 < k and s + k < n_slots:
+            assert pos[(True, s, 0)] == pos[(False, s + k, G - 1)] + 1
+    if k == 0:
         assert all(not d for d, _, _ in order[:n_slots * G])
+    else:
+        assert order[(k + 1) * G] == (True, 0, 0)        # (slot k's gate/up items, then slot 0's down items)
 
 
 @pytest.mark.parametrize("pages", [4])
 @pytest.mark.parametrize("lag", [1, 2])
-def test_simulator_with_down_lag(pages, lag):
+def test_simulator_with_down_lag(pages, lag, monkeypatch):
     """dn_lag interleaves the down items with later experts' gate/up items (paged plans without queued O items; the
     plain worker's order is the same formula, checked at lag 0 by the other tests): the step stays exact in random
-    orders, and no worker waits forever (each down item's gate/up items are earlier in the queue)."""
+    orders, and no worker waits forever (each down item's gate/up items are earlier in the queue). DN_LAG_MIN is set
+    to 0 here: the tiny dims' steps have fewer expert slots than it, which would turn the lag off."""
+    monkeypatch.setattr(O, "DN_LAG_MIN", 0)
     cfg, w, st, nxt = _setup("north_like", 3, seed=61 + lag)
     plan = ModelPlan(cfg, st.layout, max_batch=4, tile_batch=3, n_workers=2, split_tokens=4, moe_pages=pages,
                      moe_pages_from=1, o_queue=0, dn_lag=lag)

@@ -76,9 +76,13 @@ __device__ __forceinline__ int o_queue_start(const Params& P, int n_gu) {
 // Item `item` of a queue without O items (n_s expert slots, G gate/up and D down items each): its slot and tile,
 // and whether it is a down item. lag 0: every gate/up item, then every down item; lag > 0: the down items of slot
 // s right after the gate/up items of slot s + lag (the last lag slots' after every gate/up item), so a down item's
-// gate/up items are always earlier in the queue (plan.ModelPlan.dn_lag; simulator.queue_kind is the same).
+// gate/up items are always earlier in the queue (plan.ModelPlan.dn_lag; simulator.queue_kind is the same). The lag
+// is at most half the step's slots (a lag past them would put every down item last: b4, ~30 slots, under
+// dn_lag=32), and 0 under MK_DN_LAG_MIN (a short lag makes down items wait on gate/up items still loading).
 __device__ __forceinline__ bool queue_kind(int n_s, int G, int D, int lag, int item, int& slot, int& t) {
     int base = 0, s0 = 0;
+    lag = min(lag, n_s >> 1);
+    if (lag < MK_DN_LAG_MIN) lag = 0;
     if (lag > 0 && lag < n_s) {
         const int head = lag * G, mid = (n_s - lag) * (G + D);
         if (item < head) { slot = item / G; t = item - slot * G; return false; }

@@ -145,6 +145,9 @@ MAX_WAITS = 3
 # residual and the layer's norm) instead of waiting for NORM tasks; one QKV tile writes the residual rows h for the
 # next layer and one ROUTER tile the normed rows x the MoE items read.
 FLAG_FUSED_NORM, FLAG_WRITE_H, FLAG_WRITE_X = 1, 2, 4
+# a static GEMV record that issues its weights only once its input rows are read (the `qkv_late_weights` plan knob:
+# the QKV tiles' copies then do not land while the router tiles read the same residual, the head of the b1 chain)
+FLAG_LATE_WEIGHTS = 8
 R = {name: i for i, name in enumerate(REC_FIELDS)}
 
 # ---- control block (int32, zeroed before every step together with the counters) --------------------------------
@@ -320,6 +323,7 @@ def generate_header() -> str:
                   LAYER_INFO_INTS=LAYER_INFO_INTS, WPTR_INTS=WPTR_INTS, MAX_TABLE_LAYERS=MAX_TABLE_LAYERS,
                   ERR_WATCHDOG=ERR_WATCHDOG, ERR_BAD_OPCODE=ERR_BAD_OPCODE, ERR_SMEM=ERR_SMEM, ERR_STALL=ERR_STALL,
                   FLAG_FUSED_NORM=FLAG_FUSED_NORM, FLAG_WRITE_H=FLAG_WRITE_H, FLAG_WRITE_X=FLAG_WRITE_X,
+                  FLAG_LATE_WEIGHTS=FLAG_LATE_WEIGHTS,
                   MLP_NONE=MLP_NONE, MLP_DENSE=MLP_DENSE, MLP_SHARED=MLP_SHARED,
                   NORM_RMS=NORM_RMS, NORM_LAYER=NORM_LAYER, SEL_SIGMOID=SEL_SIGMOID, SEL_SOFTMAX=SEL_SOFTMAX,
                   COMB_SUM=COMB_SUM, COMB_AVERAGE=COMB_AVERAGE, PROF_INTS=PROF_INTS, PROF_N_STAMPS=len(PROF_STAMPS),

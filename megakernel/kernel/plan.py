@@ -203,6 +203,15 @@ class ModelPlan:
                                          # 3.124-3.125 / 3.154-3.155, 128K 4.836-4.841 / 4.853-4.855; b2 4.797-4.800
                                          # / 4.769-4.775, b3 6.099-6.130 / 6.129-6.132, b8 11.330-11.334 /
                                          # 11.266-11.267, b10 13.155-13.171 / 13.185-13.188
+    qkv_late_weights: int = 0            # plans of at most this many rows (tile_batch) issue their QKV tiles'
+                                         # weights only once the tile's input rows are read (FLAG_LATE_WEIGHTS),
+                                         # not at the claim. The b1 trace at 02f69ca's tiling: the router tiles'
+                                         # fused norm (their L2 reads of the residual) takes ~4.5 us while 112 QKV
+                                         # tiles' 192 KB copies land, ~3.7 with the 32-row tiles' smaller first
+                                         # wave; the router -> top-k chain is the b1 critical path and the QKV
+                                         # tiles are not (attention ends ~7 us before the O items start). Needs
+                                         # the build switch MK_LATE_WEIGHTS=1 (the flag is ignored otherwise).
+                                         # 0: off. Not yet measured
     fused_norm: int = 1                  # steps of at most this many rows skip the per-row NORM tasks of layers >= 1:
                                          # QKV / router / MLP gate-up tiles normalise their own inputs (in registers:
                                          # fused_norm_smem_bytes). 8K, ms at 0 / 4 (804f4cb, one process): b1

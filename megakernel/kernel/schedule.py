@@ -301,8 +301,9 @@ def _template(plan: ModelPlan, B: int) -> tuple[list, dict[int, int], dict[int, 
             r0, nr, head = r0[order], nr[order], head[order]
         qkv_c = [ctr(l, plan.c_qkv + h, f"qkv (kv head {h})", int((head == h).sum())) for h in range(nkv)]
         # fused: the tile of row 0 writes the residual rows the next layer's tiles (and the final norm) read
+        late = O.FLAG_LATE_WEIGHTS if plan.tb <= plan.qkv_late_weights else 0
         em.emit(Op.QKV, l, len(r0), sig=np.asarray(qkv_c, np.int32)[head], waits=x_waits, a0=r0, a1=nr,
-                flags=fl | np.where(fuse_qkv & (r0 == 0), O.FLAG_WRITE_H, 0))
+                flags=fl | late | np.where(fuse_qkv & (r0 == 0), O.FLAG_WRITE_H, 0))
         if moe and not plan.router_first:
             route_wait = emit_routing()
         # 4. static MLP gate/up tiles

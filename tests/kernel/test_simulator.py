@@ -414,6 +414,28 @@ def test_simulator_with_qkv_tiles_across_heads(variant, rows, B):
     _check_step(cfg, w, st, nxt, plan, seeds=[rows, rows + 5])
 
 
+def test_qkv_late_weights_flags_the_small_plans_qkv_tiles():
+    """qkv_late_weights: the QKV records of plans of at most that many rows carry FLAG_LATE_WEIGHTS (nothing else
+    does, and the knob at 0 leaves the lists as they were); the step stays exact in random orders (the flag only
+    moves when a tile's weights are issued, which the simulator does not model)."""
+    cfg, w, st, nxt = _setup("north_like", 1, seed=71)
+    lists = {}
+    for knob in (0, 1):
+        plan = ModelPlan(cfg, st.layout, max_batch=1, n_workers=3, split_tokens=4, qkv_late_weights=knob)
+        tl = build_tasks(plan, 1, np.full((1, plan.n_groups), 2))
+        lists[knob] = tl.records
+        late = (tl.records[:, O.R["flags"]] & O.FLAG_LATE_WEIGHTS) != 0
+        assert np.array_equal(late, (tl.records[:, 0] == O.Op.QKV) & bool(knob))
+    on = lists[1].copy()
+    on[:, O.R["flags"]] &= ~O.FLAG_LATE_WEIGHTS
+    assert np.array_equal(on, lists[0])
+    wide = ModelPlan(cfg, st.layout, max_batch=4, tile_batch=4, n_workers=3, split_tokens=4, qkv_late_weights=1)
+    tl = build_tasks(wide, 4, np.full((4, wide.n_groups), 2))
+    assert not (tl.records[:, O.R["flags"]] & O.FLAG_LATE_WEIGHTS).any()
+    _check_step(cfg, w, st, nxt, ModelPlan(cfg, st.layout, max_batch=1, n_workers=3, split_tokens=4,
+                                           qkv_late_weights=1), seeds=[3, 8])
+
+
 def test_tile_kb_tilings_on_north_dims():
     """tile_kb=192 at North dims: the launches of one row get 192 KB gate/up tiles (24 rows per half, no power of
     two) and O-projection tiles (24 rows of 4096), 48-row QKV tiles (qkv_fill_rows: 112 tiles, none across two kv

@@ -19,6 +19,10 @@ __device__ __forceinline__ Tile oproj_tile(const Params& P, const bf16* wo, int 
     return T;
 }
 
+#ifndef MK_LATE_WEIGHTS
+#define MK_LATE_WEIGHTS 0
+#endif
+
 // The weight tile of a static GEMV record (op, layer, first row, rows) and, if wanted, where its input rows start.
 __device__ __forceinline__ Tile static_tile(const Params& P, int op, int l, int r0, int nr, const bf16** xin = nullptr,
                                             int* xpitch = nullptr) {
@@ -235,9 +239,12 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
     const size_t x_end = sm_x_end(P, R, T.K, B);
     if (!smem_fits(P, x_end + (fused ? fused_staged_bytes(H) : 0), ticket)) { drain_weights(); return false; }
     int buf = 0;
+    // FLAG_LATE_WEIGHTS (plan knob qkv_late_weights, in builds with MK_LATE_WEIGHTS=1): the weights after the input
+    // rows are read, below (a switch, so the default build's code stays the one measured until the knob is)
+    const bool late = MK_LATE_WEIGHTS && pf_buf < 0 && (flags & MK_FLAG_LATE_WEIGHTS) != 0;
     if (pf_buf >= 0) {
         buf = pf_buf;                        // issued by the previous task: `issued` stays at the claim
-    } else {
+    } else if (!late) {
         issue_weights(P, T, buf);
         prof_mark(PS_ISSUED);
     }
@@ -254,6 +261,10 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
             fused_inputs(P, l, flags, sX, reinterpret_cast<float*>(smem + x_end), row_pitch(T.K));
     } else {
         load_x(reinterpret_cast<bf16*>(smem + sm_x(P, R, T.K)), B, T.K);
+    }
+    if (late) {                              // (no copy was pending: an abort above drained nothing)
+        issue_weights(P, T, buf);
+        prof_mark(PS_ISSUED);
     }
     prof_phase(0);                           // (thread 0's rows stored: the loads have landed)
     wait_weights(buf);

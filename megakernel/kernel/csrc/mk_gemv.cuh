@@ -262,11 +262,11 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
     } else {
         load_x(reinterpret_cast<bf16*>(smem + sm_x(P, R, T.K)), B, T.K);
     }
-    if (late) {                              // (no copy was pending: an abort above drained nothing)
+    prof_phase(0);                           // (thread 0's rows stored: the loads have landed)
+    if (late) {                              // (buffer 0 had no copy pending: an abort above drained only a prefetch)
         issue_weights(P, T, buf);
         prof_mark(PS_ISSUED);
     }
-    prof_phase(0);                           // (thread 0's rows stored: the loads have landed)
     wait_weights(buf);
     gemv(P, buf, R, T.K, B);
     const float* sOut = reinterpret_cast<const float*>(smem + SM_OUT);

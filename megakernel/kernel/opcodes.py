@@ -96,12 +96,12 @@ SWZ_X_PAD = 32               # benchmarks/gemv_stream.cu: elements after each in
 TMAP_BYTES = 128             # one CUtensorMap
 DEFAULT_SPLIT_TOKENS = 512   # keys per attention split (rounded to the KV block size)
 MAX_SPLITS_PER_HEAD = 256    # longer contexts get longer splits
-# ModelPlan.l2_prefetch's bits: what a layer's QKV tile prefetches into L2 (cp.async.bulk.prefetch.L2, no shared
-# memory, nothing waits on it) while the layer's routing leaves HBM idle
 DN_LAG_MIN = 12              # a MoE queue's down-item lag (ModelPlan.dn_lag) is at most half the step's expert slots,
                              # and 0 where that is under this many slots: H100, 02f69ca + the cap, one process, lag 8
                              # at b2 (~16 slots) 4.872-4.896 ms against 4.716-4.732 at 0; ~12 at b3 6.010-6.016 /
                              # 6.039-6.060 (mk_moe.cuh queue_kind, simulator.queue_kind)
+# ModelPlan.l2_prefetch's bits: what a layer's QKV tile prefetches into L2 (cp.async.bulk.prefetch.L2, no shared
+# memory, nothing waits on it) while the layer's routing leaves HBM idle
 L2PF_OPROJ = 1               # its share of the layer's O-projection weights (read ~40 us later, after attention)
 L2PF_NEXT_QKV = 2            # its own rows of the next layer's QKV weights (read one layer later)
 L2PF_EVICT_LAST = 4          # the prefetched lines with priority evict_last (else evict_normal); weights stream

@@ -266,8 +266,8 @@ def _template(plan: ModelPlan, B: int) -> tuple[list, dict[int, int], dict[int, 
             norm_waits = [(c_x, B)] if fuse else []      # the MoE items read the NORM's x, not a router tile's
         r_waits, r_fl = (prev_done, O.FLAG_FUSED_NORM) if fuse else (x_waits, fl)
         # 2. router tiles and the top-k, ahead of the QKV tiles by default (`router_first`): router -> top-k ->
-        #    experts is the longer of a layer's two branches; listed after the QKV tiles (160 then), the router tiles and
-        #    the top-k were claimed in the blocks' second wave, ~8 us after the norm
+        #    experts is the longer of a layer's two branches; listed after the QKV tiles (160 then), the router tiles
+        #    and the top-k were claimed in the blocks' second wave, ~8 us after the norm
         m = plan.moe_idx.get(l, -1)
 
         def emit_routing() -> int:

@@ -151,3 +151,18 @@ def test_derived_json_names_the_trace_it_came_from(trace, tmp_path):
     shutil.copy(src, bare)
     T.write_derived_json({"x": 1}, str(tmp_path / "bare.json"), str(bare), "script")
     assert json.loads((tmp_path / "bare.json").read_text()) == {"derived_by": "script", "x": 1}
+
+
+def test_sm_states_counts_at_most_the_blocks(trace):
+    """benchmarks/sm_states.py: in no bin are more blocks busy than the grid has (a block runs one task at a time),
+    and the layer's QKV tiles' run time (wait end to end) is all inside the window's QKV:run columns."""
+    path, raw = trace
+    res = _load("sm_states").sm_states(path, layer=1, bin_us=0.5, before_us=50.0)
+    assert res["bins"] and res["blocks"] == len(raw.blocks)
+    busy = np.array([b["busy_blocks"] for b in res["bins"]])
+    assert busy.max() > 0 and (busy <= res["blocks"] + 0.1).all()
+    tl = T.to_timeline(raw)
+    m = (tl.tasks.op == O.Op.QKV) & (tl.tasks.layer == 1)
+    want_us = float((tl.tasks.end[m] - tl.tasks.waited[m]).sum()) / 1e3
+    got_us = sum(b.get("QKV:run", 0.0) for b in res["bins"]) * res["bin_us"]
+    assert got_us >= want_us * 0.99 - 0.1 * len(res["bins"])       # (each bin's figure is rounded to 0.1)

@@ -10,8 +10,8 @@
 #   3. the step at $POINTS under $VARIANTS (VARIANTS="" skips), one process;
 #   4. SWEEP=1: the decode sweep of the megakernel and the graph backend (scripts/gpu_decode_sweep.sh, in $OUT/sweep);
 #   5. TRACE_POINT="BxCTX ...": the profiling build's timeline at each point (summary lines; TRACE_DEFINES: its
-#      switches, e.g. MK_PG_PAGE_STATS=1,MK_ATTN_STATS=1; benchmarks/page_stats.py, attn_stats.py and
-#      layer_bandwidth.py JSON beside it; TRACE_KEEP=1 keeps the .npz);
+#      switches, e.g. MK_PG_PAGE_STATS=1,MK_ATTN_STATS=1; benchmarks/page_stats.py, attn_stats.py,
+#      layer_bandwidth.py and sm_states.py JSON beside it; TRACE_KEEP=1 keeps the .npz);
 #   6. BUILD_AB="MK_X=0 default": the step at $AB_POINTS (default 1x8192,8x8192,16x8192) under each build in its own
 #      process (comma-separated KEY=VAL switch lists as MEGAKERNEL_KERNEL_DEFINES takes them, or "default"), the
 #      plan variants $AB_VARIANTS in each (default "default default": two runs; not step 3's $VARIANTS);
@@ -64,6 +64,7 @@ for point in ${TRACE_POINT:-}; do          # (one or several BxCTX, space-separa
   # the paged workers' page stats (meaningful under TRACE_DEFINES=MK_PG_PAGE_STATS=1) and the layer's HBM rate
   python3 benchmarks/page_stats.py "$OUT/tl_b$bsz.npz" --json "$OUT/tl_b${bsz}_page_stats.json" > /dev/null 2>&1
   python3 benchmarks/layer_bandwidth.py "$OUT/tl_b$bsz.npz" --json "$OUT/tl_b${bsz}_bandwidth.json" > /dev/null 2>&1
+  python3 benchmarks/sm_states.py "$OUT/tl_b$bsz.npz" --json "$OUT/tl_b${bsz}_sm_states.json" > /dev/null 2>&1
   # attention splits' chunk sums (meaningful under TRACE_DEFINES=...,MK_ATTN_STATS=1)
   python3 benchmarks/attn_stats.py "$OUT/tl_b$bsz.npz" --json "$OUT/tl_b${bsz}_attn_stats.json" > /dev/null 2>&1
   [ "${TRACE_KEEP:-0}" = 1 ] || rm -f "$OUT/tl_b$bsz.npz"

@@ -25,17 +25,12 @@ def layer_profile(path: str, layer: int, bin_us: float = 2.0) -> dict:
         ok = (ev.nbytes > 0) & np.isfinite(ev.issued) & np.isfinite(ev.computed) & (ev.computed > ev.issued)
         spans.append(np.stack([ev.issued[ok], ev.computed[ok], ev.nbytes[ok]], axis=1))
     a, b, n = np.concatenate(spans).T
-    ops = np.array([T.op_name(int(o)) for o in tl.tasks.op])
-    router = ops == "ROUTER"
-    t0 = float(np.nanmin(tl.tasks.waited[router & (tl.tasks.layer == layer)]))
-    t1 = float(np.nanmin(tl.tasks.waited[router & (tl.tasks.layer == layer + 1)]))
+    t0, t1 = T.router_wait(tl, layer), T.router_wait(tl, layer + 1)
     dt = bin_us * 1e3
     edges = np.arange(t0, t1 + dt, dt)
     rate = n / (b - a)                                   # bytes per ns
     # overlap of each span with each bin, summed: bytes per bin
-    lo = np.maximum(a[:, None], edges[None, :-1])
-    hi = np.minimum(b[:, None], edges[None, 1:])
-    per_bin = (np.clip(hi - lo, 0, None) * rate[:, None]).sum(axis=0)
+    per_bin = (T.bin_overlap(a, b, edges) * rate[:, None]).sum(axis=0)
     gbs = per_bin / dt                                   # bytes per ns = GB/s
     return {"trace": path, "layer": layer, "layer_us": round((t1 - t0) / 1e3, 2), "bin_us": bin_us,
             "layer_gb_per_s": round(float(per_bin.sum() / (t1 - t0)), 1),

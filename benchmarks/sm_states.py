@@ -20,18 +20,10 @@ import numpy as np
 from megakernel.kernel import timeline as T
 
 
-def _router_wait(tl: T.Timeline, ops: np.ndarray, layer: int) -> float:
-    m = (ops == "ROUTER") & (tl.tasks.layer == layer)
-    if not m.any():
-        raise ValueError(f"layer {layer} has no router tiles (a dense layer, or past the last): pick a MoE layer")
-    return float(np.nanmin(tl.tasks.waited[m]))
-
-
 def sm_states(path: str, layer: int, bin_us: float = 2.0, before_us: float = 10.0) -> dict:
     tl = T.to_timeline(T.load_raw(path))
     ops = np.array([T.op_name(int(o)) for o in tl.tasks.op])
-    t0 = _router_wait(tl, ops, layer)
-    t1 = _router_wait(tl, ops, layer + 1)
+    t0, t1 = T.router_wait(tl, layer), T.router_wait(tl, layer + 1)
     dt = bin_us * 1e3
     edges = np.arange(t0 - before_us * 1e3, t1 + dt, dt)
     nb = len(edges) - 1
@@ -41,9 +33,7 @@ def sm_states(path: str, layer: int, bin_us: float = 2.0, before_us: float = 10.
         ok = np.isfinite(a) & np.isfinite(b) & (b > a)
         if not ok.any():
             return
-        lo = np.maximum(a[ok][:, None], edges[None, :-1])
-        hi = np.minimum(b[ok][:, None], edges[None, 1:])
-        series[name] = series.get(name, np.zeros(nb)) + np.clip(hi - lo, 0, None).sum(axis=0) / dt
+        series[name] = series.get(name, np.zeros(nb)) + T.bin_overlap(a[ok], b[ok], edges).sum(axis=0) / dt
 
     t = tl.tasks
     for name in np.unique(ops):

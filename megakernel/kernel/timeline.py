@@ -644,6 +644,22 @@ def percentiles(a: np.ndarray, digits: int = 2) -> list[float]:
     return [round(float(v), digits) for v in np.percentile(a, [10, 50, 90])] if len(a) else []
 
 
+def router_wait(tl: Timeline, layer: int) -> float:
+    """When layer's first router tile stopped waiting (ns): the origin of a layer in the bandwidth and SM-state tools
+    (benchmarks/layer_bandwidth.py, sm_states.py), so their bins line up."""
+    m = (tl.tasks.op == O.Op.ROUTER) & (tl.tasks.layer == layer)
+    if not m.any():
+        raise ValueError(f"layer {layer} has no router tiles (a dense layer, or past the last): pick a MoE layer")
+    return float(np.nanmin(tl.tasks.waited[m]))
+
+
+def bin_overlap(a: np.ndarray, b: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """[n, bins] ns of each span [a, b) inside each bin between consecutive edges."""
+    lo = np.maximum(a[:, None], edges[None, :-1])
+    hi = np.minimum(b[:, None], edges[None, 1:])
+    return np.clip(hi - lo, 0, None)
+
+
 def trace_tool_parser(doc: str) -> argparse.ArgumentParser:
     """The command line benchmarks/'s trace tools share: a trace (.npz), --layer (default 20) and --json OUT; a tool
     adds its own options."""

@@ -4,11 +4,12 @@ plan's runtime knobs swept in-process, ms/step per point.
     python benchmarks/megakernel_variants.py --points 1x8192,8x8192 \
         --variants "default split_tokens=1024 n_workers=96 oproj_first=1" --json OUT.json
 
-Each variant is `default` or comma-separated KEY=INT overrides of the plan (keys: kernel/backend.py TUNING_KEYS:
-split_tokens, attn_stages, n_workers, oproj_first, qkv_by_head, batch_tiles), applied on top of the defaults. The task lists are rebuilt for
-every variant. Compile-time switches (kernel/build.py KERNEL_SWITCHES) are per process: run the script again with
-$MEGAKERNEL_KERNEL_DEFINES, e.g. MEGAKERNEL_KERNEL_DEFINES=MK_ATTN_PAD=1. Prints the achieved bandwidth and % of the roofline measured
-in the same run, as `megakernel bench` does; the full sweep stays `megakernel bench --sweep`.
+Each variant is `default` or comma-separated KEY=INT overrides of the plan (keys: kernel/tuning.py TUNING_KEYS:
+split_tokens, attn_stages, n_workers, oproj_first, qkv_by_head, batch_tiles, ...), applied on top of the defaults
+(the plan's, then this card's row of kernel/tuning.py CARD_TUNING). The task lists are rebuilt for every variant.
+Compile-time switches (kernel/build.py KERNEL_SWITCHES) are per process: run the script again with
+$MEGAKERNEL_KERNEL_DEFINES, e.g. MEGAKERNEL_KERNEL_DEFINES=MK_ATTN_PAD=1. Prints the achieved bandwidth and % of the
+roofline measured in the same run, as `megakernel bench` does; the full sweep stays `megakernel bench --sweep`.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     points = [tuple(int(x) for x in p.split("x")) for p in args.points.split(",")]
-    from megakernel.kernel.backend import TUNING_KEYS
+    from megakernel.kernel.tuning import TUNING_KEYS
 
     variants: list[dict[str, int]] = []
     for v in args.variants.split():

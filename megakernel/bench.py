@@ -26,6 +26,7 @@ import torch
 
 from megakernel.config import ModelConfig
 from megakernel.errors import RequestError
+from megakernel.kernel.tuning import card_tuning
 
 # The standard sweep: batch 1 over context, then batch over 8K context.
 SWEEP = [(1, 1024), (1, 8192), (1, 32768), (1, 131072), (1, 262144),
@@ -304,6 +305,10 @@ def run_record() -> dict:
                                       "MEGAKERNEL_ATTN_MAX_STAGES", "MEGAKERNEL_ATTN_CHUNK") if os.environ.get(k)}
     if env:
         rec["env"] = env
+    if torch.cuda.is_available():       # the megakernel's per-card plan overrides (kernel/tuning.py) on this GPU
+        card = card_tuning(torch.cuda.get_device_name())
+        if card:
+            rec["megakernel_card_tuning"] = card
     return rec
 
 

@@ -26,6 +26,7 @@ from megakernel.errors import MegakernelError
 from megakernel.kernel import build, opcodes as O
 from megakernel.kernel.plan import ModelPlan, fused_norm_smem_bytes, plan_for_rows, tiling_plans
 from megakernel.kernel.schedule import StepInputs, TaskList, TaskListBuilder, step_inputs
+from megakernel.kernel.tuning import DEFAULT_TUNING, TUNING_KEYS, card_tuning, tuning_from_env
 from megakernel.kv.cache import KVCache, KVLayout
 from megakernel.model.cohere2_moe import ForwardBatch, ForwardTrace
 from megakernel.model.layers import rope_inv_freq
@@ -97,31 +98,6 @@ def check_build_runs(plans: list[ModelPlan]) -> None:
                          "the residual in registers; the plan leaves no shared memory for it)")
 
 
-TUNING_KEYS = ("split_tokens", "attn_stages", "n_workers", "oproj_first", "qkv_by_head", "fused_norm", "batch_tiles",
-               "qkv_fill_rows", "qkv_late_weights", "prefetch", "o_queue", "moe_ring", "router_first", "lm_stream",
-               "claim_ahead", "router_tile_rows", "moe_claim_late", "o_after",
-               "combine_parts", "worker_topk", "tile_kb", "topk_warp", "router_topk", "wide_split_batch",
-               "wider_split_batch", "short_splits", "fused_qkv", "moe_pages", "moe_pages_max", "split_align",
-               "moe_tile_kb", "moe_pages_claim_late", "workers_early",
-               "moe_pages_from", "moe_pages_tile_kb", "dn_lag", "slot_pairs", "moe_pages_x_item",
-               "moe_pages_tile_kb_1row", "attn_dsplit_rows", "l2_prefetch", "moe_pages_early", "o_item_kb", "topk_warm",
-               "o_workers_after", "o_workers_after_2row")
-DEFAULT_TUNING = {"batch_tiles": 1}     # per-batch tilings: measured ahead (b1 8K 5.44 vs 5.52 ms), and the prefetch
-                                        # and expert-ring layouts size their buffers by the launch's rows
-
-
-def tuning_from_env() -> dict[str, int]:
-    """Plan overrides for measurements: MEGAKERNEL_MK_TUNING="split_tokens=256,n_workers=100" (keys: TUNING_KEYS)."""
-    text = os.environ.get("MEGAKERNEL_MK_TUNING", "").strip()
-    out: dict[str, int] = {}
-    for item in filter(None, (x.strip() for x in text.split(","))):
-        key, _, val = item.partition("=")
-        if key not in TUNING_KEYS or not val.strip().isdigit():
-            raise ValueError(f"MEGAKERNEL_MK_TUNING: bad item {item!r} (want KEY=INT, KEY in {', '.join(TUNING_KEYS)})")
-        out[key] = int(val)
-    return out
-
-
 def _align(n: int, a: int = 256) -> int:
     return (n + a - 1) // a * a
 
@@ -155,7 +131,8 @@ class MegakernelBackend(DecodeBackend):
             raise MegakernelFailure(f"cudaGetDeviceProperties failed: {self.lib.mk_error_string(rc).decode()}")
         self.num_sms, self.smem_optin = info[0], info[3]
         self.grid = self.num_sms * O.BLOCKS_PER_SM      # (opcodes.BLOCKS_PER_SM: 1, or the two-block experiment)
-        tuning = tuning_from_env()
+        self.card_tuning = card_tuning(torch.cuda.get_device_name(self.dev_index))   # this card's plan overrides
+        tuning = {**self.card_tuning, **tuning_from_env()}
         if split_tokens is not None:
             tuning["split_tokens"] = split_tokens
         if n_workers is not None:

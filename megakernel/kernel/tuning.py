@@ -1,0 +1,61 @@
+"""The megakernel's plan overrides: which plan knobs may be tuned, the backend's defaults, the per-card table, and
+the environment's overrides for measurements.
+
+Precedence, lowest first: the ModelPlan defaults (tuned on the H100, sessions 17-30), the card's row of CARD_TUNING,
+$MEGAKERNEL_MK_TUNING, then the backend's keyword arguments. The plan's defaults stay the H100's so that task lists
+built without a GPU (the simulator, the CPU tests) do not depend on the card.
+"""
+
+from __future__ import annotations
+
+import os
+
+TUNING_KEYS = ("split_tokens", "attn_stages", "n_workers", "oproj_first", "qkv_by_head", "fused_norm", "batch_tiles",
+               "qkv_fill_rows", "qkv_late_weights", "prefetch", "o_queue", "moe_ring", "router_first", "lm_stream",
+               "claim_ahead", "router_tile_rows", "moe_claim_late", "o_after",
+               "combine_parts", "worker_topk", "tile_kb", "topk_warp", "router_topk", "wide_split_batch",
+               "wider_split_batch", "short_splits", "fused_qkv", "moe_pages", "moe_pages_max", "split_align",
+               "moe_tile_kb", "moe_pages_claim_late", "workers_early",
+               "moe_pages_from", "moe_pages_tile_kb", "dn_lag", "slot_pairs", "moe_pages_x_item",
+               "moe_pages_tile_kb_1row", "attn_dsplit_rows", "l2_prefetch", "moe_pages_early", "o_item_kb", "topk_warm",
+               "o_workers_after", "o_workers_after_2row")
+DEFAULT_TUNING = {"batch_tiles": 1}     # per-batch tilings: measured ahead (b1 8K 5.44 vs 5.52 ms), and the prefetch
+                                        # and expert-ring layouts size their buffers by the launch's rows
+
+# Per card (matched by a substring of the CUDA device name; the first match wins). The H200 reads HBM ~1.36x as
+# fast as the H100 with the same 132 SMs, so what bounds a step there is more often the bytes an SM keeps in flight
+# and what each item costs, not HBM: larger expert items pay. Measured at 715ce62 on an H200, one process per call
+# (benchmarks/results/speed_20261206s31, calls 4-13), against the plan's defaults:
+#   moe_pages_tile_kb 256 -> 512: b16 8K 15.32-15.43 -> 14.91-14.99 ms (-2.7%), b12 -2.6%, b8 -2.0%, b6 -1.4%,
+#     b3 -1.1%, b2 and b4 even (768, 1024 and 2048 within 0.4% of 512; 128 +5%);
+#   moe_pages_tile_kb_1row 96 -> 128 (128 KB gate/up items where 96 gives 64): b1 8K 3.013-3.025 -> 2.854-2.862
+#     (-5.3%), 1K -5.2%, 32K -5.3%, 128K even to -2.4% (on the H100 128 was +0.3% at 8K);
+#   o_workers_after_2row 48 -> 16: b2 8K 4.339-4.345 -> 4.225-4.233 (-2.6%), b2 1K -4.0%, b2 128K even (on the
+#     H100 48 was 2.8% ahead of 16).
+CARD_TUNING: tuple[tuple[str, dict[str, int]], ...] = (
+    ("H200", {"moe_pages_tile_kb": 512, "moe_pages_tile_kb_1row": 128, "o_workers_after_2row": 16}),
+)
+
+
+def card_tuning(device_name: str) -> dict[str, int]:
+    """The plan overrides for a card named `device_name` (torch.cuda.get_device_name); {} for cards not in the
+    table (the plan's defaults)."""
+    for key, knobs in CARD_TUNING:
+        if key in device_name:
+            bad = set(knobs) - set(TUNING_KEYS)
+            if bad:
+                raise ValueError(f"CARD_TUNING[{key!r}]: unknown keys {sorted(bad)}")
+            return dict(knobs)
+    return {}
+
+
+def tuning_from_env() -> dict[str, int]:
+    """Plan overrides for measurements: MEGAKERNEL_MK_TUNING="split_tokens=256,n_workers=100" (keys: TUNING_KEYS)."""
+    text = os.environ.get("MEGAKERNEL_MK_TUNING", "").strip()
+    out: dict[str, int] = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        key, _, val = item.partition("=")
+        if key not in TUNING_KEYS or not val.strip().isdigit():
+            raise ValueError(f"MEGAKERNEL_MK_TUNING: bad item {item!r} (want KEY=INT, KEY in {', '.join(TUNING_KEYS)})")
+        out[key] = int(val)
+    return out

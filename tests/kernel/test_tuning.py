@@ -1,0 +1,77 @@
+"""The per-card plan overrides (kernel/tuning.py): which card gets which row, that every row's plans fit the shared
+memory at North dims and give the item sizes they were measured with, that the simulator runs their task lists
+exactly, and the environment's overrides."""
+
+from __future__ import annotations
+
+import pytest
+
+from megakernel.kernel import opcodes as O
+from megakernel.kernel.plan import ModelPlan, plan_for_rows, tiling_plans
+from megakernel.kernel.tuning import CARD_TUNING, TUNING_KEYS, card_tuning, tuning_from_env
+
+
+def test_cards_match_by_name():
+    h200 = card_tuning("NVIDIA H200")
+    assert h200 == dict(CARD_TUNING[0][1]) and h200["moe_pages_tile_kb_1row"] == 128
+    assert card_tuning("NVIDIA H200 NVL") == h200
+    assert card_tuning("NVIDIA H100 80GB HBM3") == {}          # the plan's defaults were tuned there
+    assert card_tuning("NVIDIA GeForce RTX 4090") == {}
+    h200["moe_pages_tile_kb"] = 1                               # a copy: the table is not changed through it
+    assert card_tuning("NVIDIA H200")["moe_pages_tile_kb"] == 512
+
+
+def test_every_card_row_names_tuning_keys():
+    for key, knobs in CARD_TUNING:
+        assert set(knobs) <= set(TUNING_KEYS), key
+        assert all(isinstance(v, int) and v >= 0 for v in knobs.values()), key
+
+
+@pytest.mark.parametrize("card", [key for key, _ in CARD_TUNING])
+def test_card_rows_on_north_dims(card):
+    """Each row's plans fit the shared memory, keep the plan list's shape, and give the items it was measured with
+    (H200: 128 KB one-row gate/up items, 512 KB from two rows; the 2-row plan's O tiles ahead of 16 late workers)."""
+    from megakernel.config import north_mini_code_config
+    from megakernel.kv.cache import KVLayout
+
+    cfg = north_mini_code_config()
+    layout = KVLayout.for_model(cfg, 64)
+    knobs = card_tuning(f"NVIDIA {card}")
+    plans = tiling_plans(cfg, layout, 16, True, n_workers=132, **knobs)
+    base = tiling_plans(cfg, layout, 16, True, n_workers=132)
+    assert [p.tb for p in plans] == [p.tb for p in base]
+    for p in plans:
+        assert p.smem_bytes() <= O.SMEM_LIMIT - O.SMEM_RESERVE
+    row_bytes = 2 * cfg.hidden_size                                # one gate or up row of an expert, bf16
+    if card == "H200":
+        one, two = plan_for_rows(plans, 1), plan_for_rows(plans, 2)
+        assert 2 * one.gu_rows * row_bytes == 128 * 1024          # gate + up halves
+        assert 2 * two.gu_rows * row_bytes == 512 * 1024
+        assert all(2 * p.gu_rows * row_bytes == 512 * 1024 for p in plans[1:])
+        assert two.o_late_workers == 16 and plan_for_rows(base, 2).o_late_workers == ModelPlan.o_workers_after_2row
+
+
+@pytest.mark.parametrize("B", [1, 2, 5])
+def test_simulator_under_each_card_row(B):
+    """The task lists of each card's row run exactly in random orders (tiny dims: the knobs' item sizes are
+    capped by the tiny experts, the O tiles' place among the workers is not)."""
+    from test_simulator import _check_step, _setup
+
+    for key, _ in CARD_TUNING:
+        cfg, w, st, nxt = _setup("north_like", B, seed=40 + B)
+        plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=3, split_tokens=4, tile_batch=B,
+                         **card_tuning(f"NVIDIA {key}"))
+        _check_step(cfg, w, st, nxt, plan, seeds=[B, B + 7])
+
+
+def test_tuning_from_env(monkeypatch):
+    monkeypatch.setenv("MEGAKERNEL_MK_TUNING", " dn_lag=16, split_align=512 ")
+    assert tuning_from_env() == {"dn_lag": 16, "split_align": 512}
+    monkeypatch.setenv("MEGAKERNEL_MK_TUNING", "no_such_knob=1")
+    with pytest.raises(ValueError, match="no_such_knob"):
+        tuning_from_env()
+    monkeypatch.setenv("MEGAKERNEL_MK_TUNING", "dn_lag=-1")
+    with pytest.raises(ValueError, match="KEY=INT"):
+        tuning_from_env()
+    monkeypatch.delenv("MEGAKERNEL_MK_TUNING")
+    assert tuning_from_env() == {}

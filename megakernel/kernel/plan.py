@@ -5,6 +5,7 @@ tuning knobs (ModelPlan), the plans a backend launches by batch size (tiling_pla
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,6 +16,9 @@ from megakernel.kernel import opcodes as O
 from megakernel.kv.cache import KVLayout
 
 
+WAVE_SPLIT_MAX = 1024   # keys per split at most where split_waves lengthens one: longer splits measured slower than
+                        # their waves predict (b1 256K, 2048 keys: +5.8% where the waves said -1.6%; 229K, 1408: +0.2%
+                        # where they said -1.8%; H100 and H200, speed_20261206s31 calls 15, 17, 18)
 MIN_SHORT_SPLIT = 256   # keys per attention split at least where `short_splits` narrows them (what was measured)
 
 
@@ -156,6 +160,16 @@ class ModelPlan:
                                          # 8.5 chunks), whose last chunk runs half its warps. b1, ms at 64 / 128
                                          # (d310dc8, one process): 256K 8.155, 8.141 / 7.890, 7.894; 128K 5.837,
                                          # 5.822 / 5.824, 5.809
+    split_waves: int = 1                 # 1: a long context's grown split (over MAX_SPLITS_PER_HEAD default splits)
+                                         # is the multiple of split_align from the smallest that fits the cap up to
+                                         # WAVE_SPLIT_MAX keys that gives a full layer's splits the fewest
+                                         # key-waves over n_workers blocks, ceil(splits / n_workers) x keys (ties:
+                                         # the shorter); 0: the smallest. b1, ms at 640 / 768 / 1024-key splits,
+                                         # 128K (one process, H200): 4.238 / 4.156 / 4.017-4.029; 256K at 1152 /
+                                         # 1280 / 1536 / 2048: 5.220 / 5.392 / 5.509 / 5.523 (speed_20261206s31
+                                         # calls 12-15). 0 / 1 on an H100 (call 18, without the cap): b1 128K
+                                         # 4.774-4.782 / 4.595 (-3.8%), 160K -3.0%, 192K -0.9%, b2 128K -2.0%; 229K
+                                         # +0.2% (1408-key splits) and 256K even (1152 either way)
     short_splits: int = 4                # steps of one row whose longest range is under this many default splits
                                          # split it into this many (of >= MIN_SHORT_SPLIT keys, multiples of 64) (0:
                                          # never): at 1K a layer's attention is otherwise 2 long splits per kv head
@@ -692,7 +706,9 @@ class ModelPlan:
         }
 
     # ---- per step -------------------------------------------------------------------------------------------------
-    def split_size(self, max_range: int, B: int = 1) -> int:
+    def split_size(self, max_range: int, B: int = 1, row_ranges: Sequence[int] | None = None) -> int:
+        """Keys per attention split for a step whose longest range is max_range over B rows (row_ranges: each
+        row's longest range, for split_waves; default B rows of max_range)."""
         if self.split_tokens is not None:
             return self.split_tokens
         s = O.DEFAULT_SPLIT_TOKENS
@@ -705,9 +721,26 @@ class ModelPlan:
         if need > s:
             a = max(64, self.split_align)
             s = (need + a - 1) // a * a
+            if self.split_waves:
+                s = self._fewest_key_waves(s, a, row_ranges if row_ranges is not None else [max_range] * B)
         elif B == 1 and self.short_splits and max_range < s * self.short_splits:
             s = max(MIN_SHORT_SPLIT, (math.ceil(max_range / self.short_splits) + 63) // 64 * 64)
         return s
+
+    def _fewest_key_waves(self, s: int, a: int, row_ranges: Sequence[int]) -> int:
+        """split_waves: of the splits s, s + a, ... up to WAVE_SPLIT_MAX keys (each within the count cap, as s is),
+        the one whose full layer (n_kv splits per row range) takes the fewest keys of waves over n_workers blocks: a
+        last wave that is nearly empty costs a whole split's time (b1 128K: 640-key splits are 820 a layer, 6.2
+        waves of 132; 1024-key ones 512, 3.9 waves)."""
+        best, best_cost = s, None
+        for c in range(s, max(s, WAVE_SPLIT_MAX) + 1, a):
+            if not split_fits_table(c, self.layout.block_size):
+                break
+            n = self.nkv * sum(-(-int(r) // c) for r in row_ranges)
+            cost = -(-n // max(1, self.n_workers)) * c
+            if best_cost is None or cost < best_cost:
+                best, best_cost = c, cost
+        return best
 
     def layer_info(self) -> np.ndarray:
         info = np.zeros((self.L, O.LAYER_INFO_INTS), dtype=np.int32)

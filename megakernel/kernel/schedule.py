@@ -83,7 +83,7 @@ def step_inputs(plan: ModelPlan, input_ids: list[int], positions: list[int],
             los[s, gi] = 0 if grp.window is None else max(0, p - grp.window + 1)
     pos = np.asarray(positions, dtype=np.int64)
     ranges = pos[:, None] + 1 - los
-    S = plan.split_size(int(ranges.max()), B)
+    S = plan.split_size(int(ranges.max()), B, ranges.max(axis=1).tolist())
     nsplit = ((ranges + S - 1) // S).astype(np.int32)
     if not split_fits_table(S, bs):
         raise ValueError(f"attention splits of {S} keys over {bs}-token KV blocks span up to {S // bs + 2} blocks; "

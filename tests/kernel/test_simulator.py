@@ -225,14 +225,28 @@ def test_long_context_split_sizes_and_their_alignment():
 
     cfg = north_mini_code_config()
     layout = KVLayout.for_model(cfg, 64)
-    plain = ModelPlan(cfg, layout, max_batch=16, n_workers=132, split_align=64)
-    whole = ModelPlan(cfg, layout, max_batch=16, n_workers=132)
+    plain = ModelPlan(cfg, layout, max_batch=16, n_workers=132, split_align=64, split_waves=0)
+    whole = ModelPlan(cfg, layout, max_batch=16, n_workers=132, split_waves=0)
     for ctx, s64, s128 in ((131072 + 50, 576, 640), (262144 + 50, 1088, 1152), (8192, 512, 512)):
         assert plain.split_size(ctx) == s64 and whole.split_size(ctx) == s128
         assert math.ceil(ctx / s128) <= O.MAX_SPLITS_PER_HEAD and s128 % O.ATTN_CHUNK == 0
     assert whole.split_size(1023) == plain.split_size(1023) == 256           # short_splits is not aligned by it
     with pytest.raises(ValueError, match="split_align"):
         ModelPlan(cfg, layout, max_batch=16, n_workers=132, split_align=96).check_supported()
+    # split_waves (the default): the multiple of 128 up to WAVE_SPLIT_MAX whose full layer takes the fewest
+    # key-waves over the blocks (128K: 820 splits of 640 keys are 7 waves of 132, 512 of 1024 keys 4); past
+    # WAVE_SPLIT_MAX the smallest (256K: 1152; 229K: 1024, where 1408 had fewer key-waves and measured no faster);
+    # the count cap holds; short contexts and fixed sizes keep theirs
+    waves = ModelPlan(cfg, layout, max_batch=16, n_workers=132, split_waves=1)
+    assert ModelPlan.split_waves == 1
+    for ctx, want in ((131072 + 50, 1024), (163840 + 50, 1024), (196608 + 50, 1024), (229376 + 50, 1024),
+                      (262144 + 50, 1152), (8192, 512), (1023, 256)):
+        assert waves.split_size(ctx) == want, ctx
+        assert math.ceil(ctx / want) <= O.MAX_SPLITS_PER_HEAD
+    assert waves.split_size(131072 + 50, 2) == 896                     # 2 rows: 1176 splits, 9 waves of 896 keys
+    assert waves.split_size(131072 + 50, 2, [131072 + 50, 1000]) == 1024   # the short row adds 4 splits, not 820
+    assert ModelPlan(cfg, layout, max_batch=16, n_workers=132, split_waves=1, split_tokens=640).split_size(
+        131072 + 50) == 640
 
 
 def test_task_list_builder_fills_only_the_attention_splits():

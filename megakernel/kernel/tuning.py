@@ -27,11 +27,11 @@ DEFAULT_TUNING = {"batch_tiles": 1}     # per-batch tilings: measured ahead (b1 
 # and what each item costs, not HBM: larger expert items pay. Measured at 715ce62 on an H200, one process per call
 # (benchmarks/results/speed_20261206s31, calls 4-13), against the plan's defaults:
 #   moe_pages_tile_kb 256 -> 512: b16 8K 15.32-15.43 -> 14.91-14.99 ms (-2.7%), b12 -2.6%, b8 -2.0%, b6 -1.4%,
-#     b3 -1.1%, b2 and b4 even (768, 1024 and 2048 within 0.4% of 512; 128 +5%);
+#     b3 -1.1%, b2 and b4 even (768, 1024 and 2048 within 0.4% of 512; 128 +5%; on the H100 within 1%);
 #   moe_pages_tile_kb_1row 96 -> 128 (128 KB gate/up items where 96 gives 64): b1 8K 3.013-3.025 -> 2.854-2.862
-#     (-5.3%), 1K -5.2%, 32K -5.3%, 128K even to -2.4% (on the H100 128 was +0.3% at 8K);
-#   o_workers_after_2row 48 -> 16: b2 8K 4.339-4.345 -> 4.225-4.233 (-2.6%), b2 1K -4.0%, b2 128K even (on the
-#     H100 48 was 2.8% ahead of 16).
+#     (-5.3%), 1K -5.2%, 32K -5.3% (on the H100 +0.2% at 8K, +0.6% at 128K);
+#   o_workers_after_2row 48 -> 16: b2 8K 4.339-4.357 -> 4.225-4.233 (-2.6%), b2 1K -4.0%, b2 128K even (on the
+#     H100 +3.0%: the H100 calls 16-18 of the same directory).
 CARD_TUNING: tuple[tuple[str, dict[str, int]], ...] = (
     ("H200", {"moe_pages_tile_kb": 512, "moe_pages_tile_kb_1row": 128, "o_workers_after_2row": 16}),
 )

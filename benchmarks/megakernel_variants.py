@@ -21,9 +21,10 @@ from pathlib import Path
 
 import torch
 
-from megakernel.bench import PEAK_METHODS, BenchFailure, _run_point, measure_read_bandwidth, run_record
+from megakernel.bench import PEAK_METHODS, BenchFailure, _abort_all, _run_point, measure_read_bandwidth, run_record
 from megakernel.config import north_mini_code_config
 from megakernel.engine.llm_engine import EngineArgs, LLMEngine
+from megakernel.errors import OutOfKVBlocks, RequestError
 from megakernel.model.weights import random_weights
 
 
@@ -73,6 +74,11 @@ def main() -> int:
             except BenchFailure as e:                      # the kernel refused or failed the step: say so
                 print(f"b{B} ctx {ctx} {label}: FAILED ({e})", flush=True)
                 rows.append(dict(batch_size=B, context=ctx, variant=label, failed=str(e)))
+                continue
+            except (RequestError, OutOfKVBlocks) as e:     # the point's prompts do not fit the KV pool (together)
+                _abort_all(engine)
+                print(f"b{B} ctx {ctx} {label}: skipped ({e})", flush=True)
+                rows.append(dict(batch_size=B, context=ctx, variant=label, skipped=str(e)))
                 continue
             rows.append(dict(batch_size=B, context=ctx, variant=label, **current(),
                              ms_per_step=p.ms_per_step, tokens_per_s=p.tokens_per_s, gb_per_s=p.gb_per_s,

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from megakernel.config import ModelConfig
-from megakernel.errors import RequestError
+from megakernel.errors import OutOfKVBlocks, RequestError
 from megakernel.kernel.tuning import card_tuning
 
 # The standard sweep: batch 1 over context, then batch over 8K context.
@@ -481,8 +481,9 @@ def run_bench(args: argparse.Namespace) -> int:
             try:
                 p = _run_point(engine, cfg, B, ctx, steps, args.kv_fill, peak, f"{backend}-{B}-{ctx}",
                                kernels=args.profile_kernels, trace_path=trace)
-            except RequestError as e:                        # (the point's prompts do not fit this engine's KV pool:
-                _abort_all(engine)                           # on a smaller card, or beside a backend's own memory)
+            except (RequestError, OutOfKVBlocks) as e:       # (the point's prompts do not fit this engine's KV pool,
+                _abort_all(engine)                           # alone or together: on a smaller card, or beside a
+                                                             # backend's own memory)
                 skipped.append(dict(backend=engine.runner.backend_name, batch_size=B, context=ctx, reason=str(e)))
                 print(f"backend {engine.runner.backend_name}, batch {B}, context {ctx}: skipped ({e})", flush=True)
                 continue

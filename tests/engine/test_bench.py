@@ -106,3 +106,20 @@ def test_bench_skips_a_point_its_kv_pool_cannot_hold(tmp_path):
     assert [(p["batch_size"], p["context"]) for p in doc["points"]] == [(1, 20)]
     (s,) = doc["skipped"]
     assert (s["backend"], s["batch_size"], s["context"]) == ("torch", 1, 600) and "KV blocks" in s["reason"]
+
+
+def test_bench_skips_a_point_whose_prompts_do_not_fit_together(tmp_path):
+    """Each prompt fits the pool alone but the batch's prompts do not fit together (4 rows of 128K on an 80 GB card):
+    the synthetic fill runs out of blocks, the point is skipped with that reason, its requests are aborted, and the
+    next point runs on the freed pool."""
+    folder = write_checkpoint("north_like", tmp_path / "m")
+    out = tmp_path / "bench.json"
+    r = subprocess.run([sys.executable, "-m", "megakernel", "bench", "--model", str(folder), "--batch-size", "2",
+                        "--context", "200,20", "--steps", "2", "--backend", "torch", "--num-kv-blocks", "5,5",
+                        "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "backend torch, batch 2, context 200: skipped (out of KV blocks" in r.stdout
+    doc = json.loads(out.read_text())
+    assert [(p["batch_size"], p["context"]) for p in doc["points"]] == [(2, 20)]
+    (s,) = doc["skipped"]
+    assert (s["batch_size"], s["context"]) == (2, 200) and "out of KV blocks" in s["reason"]

@@ -2,8 +2,9 @@
 the environment's overrides for measurements.
 
 Precedence, lowest first: the ModelPlan defaults (tuned on the H100, sessions 17-30), the card's row of CARD_TUNING,
-$MEGAKERNEL_MK_TUNING, then the backend's keyword arguments. The plan's defaults stay the H100's so that task lists
-built without a GPU (the simulator, the CPU tests) do not depend on the card.
+$MEGAKERNEL_MK_TUNING, then the backend's keyword arguments. A row holds what measured better on its card than the
+plan's defaults; the defaults stay put so that task lists built without a GPU (the simulator, the CPU tests) do not
+depend on the card, and a card without a row runs what was measured on the H100.
 """
 
 from __future__ import annotations
@@ -32,8 +33,13 @@ DEFAULT_TUNING = {"batch_tiles": 1}     # per-batch tilings: measured ahead (b1 
 #     (-5.3%), 1K -5.2%, 32K -5.3% (on the H100 +0.2% at 8K, +0.6% at 128K);
 #   o_workers_after_2row 48 -> 16: b2 8K 4.339-4.357 -> 4.225-4.233 (-2.6%), b2 1K -4.0%, b2 128K even (on the
 #     H100 +3.0%: the H100 calls 16-18 of the same directory).
+# H100 (calls 24-29 of the same directory, 013f63c / ced9d5c, one process per call): 2048-key attention splits from
+# three rows instead of sixteen (wider_split_batch 16 -> 3): b3 8K 6.058-6.065 -> 5.876-5.882 ms (-3.0%), b3 32K
+# -5.3%, b4 -1.0% (32K -2.0%), b5 -1.0%, b6 -1.7%, b7 -1.1%, b8 -1.0% (32K -2.1%), b9 -0.4%, b10-b14 -0.7 to
+# -1.0%; from two rows b2 was +2.5%. Not measured on the H200, nor at 3-15 rows beyond 32K.
 CARD_TUNING: tuple[tuple[str, dict[str, int]], ...] = (
     ("H200", {"moe_pages_tile_kb": 512, "moe_pages_tile_kb_1row": 128, "o_workers_after_2row": 16}),
+    ("H100", {"wider_split_batch": 3}),
 )
 
 

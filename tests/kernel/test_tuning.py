@@ -15,8 +15,8 @@ def test_cards_match_by_name():
     h200 = card_tuning("NVIDIA H200")
     assert h200 == dict(CARD_TUNING[0][1]) and h200["moe_pages_tile_kb_1row"] == 128
     assert card_tuning("NVIDIA H200 NVL") == h200
-    assert card_tuning("NVIDIA H100 80GB HBM3") == {}          # the plan's defaults were tuned there
-    assert card_tuning("NVIDIA GeForce RTX 4090") == {}
+    assert card_tuning("NVIDIA H100 80GB HBM3") == {"wider_split_batch": 3}
+    assert card_tuning("NVIDIA GeForce RTX 4090") == {}         # no row: the plan's defaults
     h200["moe_pages_tile_kb"] = 1                               # a copy: the table is not changed through it
     assert card_tuning("NVIDIA H200")["moe_pages_tile_kb"] == 512
 
@@ -49,12 +49,18 @@ def test_card_rows_on_north_dims(card):
         assert 2 * two.gu_rows * row_bytes == 512 * 1024
         assert all(2 * p.gu_rows * row_bytes == 512 * 1024 for p in plans[1:])
         assert two.o_late_workers == 16 and plan_for_rows(base, 2).o_late_workers == ModelPlan.o_workers_after_2row
+    if card == "H100":                                          # 2048-key splits from 3 rows (8K), 512 at 2
+        wide = 4 * O.DEFAULT_SPLIT_TOKENS
+        assert [plan_for_rows(plans, b).split_size(8192, b) for b in (2, 3, 16)] == [O.DEFAULT_SPLIT_TOKENS,
+                                                                                     wide, wide]
+        assert plan_for_rows(base, 3).split_size(8192, 3) == O.DEFAULT_SPLIT_TOKENS
 
 
 @pytest.mark.parametrize("B", [1, 2, 5])
 def test_simulator_under_each_card_row(B):
-    """The task lists of each card's row run exactly in random orders (tiny dims: the knobs' item sizes are
-    capped by the tiny experts, the O tiles' place among the workers is not)."""
+    """The task lists of each card's row run exactly in random orders (at tiny dims the rows' item sizes are capped
+    by the tiny experts and their split sizes by the fixed split_tokens; the O tiles' place among the workers is
+    not: what the row changes in a task list runs here)."""
     from test_simulator import _check_step, _setup
 
     for key, _ in CARD_TUNING:

@@ -92,34 +92,30 @@ def test_run_record_names_the_build_overrides(monkeypatch):
     assert {"commit", "date", "gpu", "command"} <= set(rec)
 
 
+def _bench_with_a_small_pool(tmp_path, batch: int, blocks: int, ctx: int, reason: str) -> None:
+    """`megakernel bench` on the torch backend at contexts ctx and 20 with `blocks` KV blocks per group: the ctx
+    point is skipped with `reason` (in the output and the JSON's `skipped`), the 20-token point still runs."""
+    folder = write_checkpoint("north_like", tmp_path / "m")
+    out = tmp_path / "bench.json"
+    r = subprocess.run([sys.executable, "-m", "megakernel", "bench", "--model", str(folder), "--batch-size",
+                        str(batch), "--context", f"{ctx},20", "--steps", "2", "--backend", "torch", "--num-kv-blocks",
+                        f"{blocks},{blocks}", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert f"backend torch, batch {batch}, context {ctx}: skipped ({reason}" in r.stdout
+    doc = json.loads(out.read_text())
+    assert [(p["batch_size"], p["context"]) for p in doc["points"]] == [(batch, 20)]
+    (s,) = doc["skipped"]
+    assert (s["backend"], s["batch_size"], s["context"]) == ("torch", batch, ctx) and s["reason"].startswith(reason)
+
+
 def test_bench_skips_a_point_its_kv_pool_cannot_hold(tmp_path):
     """A point whose prompts do not fit the engine's KV pool (the graph backend's pool at 256K on an 80 GB card) is
     skipped with the engine's reason, listed under `skipped` in the JSON, and the other points still run."""
-    folder = write_checkpoint("north_like", tmp_path / "m")
-    out = tmp_path / "bench.json"
-    r = subprocess.run([sys.executable, "-m", "megakernel", "bench", "--model", str(folder), "--batch-size", "1",
-                        "--context", "600,20", "--steps", "2", "--backend", "torch", "--num-kv-blocks", "4,4",
-                        "--json", str(out)], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert "backend torch, batch 1, context 600: skipped (the prompt needs" in r.stdout
-    doc = json.loads(out.read_text())
-    assert [(p["batch_size"], p["context"]) for p in doc["points"]] == [(1, 20)]
-    (s,) = doc["skipped"]
-    assert (s["backend"], s["batch_size"], s["context"]) == ("torch", 1, 600) and "KV blocks" in s["reason"]
+    _bench_with_a_small_pool(tmp_path, batch=1, blocks=4, ctx=600, reason="the prompt needs")
 
 
 def test_bench_skips_a_point_whose_prompts_do_not_fit_together(tmp_path):
     """Each prompt fits the pool alone but the batch's prompts do not fit together (4 rows of 128K on an 80 GB card):
     the synthetic fill runs out of blocks, the point is skipped with that reason, its requests are aborted, and the
     next point runs on the freed pool."""
-    folder = write_checkpoint("north_like", tmp_path / "m")
-    out = tmp_path / "bench.json"
-    r = subprocess.run([sys.executable, "-m", "megakernel", "bench", "--model", str(folder), "--batch-size", "2",
-                        "--context", "200,20", "--steps", "2", "--backend", "torch", "--num-kv-blocks", "5,5",
-                        "--json", str(out)], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert "backend torch, batch 2, context 200: skipped (out of KV blocks" in r.stdout
-    doc = json.loads(out.read_text())
-    assert [(p["batch_size"], p["context"]) for p in doc["points"]] == [(2, 20)]
-    (s,) = doc["skipped"]
-    assert (s["batch_size"], s["context"]) == (2, 200) and "out of KV blocks" in s["reason"]
+    _bench_with_a_small_pool(tmp_path, batch=2, blocks=5, ctx=200, reason="out of KV blocks")

@@ -17,8 +17,8 @@ from megakernel.kv.cache import KVLayout
 
 
 WAVE_SPLIT_MAX = 1024   # keys per split at most where split_waves lengthens one: longer splits measured slower than
-                        # their waves predict (b1 256K, 2048 keys: +5.8% where the waves said -1.6%; 229K, 1408: +0.2%
-                        # where they said -1.8%; H100 and H200, speed_20261206s31 calls 15, 17, 18)
+                        # their waves predict (b1 229K, 1408 keys against 1024: +0.2% where the waves said -1.8%; 256K,
+                        # 2048 against 1152: +5.8% where they said +1.6%; speed_20261206s31 calls 15, 17, 18)
 MIN_SHORT_SPLIT = 256   # keys per attention split at least where `short_splits` narrows them (what was measured)
 
 

@@ -60,8 +60,12 @@ def main() -> int:
                        "batch_tiles": be.batch_tiles}
     defaults = current()
     for B, ctx in points:
+        too_big = ""                                       # the pool cannot hold this point's prompts together
         for var in variants:
             label = ",".join(f"{k}={x}" for k, x in var.items()) or "default"
+            if too_big:                                    # (no variant changes the pool: skip the rest unfilled)
+                rows.append(dict(batch_size=B, context=ctx, variant=label, skipped=too_big))
+                continue
             try:
                 be.set_tuning(**{**defaults, **var})       # rebuilds the plans; task lists are rebuilt
             except ValueError as e:                        # e.g. a combination that overflows shared memory
@@ -77,8 +81,9 @@ def main() -> int:
                 continue
             except (RequestError, OutOfKVBlocks) as e:     # the point's prompts do not fit the KV pool (together)
                 _abort_all(engine)
-                print(f"b{B} ctx {ctx} {label}: skipped ({e})", flush=True)
-                rows.append(dict(batch_size=B, context=ctx, variant=label, skipped=str(e)))
+                too_big = str(e)
+                print(f"b{B} ctx {ctx}: skipped, every variant ({e})", flush=True)
+                rows.append(dict(batch_size=B, context=ctx, variant=label, skipped=too_big))
                 continue
             rows.append(dict(batch_size=B, context=ctx, variant=label, **current(),
                              ms_per_step=p.ms_per_step, tokens_per_s=p.tokens_per_s, gb_per_s=p.gb_per_s,

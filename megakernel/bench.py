@@ -305,8 +305,8 @@ def run_record() -> dict:
                                       "MEGAKERNEL_ATTN_MAX_STAGES", "MEGAKERNEL_ATTN_CHUNK") if os.environ.get(k)}
     if env:
         rec["env"] = env
-    if torch.cuda.is_available():       # the megakernel's per-card plan overrides (kernel/tuning.py) on this GPU
-        card = card_tuning(torch.cuda.get_device_name())
+    if torch.cuda.is_available():       # the megakernel's row of kernel/tuning.py for this GPU: its plan starts there
+        card = card_tuning(torch.cuda.get_device_name())   # ($MEGAKERNEL_MK_TUNING, under env, overrides it)
         if card:
             rec["megakernel_card_tuning"] = card
     return rec

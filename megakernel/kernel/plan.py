@@ -722,7 +722,9 @@ class ModelPlan:
             a = max(64, self.split_align)
             s = (need + a - 1) // a * a
             if self.split_waves:
-                s = self._fewest_key_waves(s, a, row_ranges if row_ranges is not None else [max_range] * B)
+                rows = row_ranges if row_ranges is not None else [max_range] * B
+                assert max(rows) <= max_range, "row_ranges past max_range would break the split count cap"
+                s = self._fewest_key_waves(s, a, rows)
         elif B == 1 and self.short_splits and max_range < s * self.short_splits:
             s = max(MIN_SHORT_SPLIT, (math.ceil(max_range / self.short_splits) + 63) // 64 * 64)
         return s

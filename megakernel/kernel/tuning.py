@@ -23,9 +23,10 @@ TUNING_KEYS = ("split_tokens", "attn_stages", "n_workers", "oproj_first", "qkv_b
 DEFAULT_TUNING = {"batch_tiles": 1}     # per-batch tilings: measured ahead (b1 8K 5.44 vs 5.52 ms), and the prefetch
                                         # and expert-ring layouts size their buffers by the launch's rows
 
-# Per card (matched by a substring of the CUDA device name; the first match wins). The H200 reads HBM ~1.36x as
-# fast as the H100 with the same 132 SMs, so what bounds a step there is more often the bytes an SM keeps in flight
-# and what each item costs, not HBM: larger expert items pay. Measured at 715ce62 on an H200, one process per call
+# Per card, by the exact CUDA device name (torch.cuda.get_device_name): a row holds what was measured on that card,
+# so its relatives (H200 NVL, GH200, H100 PCIe with 114 SMs) get the plan's defaults until measured. The H200 reads
+# HBM ~1.36x as fast as the H100 with the same 132 SMs, so what bounds a step there is more often the bytes an SM
+# keeps in flight and what each item costs, not HBM: larger expert items pay. Measured at 715ce62 on an H200, one process per call
 # (benchmarks/results/speed_20261206s31, calls 4-13), against the plan's defaults:
 #   moe_pages_tile_kb 256 -> 512: b16 8K 15.32-15.43 -> 14.91-14.99 ms (-2.7%), b12 -2.6%, b8 -2.0%, b6 -1.4%,
 #     b3 -1.1%, b2 and b4 even (768, 1024 and 2048 within 0.4% of 512; 128 +5%; on the H100 within 1%);
@@ -38,8 +39,8 @@ DEFAULT_TUNING = {"batch_tiles": 1}     # per-batch tilings: measured ahead (b1 
 # -5.3%, b4 -1.0% (32K -2.0%), b5 -1.0%, b6 -1.7%, b7 -1.1%, b8 -1.0% (32K -2.1%), b9 -0.4%, b10-b14 -0.7 to
 # -1.0%; from two rows b2 was +2.5%. Not measured on the H200, nor at 3-15 rows beyond 32K.
 CARD_TUNING: tuple[tuple[str, dict[str, int]], ...] = (
-    ("H200", {"moe_pages_tile_kb": 512, "moe_pages_tile_kb_1row": 128, "o_workers_after_2row": 16}),
-    ("H100", {"wider_split_batch": 3}),
+    ("NVIDIA H200", {"moe_pages_tile_kb": 512, "moe_pages_tile_kb_1row": 128, "o_workers_after_2row": 16}),
+    ("NVIDIA H100 80GB HBM3", {"wider_split_batch": 3}),
 )
 
 
@@ -47,7 +48,7 @@ def card_tuning(device_name: str) -> dict[str, int]:
     """The plan overrides for a card named `device_name` (torch.cuda.get_device_name); {} for cards not in the
     table (the plan's defaults)."""
     for key, knobs in CARD_TUNING:
-        if key in device_name:
+        if key == device_name.strip():
             bad = set(knobs) - set(TUNING_KEYS)
             if bad:
                 raise ValueError(f"CARD_TUNING[{key!r}]: unknown keys {sorted(bad)}")

@@ -234,7 +234,7 @@ def test_long_context_split_sizes_and_their_alignment():
     with pytest.raises(ValueError, match="split_align"):
         ModelPlan(cfg, layout, max_batch=16, n_workers=132, split_align=96).check_supported()
     # split_waves (the default): the multiple of 128 up to WAVE_SPLIT_MAX whose full layer takes the fewest
-    # key-waves over the blocks (128K: 820 splits of 640 keys are 7 waves of 132, 512 of 1024 keys 4); past
+    # key-waves over the blocks (128K: 820 splits of 640 keys are 7 waves of 132, 516 of 1024 keys 4); past
     # WAVE_SPLIT_MAX the smallest (256K: 1152; 229K: 1024, where 1408 had fewer key-waves and measured no faster);
     # the count cap holds; short contexts and fixed sizes keep theirs
     waves = ModelPlan(cfg, layout, max_batch=16, n_workers=132, split_waves=1)

@@ -4,6 +4,7 @@ exactly, and the environment's overrides."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from megakernel.kernel import opcodes as O
@@ -14,9 +15,11 @@ from megakernel.kernel.tuning import CARD_TUNING, TUNING_KEYS, card_tuning, tuni
 def test_cards_match_by_name():
     h200 = card_tuning("NVIDIA H200")
     assert h200 == dict(CARD_TUNING[0][1]) and h200["moe_pages_tile_kb_1row"] == 128
-    assert card_tuning("NVIDIA H200 NVL") == h200
     assert card_tuning("NVIDIA H100 80GB HBM3") == {"wider_split_batch": 3}
-    assert card_tuning("NVIDIA GeForce RTX 4090") == {}         # no row: the plan's defaults
+    # only the cards measured: relatives with other SM counts, memory or clocks get the plan's defaults
+    for name in ("NVIDIA H200 NVL", "NVIDIA GH200 480GB", "NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA H800",
+                 "NVIDIA GeForce RTX 4090", ""):
+        assert card_tuning(name) == {}, name
     h200["moe_pages_tile_kb"] = 1                               # a copy: the table is not changed through it
     assert card_tuning("NVIDIA H200")["moe_pages_tile_kb"] == 512
 
@@ -27,7 +30,7 @@ def test_every_card_row_names_tuning_keys():
         assert all(isinstance(v, int) and v >= 0 for v in knobs.values()), key
 
 
-@pytest.mark.parametrize("card", [key for key, _ in CARD_TUNING])
+@pytest.mark.parametrize("card", [key.split()[1] for key, _ in CARD_TUNING])
 def test_card_rows_on_north_dims(card):
     """Each row's plans fit the shared memory, keep the plan list's shape, and give the items it was measured with
     (H200: 128 KB one-row gate/up items, 512 KB from two rows; the 2-row plan's O tiles ahead of 16 late workers)."""
@@ -36,7 +39,7 @@ def test_card_rows_on_north_dims(card):
 
     cfg = north_mini_code_config()
     layout = KVLayout.for_model(cfg, 64)
-    knobs = card_tuning(f"NVIDIA {card}")
+    knobs = card_tuning(next(key for key, _ in CARD_TUNING if key.split()[1] == card))
     plans = tiling_plans(cfg, layout, 16, True, n_workers=132, **knobs)
     base = tiling_plans(cfg, layout, 16, True, n_workers=132)
     assert [p.tb for p in plans] == [p.tb for p in base]
@@ -57,17 +60,23 @@ def test_card_rows_on_north_dims(card):
 
 
 @pytest.mark.parametrize("B", [1, 2, 5])
-def test_simulator_under_each_card_row(B):
-    """The task lists of each card's row run exactly in random orders (at tiny dims the rows' item sizes are capped
-    by the tiny experts and their split sizes by the fixed split_tokens; the O tiles' place among the workers is
-    not: what the row changes in a task list runs here)."""
+def test_simulator_under_the_h200_row(B):
+    """The H200 row's task lists run exactly in random orders. At tiny dims its item sizes are capped by the tiny
+    experts, but at 2 rows its O tiles' place among 24 workers differs from the default's (asserted), and that list
+    is simulated. (The H100 row changes split sizes only, which contexts this short cannot show: its sizes on North
+    dims are test_card_rows_on_north_dims', and 2048-key splits run on the GPU at 16 rows by default.)"""
     from test_simulator import _check_step, _setup
 
-    for key, _ in CARD_TUNING:
-        cfg, w, st, nxt = _setup("north_like", B, seed=40 + B)
-        plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=3, split_tokens=4, tile_batch=B,
-                         **card_tuning(f"NVIDIA {key}"))
-        _check_step(cfg, w, st, nxt, plan, seeds=[B, B + 7])
+    from megakernel.kernel.schedule import build_tasks
+
+    cfg, w, st, nxt = _setup("north_like", B, seed=40 + B)
+    plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=24, split_tokens=4, tile_batch=B,
+                     **card_tuning("NVIDIA H200"))
+    base = ModelPlan(cfg, st.layout, max_batch=16, n_workers=24, split_tokens=4, tile_batch=B)
+    nsplit = np.ones((B, plan.n_groups), dtype=np.int32)
+    differs = not np.array_equal(build_tasks(plan, B, nsplit).records, build_tasks(base, B, nsplit).records)
+    assert differs == (B == 2)            # (one row queues its O items; 5 rows order theirs by o_workers_after)
+    _check_step(cfg, w, st, nxt, plan, seeds=[B, B + 7])
 
 
 def test_tuning_from_env(monkeypatch):

@@ -26,8 +26,8 @@ DEFAULT_TUNING = {"batch_tiles": 1}     # per-batch tilings: measured ahead (b1 
 # Per card, by the exact CUDA device name (torch.cuda.get_device_name): a row holds what was measured on that card,
 # so its relatives (H200 NVL, GH200, H100 PCIe with 114 SMs) get the plan's defaults until measured. The H200 reads
 # HBM ~1.36x as fast as the H100 with the same 132 SMs, so what bounds a step there is more often the bytes an SM
-# keeps in flight and what each item costs, not HBM: larger expert items pay. Measured at 715ce62 on an H200, one process per call
-# (benchmarks/results/speed_20261206s31, calls 4-13), against the plan's defaults:
+# keeps in flight and what each item costs, not HBM: larger expert items pay. Measured at 715ce62 on an H200, one
+# process per call (benchmarks/results/speed_20261206s31, calls 4-13), against the plan's defaults:
 #   moe_pages_tile_kb 256 -> 512: b16 8K 15.32-15.43 -> 14.91-14.99 ms (-2.7%), b12 -2.6%, b8 -2.0%, b6 -1.4%,
 #     b3 -1.1%, b2 and b4 even (768, 1024 and 2048 within 0.4% of 512; 128 +5%; on the H100 within 1%);
 #   moe_pages_tile_kb_1row 96 -> 128 (128 KB gate/up items where 96 gives 64): b1 8K 3.013-3.025 -> 2.854-2.862

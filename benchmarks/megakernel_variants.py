@@ -28,6 +28,21 @@ from megakernel.errors import OutOfKVBlocks, RequestError
 from megakernel.model.weights import random_weights
 
 
+def north_engine(max_context: int, steps: int) -> LLMEngine:
+    """The engine every variant runs on: North Mini Code dims, random weights, the megakernel, room for max_context."""
+    cfg = north_mini_code_config()
+    weights = random_weights(cfg, torch.device("cuda"), torch.bfloat16, seed=0)
+    return LLMEngine(EngineArgs(backend="megakernel", max_num_seqs=16, max_model_len=max_context + 8 * steps + 256,
+                                enable_prefix_caching=False, progress=False), config=cfg, weights=weights)
+
+
+def plan_knobs(be) -> dict[str, int]:
+    """The backend's plan knobs now (its TUNING_KEYS values), as set_tuning takes them."""
+    from megakernel.kernel.tuning import TUNING_KEYS
+
+    return {**{k: getattr(be.plan, k) for k in TUNING_KEYS if k != "batch_tiles"}, "batch_tiles": be.batch_tiles}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--points", default="1x8192,8x8192", help="BxCONTEXT list")
@@ -47,18 +62,12 @@ def main() -> int:
         if bad:
             raise SystemExit(f"--variants: unknown keys {sorted(bad)} (known: {', '.join(TUNING_KEYS)})")
         variants.append({k: int(x) for k, x in kv.items()})
-    cfg = north_mini_code_config()
-    weights = random_weights(cfg, torch.device("cuda"), torch.bfloat16, seed=0)
-    max_len = max(c for _, c in points) + 8 * args.steps + 256
-    engine = LLMEngine(EngineArgs(backend="megakernel", max_num_seqs=16, max_model_len=max_len,
-                                  enable_prefix_caching=False, progress=False), config=cfg, weights=weights)
-    be = engine.runner.decode_backend
+    engine = north_engine(max(c for _, c in points), args.steps)
+    cfg, be = engine.config, engine.runner.decode_backend
     peak = measure_read_bandwidth(engine.device, method=args.peak) / 1e9
     print(f"peak read bandwidth {peak:.0f} GB/s; smem {be.smem} B; tiles {be.plan.gemv_tiles}", flush=True)
     rows = []
-    current = lambda: {**{k: getattr(be.plan, k) for k in TUNING_KEYS if k != "batch_tiles"},   # noqa: E731
-                       "batch_tiles": be.batch_tiles}
-    defaults = current()
+    defaults = plan_knobs(be)
     for B, ctx in points:
         too_big = ""                                       # the pool cannot hold this point's prompts together
         for var in variants:
@@ -85,7 +94,7 @@ def main() -> int:
                 print(f"b{B} ctx {ctx}: skipped, every variant ({e})", flush=True)
                 rows.append(dict(batch_size=B, context=ctx, variant=label, skipped=too_big))
                 continue
-            rows.append(dict(batch_size=B, context=ctx, variant=label, **current(),
+            rows.append(dict(batch_size=B, context=ctx, variant=label, **plan_knobs(be),
                              ms_per_step=p.ms_per_step, tokens_per_s=p.tokens_per_s, gb_per_s=p.gb_per_s,
                              roofline_pct=p.roofline_pct))
             print(f"b{B} ctx {ctx} {label}: {p.ms_per_step:.3f} ms/step, {p.tokens_per_s:.1f} tok/s, "

@@ -15,6 +15,8 @@
 #   6. BUILD_AB="MK_X=0 default": the step at $AB_POINTS (default 1x8192,8x8192,16x8192) under each build in its own
 #      process (comma-separated KEY=VAL switch lists as MEGAKERNEL_KERNEL_DEFINES takes them, or "default"), the
 #      plan variants $AB_VARIANTS in each (default "default default": two runs; not step 3's $VARIANTS);
+#   7. CARD_TUNE=1: benchmarks/card_tune.py's coordinate search over the card-dependent knobs (~2-3 min; its row for
+#      kernel/tuning.py CARD_TUNING in the log, every figure in $OUT/card_tune.json; CARD_TUNE_SEARCH: a subset);
 # Logs and JSON under $OUT (bundle.tgz when more than 8 files).
 #   run(command="MEGAKERNEL_COMMIT=<SHA> SWEEP=1 TRACE_POINT=8x8192 bash scripts/gpu_default_check.sh", timeout_s=600)
 set -u
@@ -74,6 +76,11 @@ if [ -n "${BUILD_AB:-}" ]; then             # (gpu_build_ab.sh's stage 2 alone, 
   OUT=$OUT/ab BUILDS="$BUILD_AB" POINTS="${AB_POINTS:-1x8192,8x8192,16x8192}" SKIP_TESTS=1 SKIP_TRACE=1 \
     VARIANTS="${AB_VARIANTS:-default default}" \
     VARIANTS_TIMEOUT=${AB_TIMEOUT:-110} bash scripts/gpu_build_ab.sh 2>&1 | grep -E "^b|rror"
+fi
+if [ "${CARD_TUNE:-0}" = 1 ]; then
+  echo "=== card_tune at $(($(date +%s) - t0)) s"
+  timeout ${CARD_TUNE_TIMEOUT:-300} python3 benchmarks/card_tune.py --search "${CARD_TUNE_SEARCH:-}" \
+    --json "$OUT/card_tune.json" 2>&1 | grep -E "incumbent|CARD_TUNING|rror"
 fi
 echo "=== done at $(($(date +%s) - t0)) s"
 bash scripts/pack_out.sh "$OUT"

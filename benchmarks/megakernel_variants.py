@@ -25,6 +25,7 @@ from megakernel.bench import PEAK_METHODS, BenchFailure, _abort_all, _run_point,
 from megakernel.config import north_mini_code_config
 from megakernel.engine.llm_engine import EngineArgs, LLMEngine
 from megakernel.errors import OutOfKVBlocks, RequestError
+from megakernel.kernel.tuning import TUNING_KEYS
 from megakernel.model.weights import random_weights
 
 
@@ -38,8 +39,6 @@ def north_engine(max_context: int, steps: int) -> LLMEngine:
 
 def plan_knobs(be) -> dict[str, int]:
     """The backend's plan knobs now (its TUNING_KEYS values), as set_tuning takes them."""
-    from megakernel.kernel.tuning import TUNING_KEYS
-
     return {**{k: getattr(be.plan, k) for k in TUNING_KEYS if k != "batch_tiles"}, "batch_tiles": be.batch_tiles}
 
 
@@ -53,8 +52,6 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     points = [tuple(int(x) for x in p.split("x")) for p in args.points.split(",")]
-    from megakernel.kernel.tuning import TUNING_KEYS
-
     variants: list[dict[str, int]] = []
     for v in args.variants.split():
         kv = {} if v == "default" else dict(item.split("=") for item in v.split(","))

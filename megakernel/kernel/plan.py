@@ -225,7 +225,9 @@ class ModelPlan:
                                          # wave; the router -> top-k chain is the b1 critical path and the QKV
                                          # tiles are not (attention ends ~7 us before the O items start). Needs
                                          # the build switch MK_LATE_WEIGHTS=1 (the flag is ignored otherwise).
-                                         # 0: off. Not yet measured
+                                         # 0: off. Measured slower (H100, speed_20261206s31 call 1, in that
+                                         # build): b1 8K 3.438-3.447 / 3.300-3.317 ms at 1 / 0 (+4.2%), 1K +3.9%,
+                                         # 32K +3.8%: the QKV tiles then hold their SMs ~4 us longer
     fused_norm: int = 1                  # steps of at most this many rows skip the per-row NORM tasks of layers >= 1:
                                          # QKV / router / MLP gate-up tiles normalise their own inputs (in registers:
                                          # fused_norm_smem_bytes). 8K, ms at 0 / 4 (804f4cb, one process): b1

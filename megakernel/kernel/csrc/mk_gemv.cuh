@@ -249,7 +249,8 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
         prof_mark(PS_ISSUED);
     }
     prefetch_next(P, buf ^ 1);
-    if (op == OP_QKV && threadIdx.x == 32 && PI(l2_pf)) l2_prefetch_shares(P, l, r0, nr);
+    if (op == OP_QKV && threadIdx.x == 32 && (PI(l2_pf) & (MK_L2PF_OPROJ | MK_L2PF_NEXT_QKV)))
+        l2_prefetch_shares(P, l, r0, nr);
     if (!fused && threadIdx.x < B) s_xrow[threadIdx.x] = xin + (size_t)threadIdx.x * xpitch;
     if (!wait_rec(P, rec, ticket)) { drain_weights(); return false; }
     if (fused) {       // the rows' residual and norm straight into sX (the weights keep landing meanwhile)

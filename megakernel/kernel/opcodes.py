@@ -251,6 +251,8 @@ PARAM_FIELDS = (
     # 1: a TOPK task runs a dry pass of its routing (the previous MoE layer's, into shared memory) before its wait, so
     # its real pass runs from a warm instruction cache (ModelPlan.topk_warm)
     "topk_warm",
+    # 1: a MoE worker claims its first item before its wait for the routing (ModelPlan.worker_claim_early)
+    "worker_claim_early",
 )
 NUM_PARAMS = len(PARAM_FIELDS)
 P = {name: i for i, name in enumerate(PARAM_FIELDS)}

@@ -255,6 +255,12 @@ class ModelPlan:
                                          # layer itself (the same code, into its shared memory): the router ->
                                          # top-k -> workers hand-off, ~8 us per layer at batch 1, loses a hop.
                                          # Needs MK_MOE_LOCAL=1 (default). Not yet measured
+    worker_claim_early: int = 0          # 1: a MoE worker claims its first item before its wait for the routing
+                                         # (thread 0's atomic in flight while it waits, its result read after), not
+                                         # with the route's loads after it: the b1 trace put ~2.4 us between a
+                                         # paged worker's wait and its first item's claim stamp, the claim being an
+                                         # atomic on the layer's one queue counter that ~130 workers hit at once
+                                         # when TOPK signals. Not with worker_topk. Not yet measured
     router_topk: int = 0                 # 1: no TOPK task; the router tile that completes its layer's router
                                          # counter (an acq_rel add tells which) routes the layer and signals the
                                          # top-k counter the workers wait on: one dependency hop (~1.5-2 us) less.

@@ -147,6 +147,7 @@ class Simulator:
         self._alloc(tl.n_partials, si.B)
         self.counters = np.zeros(p.n_counters, dtype=np.int64)
         self.moe_work = np.zeros(max(1, p.Lm), dtype=np.int64)
+        self.early_claim: dict[int, int] = {}    # worker task -> the item it claimed before its wait
         self.kv_written: dict[tuple[int, int], torch.Tensor] = {}
         for l in range(p.L):
             for s in range(si.B):
@@ -217,9 +218,11 @@ class Simulator:
         op = int(r[O.R["op"]])
         waits = [(int(r[O.R[f"w{k}c"]]), int(r[O.R[f"w{k}t"]])) for k in range(O.MAX_WAITS)
                  if int(r[O.R[f"w{k}c"]]) >= 0]
+        l, a0, a1, a2, a3 = (int(r[O.R[k]]) for k in ("layer", "a0", "a1", "a2", "a3"))
+        if op == Op.MOE_WORKER and self.plan.worker_claim_early and not self.plan.worker_topk:
+            self.early_claim[i] = self._claim(a0)    # (the kernel's thread 0, before its wait for the routing)
         for w in waits:
             yield w
-        l, a0, a1, a2, a3 = (int(r[O.R[k]]) for k in ("layer", "a0", "a1", "a2", "a3"))
         body = {
             Op.NORM: self.t_norm, Op.QKV: self.t_qkv, Op.ATTN: self.t_attn, Op.ATTN_COMBINE: self.t_combine,
             Op.OPROJ: self.t_oproj, Op.ROUTER: self.t_router, Op.TOPK: self.t_topk,
@@ -430,10 +433,16 @@ class Simulator:
         return route
 
 
-    def t_worker(self, l, m, *_):
-        return self._worker(l, m)
+    def _claim(self, m: int) -> int:
+        item = int(self.moe_work[m])
+        self.moe_work[m] += 1
+        return item
 
-    def _worker(self, l, m):
+    def t_worker(self, l, m, *_):
+        return self._worker(l, m, self.early_claim.pop(self.cur, None))
+
+    def _worker(self, l, m, first: int | None = None):
+        """first: the item this worker claimed before its wait (worker_claim_early), else None."""
         p = self.plan
         lw = self.w.layers[l].moe
         if p.worker_topk:                        # this worker routes the layer itself; the claimer of item 0 (the
@@ -447,11 +456,10 @@ class Simulator:
         n_o = p.o_items
         o0 = _o_start(p, n_gu)
         I = p.I
-        held: list[int] = []                     # claimed, not yet run, in claim (= queue) order
+        held: list[int] = [] if first is None else [first]   # claimed, not yet run, in claim (= queue) order
         while True:
             while len(held) < self.claims_held:
-                held.append(int(self.moe_work[m]))
-                self.moe_work[m] += 1
+                held.append(self._claim(m))
             item = held.pop(0)
             if item >= n_items:
                 return

@@ -1063,6 +1063,49 @@ def test_simulator_with_workers_claiming_ahead(variant, B, claims_held):
     _check_step(cfg, w, st, nxt, plan, seeds=[B, B + 5, B + 11], claims_held=claims_held)
 
 
+class _ClaimRecorder(Simulator):
+    """Records, for each MoE item claim, whether the claiming worker's wait for the routing was already met."""
+
+    records = None
+    claims: list[bool] = []
+
+    def _claim(self, m):
+        r = self.records[self.cur]
+        c, t = int(r[O.R["w0c"]]), int(r[O.R["w0t"]])
+        self.claims.append(bool(self.counters[c] >= t))
+        return super()._claim(m)
+
+
+@pytest.mark.parametrize("B,claims_held", [(1, 1), (4, 2)])
+def test_simulator_with_workers_claiming_before_the_routing(B, claims_held):
+    """worker_claim_early: a worker claims its first item before its wait for the routing (the kernel's thread 0,
+    its atomic in flight during the wait). In random orders some claims come before TOPK ran; the step stays exact
+    and nothing deadlocks (schedule.py's argument: a claim is a counter, the item's dependencies follow the
+    routing)."""
+    cfg, w, st, nxt = _setup("north_like", B, seed=71 + B)
+    plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=3, split_tokens=4, o_queue=16, worker_claim_early=1)
+    batch = decode_batch(st, nxt)
+    ref = Cohere2MoeModel(cfg, w).forward(batch, clone_cache(st.cache), ForwardTrace())
+    si = step_inputs(plan, batch.input_ids.tolist(), batch.positions.tolist(), batch.block_tables)
+    tl = build_tasks(plan, si.B, si.nsplit)
+    validate(tl)
+    sim = _ClaimRecorder(plan, w, claims_held=claims_held)
+    sim.records, sim.claims = tl.records, []
+    for seed in (B, B + 3, B + 9):
+        res = sim.step(si, tl, clone_cache(st.cache), seed=seed)
+        err = float((res.logits - ref).abs().max() / ref.abs().max())
+        assert err < 1e-5, (seed, err)
+        assert not sim.early_claim, "a worker's early claim was never used"
+    assert not all(sim.claims), "no claim came before its worker's routing was ready"
+    assert any(sim.claims)
+    off = _ClaimRecorder(ModelPlan(cfg, st.layout, max_batch=16, n_workers=3, split_tokens=4, o_queue=16), w,
+                         claims_held=claims_held)
+    tl_off = build_tasks(off.plan, si.B, si.nsplit)
+    off.records, off.claims = tl_off.records, []
+    off.step(si, tl_off, clone_cache(st.cache), seed=B)
+    assert all(off.claims), "without the knob a worker claims only after its wait"
+
+
 def test_simulator_refuses_a_worker_holding_nothing():
     cfg = make_cfg(sorted(VARIANTS)[0])
     w = tiny_weights(cfg)

@@ -280,6 +280,12 @@ __device__ __forceinline__ void issue_item(const Params& P, const Tile& T, int b
 // schedule.py: items run in claim order, every gate/up item precedes every down item, so a worker never holds a
 // gate/up item behind the down item it is waiting on.
 __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
+    // worker_claim_early: thread 0's first claim goes out before the wait for the routing (the claim is a counter, not
+    // data: the item's dependencies are all met after the routing, so the ticket induction holds; schedule.py), its
+    // result kept in a register across the wait and read with the route's loads
+    const bool claim_early = PI(worker_claim_early) && !PI(worker_topk);
+    int early_first = 0;
+    if (claim_early && threadIdx.x == 0) early_first = atomicAdd(PP(int*, moe_work) + rec[RF_A0], 1);
 #if MK_MOE_LOCAL
     if (PI(pg_n) && PI(pg_early) && !PI(worker_topk)) {   // the paged worker's set-up under the wait for the routing
         if (!smem_fits(P, (size_t)PI(pg_state_off) + sizeof(PgState), ticket)) return false;
@@ -327,7 +333,7 @@ __device__ bool task_moe_worker(const Params& P, const int* rec, int ticket) {
         if (threadIdx.x == 0) {
             n_act = ldcg_i(route);
             n_it = ldcg_i(route + 1);
-            first = atomicAdd(PP(int*, moe_work) + m, 1);
+            first = claim_early ? early_first : atomicAdd(PP(int*, moe_work) + m, 1);
         }
 #if MK_MOE_LOCAL
         route_to_shared(P, route);

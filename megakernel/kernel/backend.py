@@ -425,7 +425,6 @@ class MegakernelBackend(DecodeBackend):
             combine_parts=p.combine_parts, worker_topk=p.worker_topk,
             pg_n=p.pg_n, pg_in_off=p.pg_in_off, pg_in_bytes=p.pg_in_bytes, pg_out_off=p.pg_out_off,
             pg_out_rows=p.pg_out_rows, pg_state_off=p.pg_state_off, pg_claim_late=p.moe_pages_claim_late,
-            pg_signaler=p.pg_signaler,
             pg_rows=p.pg_rows, pg_x_off=p.pg_x_off, pg_x_item=p.pg_x_item, pg_early=p.moe_pages_early,
             n_pairs=p.n_pairs, r_stride=p.r_stride, r_slot_expert=p.r_slot_expert, r_slot_start=p.r_slot_start,
             r_slot_cnt=p.r_slot_cnt, r_pair_row=p.r_pair_row, r_pair_rank=p.r_pair_rank, r_pair_w=p.r_pair_w,

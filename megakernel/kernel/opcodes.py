@@ -44,7 +44,6 @@ PAGE_MAX = 16
 PAGE_SLOTS = 3
 PAGE_ROWS_MAX = 16
 PAGE_STATE_BYTES = 2048
-PAGE_SIG_BATCH = 8           # gate/up counters the paged worker's signaler releases behind one fence at most
 PAGE_ITEM_ROWS_MAX = 128     # rows of one paged expert item in all halves at most (moe_pages_tile_kb; its outputs)
 PAGE_ITEM_PAGES_MAX = 256    # pages of one paged item at most
 PAGE_OUT_ARRIVALS = 32 * PAGE_ITEM_PAGES_MAX   # the count of an item slot's "pages computed" mbarrier: every lane of
@@ -237,9 +236,6 @@ PARAM_FIELDS = (
     "pg_x_off", "pg_x_item",
     # 1: the paged worker sets up its barriers before its wait for the routing, not after (ModelPlan.moe_pages_early)
     "pg_early",
-    # 1: the paged worker's warp NW - 3 releases its gate/up items' counters and frees their slots, so no computing
-    # warp waits on a gpu-scope release (ModelPlan.moe_pages_signaler; 0 where the ring leaves no warp free)
-    "pg_signaler",
     # route buffer layout (int32 offsets inside one MoE layer's route record)
     "r_stride", "r_slot_expert", "r_slot_start", "r_slot_cnt", "r_pair_row", "r_pair_rank", "r_pair_w",
     "r_topk_ids",
@@ -319,7 +315,7 @@ def generate_header() -> str:
     consts = dict(BLOCKS_PER_SM=BLOCKS_PER_SM, NUM_THREADS=NUM_THREADS, NUM_WARPS=NUM_WARPS, MAX_BATCH=MAX_BATCH,
                   WTILE_BYTES=WTILE_BYTES,
                   MAX_TILE_ROWS=MAX_TILE_ROWS, PAGE_BYTES=PAGE_BYTES, PAGE_MAX=PAGE_MAX, PAGE_SLOTS=PAGE_SLOTS,
-                  PAGE_ROWS_MAX=PAGE_ROWS_MAX, PAGE_STATE_BYTES=PAGE_STATE_BYTES, PAGE_SIG_BATCH=PAGE_SIG_BATCH, PAGE_OUT_ARRIVALS=PAGE_OUT_ARRIVALS, PAGE_ITEM_PAGES_MAX=PAGE_ITEM_PAGES_MAX, GEMV_SCRATCH_BYTES=GEMV_SCRATCH_BYTES, ROW_PAD=ROW_PAD,
+                  PAGE_ROWS_MAX=PAGE_ROWS_MAX, PAGE_STATE_BYTES=PAGE_STATE_BYTES, PAGE_OUT_ARRIVALS=PAGE_OUT_ARRIVALS, PAGE_ITEM_PAGES_MAX=PAGE_ITEM_PAGES_MAX, GEMV_SCRATCH_BYTES=GEMV_SCRATCH_BYTES, ROW_PAD=ROW_PAD,
                   GEMV_RED_FLOATS=GEMV_RED_FLOATS,
                   ATTN_CHUNK=ATTN_CHUNK, ATTN_WARPS=ATTN_WARPS, ATTN_MAX_STAGES=ATTN_MAX_STAGES,
                   ATTN_MAX_GROUP=ATTN_MAX_GROUP, ATTN_MAX_HEAD_DIM=ATTN_MAX_HEAD_DIM, ATTN_OUT_PER_THREAD=ATTN_OUT_PER_THREAD,

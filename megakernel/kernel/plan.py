@@ -408,13 +408,6 @@ class ModelPlan:
                                          # cache (b1 trace with MK_REPEAT_SMALL=2: a cold pass ~5 us after the wait,
                                          # a warm one ~2.9). 31f1f61, one process, 0 / 1: b1 8K 3.132-3.141 /
                                          # 3.111-3.119, 1K 2.848-2.850 / 2.826-2.828, b8 and b16 even
-    moe_pages_signaler: int = 0          # 1: the paged worker's warp NUM_WARPS - 3 (free where the ring has at most
-                                         # NUM_WARPS - 3 pages) releases the gate/up items' counters, several behind
-                                         # one fence, and frees every item's slot: a gpu-scope release waits for
-                                         # every copy in flight on the SM (mem_latency.cu: 2-6 us under load), which
-                                         # today holds the epilogue's computing warp, its ring page and the item's
-                                         # slot (b1 H100 page stats: a gate/up item's end 2.3 us after its math, a
-                                         # down item's 0.8). Not yet measured
     moe_pages_claim_late: int = 0        # 1: the paged worker's loader claims its next item after this item's
                                          # pages are issued and its input row is loaded (its dependency met), not
                                          # before its last page: no item held behind a down item that waits on its
@@ -606,7 +599,7 @@ class ModelPlan:
         where that is set), then its barriers and bookkeeping (PAGE_STATE_BYTES). pg_x_item where moe_pages_x_item
         and the per-item rows leave more pages than the shared x buffer."""
         self.pg_n = self.pg_in_off = self.pg_in_bytes = self.pg_out_off = self.pg_out_rows = self.pg_state_off = 0
-        self.pg_rows = self.pg_x_off = self.pg_x_item = self.pg_signaler = 0
+        self.pg_rows = self.pg_x_off = self.pg_x_item = 0
         if not (self.moe_pages and self.moe_pages_from <= self.tb <= self.moe_pages and self.Lm and not self.wbuf
                 and not self.moe_wbuf):
             return
@@ -636,7 +629,6 @@ class ModelPlan:
         if most > O.PAGE_ITEM_PAGES_MAX:     # (an item slot's `outs` barrier counts 32 arrivals per page)
             return
         self.pg_n, self.pg_rows, self.pg_x_item = n, R, x_item
-        self.pg_signaler = int(bool(self.moe_pages_signaler) and n <= O.NUM_WARPS - 3)   # (a warp left free)
         self.pg_in_off = n * O.PAGE_BYTES
         self.pg_in_bytes = in_bytes
         self.pg_out_off = self.pg_in_off + O.PAGE_SLOTS * in_bytes

@@ -24,10 +24,6 @@ which runs the same list in random dependency-respecting orders, too):
   signals the layer's MLP counter once, after it found the queue empty; the counter reaches n_workers only when
   every claimed item is finished.
 
-  Knob `worker_claim_early`: a worker claims its first item before its wait for the routing. A claim is a counter,
-  not data, so holding one while waiting changes nothing above: the routing's producer is a static task listed
-  before every worker, and the item's own dependencies are met as before once the routing is.
-
   Knob `workers_early`: that many of a MoE layer's workers are listed before its attention splits instead of after
   its combines, so they stream experts while the other blocks run attention. Only in plans whose O projection is
   static tasks (no O items in the queue, which wait on the combines): an early worker waits on the routing (listed

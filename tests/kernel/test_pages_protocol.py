@@ -6,9 +6,7 @@ their phase semantics (a parity wait succeeds once the phase of that parity has 
 from u - 2; a phase completes when its expected arrivals have arrived and its copies landed). Every hand-off is an
 mbarrier, as in the kernel: the loader publishes an item's description (`desc`), the input warp its inputs (`inp`),
 each computing warp's lanes an arrival per page on the item's `outs` (the loader the rest of the count), the epilogue's warp
-frees the item slot (`free`), and computing warp w owns ring page w (`full` / `empty`). With the signaler
-(pg_signaler) the epilogue's warp arrives on the slot's `sig` instead, and the signaler frees the slot and releases the
-gate/up items' counters (what a down item waits for) in batches. The model checks what the CUDA
+frees the item slot (`free`), and computing warp w owns ring page w (`full` / `empty`). The model checks what the CUDA
 code relies on: a warp computes a page only after that page's own copy landed, with its item's inputs in the slot; a
 copy never lands in a page a warp is reading, inputs are never overwritten while a warp reads them; every page is
 computed once and every item's epilogue runs once, after all its pages; down items run only after their gate/up
@@ -74,10 +72,6 @@ class World:
     nwc: int = 0                  # computing warps (0: npg, the kernel's rule); more: warp w takes pages w, w + nwc, ...
     slots: int = 3
     claim_late: bool = False      # pg_claim_late: the loader goes on to the next item once this one's inputs are in
-    signaler: bool = False        # pg_signaler: a signaler role frees the slots and releases the gate/up counters
-    sig_batch: int = 8            # (opcodes.PAGE_SIG_BATCH) counters it holds behind one fence at most
-    sig_holds: bool = False       # (a wrong signaler, for the model's own test) it blocks while holding counters
-    sig: list[Mbar] = field(default_factory=list)
     full: list[Mbar] = field(default_factory=list)
     empty: list[Mbar] = field(default_factory=list)
     desc: list[Mbar] = field(default_factory=list)
@@ -105,7 +99,6 @@ class World:
         self.inp = [Mbar() for _ in range(self.slots)]
         self.outs = [Mbar(OUT_ARRIVALS) for _ in range(self.slots)]
         self.free = [Mbar() for _ in range(self.slots)]
-        self.sig = [Mbar() for _ in range(self.slots)]
         self.page = [(-2, -1)] * self.npg
         self.data = [-1] * self.npg
         self.reading = [0] * self.npg
@@ -227,13 +220,7 @@ def computing_warp(w: World, warp: int):
         if w.done[q] == w.items[j].pages:              # elected (the atomic count): the epilogue
             if not (yield from until(w, lambda: w.outs[q].done(w.parity(j)))):
                 return
-            if w.signaler:                             # the stores, then `sig`: the signaler releases and frees
-                _epilogue(w, j, q)
-                yield
-                w.done[q] = 0
-                w.sig[q].arrive()
-            else:
-                yield from _epilogue_and_free(w, j, q, lambda: w.done.__setitem__(q, 0))
+            yield from _epilogue_and_free(w, j, q, lambda: w.done.__setitem__(q, 0))
         k += 1
 
 
@@ -256,51 +243,10 @@ def _epilogue_and_free(w: World, j: int, q: int, reset=lambda: None):
     w.free[q].arrive()
 
 
-def signaler(w: World):
-    """pg_signaler: items in order; each one's kind read from its description before its slot is freed, then its
-    epilogue's `sig`, then the slot freed; gate/up counters released (what `finished` models for them) in batches,
-    and never held across a wait that has not completed (unless sig_holds, the wrong version)."""
-    pend: list[int] = []
-
-    def flush():
-        w.finished.update(pend)
-        pend.clear()
-
-    j = 0
-    while True:
-        q = j % w.slots
-        if pend and not w.sig_holds and not w.desc[q].done(w.parity(j)):
-            flush()
-            yield                                      # the fence
-        q = yield from _item_desc(w, j, "signaler")
-        if q is None:
-            break
-        kind = w.items[j].kind
-        if pend and not w.sig_holds and not w.sig[q].done(w.parity(j)):
-            flush()
-            yield
-        if not (yield from until(w, lambda: w.sig[q].done(w.parity(j)))):
-            return
-        assert w.item_of[q] == j, "the signaler's slot was handed to another item before it freed it"
-        if kind == "gu":
-            pend.append(j)
-        else:
-            w.finished.add(j)
-        w.free[q].arrive()
-        yield
-        if len(pend) == w.sig_batch:
-            flush()
-            yield
-        j += 1
-    flush()
-
-
 def run(w: World, rng: random.Random, max_steps: int = 200_000, stop_at: int | None = None) -> None:
     """Random schedules until every role returned; stop_at: the step at which the step is aborted (then every role
     must still return, and every copy issued still lands before the worker's memory is released)."""
     roles = [loader(w), input_warp(w)] + [computing_warp(w, k) for k in range(w.nwc)]
-    if w.signaler:
-        roles.append(signaler(w))
     alive = list(range(len(roles)))
     stalled = 0
     for step in range(max_steps):
@@ -339,7 +285,7 @@ def run(w: World, rng: random.Random, max_steps: int = 200_000, stop_at: int | N
 
 
 def _snapshot(w: World) -> tuple:
-    bars = (w.full, w.empty, w.desc, w.inp, w.outs, w.free, w.sig)
+    bars = (w.full, w.empty, w.desc, w.inp, w.outs, w.free)
     return (tuple((m.completed, m.arrived) for b in bars for m in b), tuple(w.page), tuple(w.item_of),
             tuple(w.inputs_of), tuple(w.done), tuple(w.reading), len(w.finished), sum(w.computed.values()))
 
@@ -400,29 +346,3 @@ def test_the_model_finds_the_parity_ambiguity():
             run(World(items, 6, nwc=14), random.Random(trial))
     for trial in range(50):
         run(World(items, 6), random.Random(trial))
-
-
-@pytest.mark.parametrize("npg", [4, 9, 12, 13])
-@pytest.mark.parametrize("batch", [1, 8])
-def test_paged_worker_protocol_with_the_signaler(npg, batch):
-    """pg_signaler (rings of at most NUM_WARPS - 3 pages): the signaler frees every slot and releases the gate/up
-    counters in batches; every schedule terminates with every item done, an aborted one included."""
-    rng = random.Random(31 * npg + batch)
-    for trial in range(60):
-        items = random_items(rng, rng.randint(0, 12))
-        run(World(items, npg, signaler=True, sig_batch=batch), random.Random(trial))
-    for trial in range(20):
-        items = random_items(rng, rng.randint(1, 10))
-        run(World(items, npg, signaler=True, sig_batch=batch), random.Random(trial), stop_at=rng.randint(0, 400))
-
-
-def test_the_model_finds_a_signaler_that_blocks_holding_counters():
-    """A signaler that waits for the next item while it holds a released-to-be gate/up counter deadlocks once a down
-    item of this worker needs that counter (the kernel's signaler releases before any wait that has not completed)."""
-    with pytest.raises(Deadlock):
-        for trial in range(200):
-            items = [Item("gu", 3), Item("gu", 3), Item("dn", 7, (0, 1)), Item("dn", 7, (1,))]
-            run(World(items, 6, signaler=True, sig_holds=True), random.Random(trial))
-    for trial in range(50):
-        items = [Item("gu", 3), Item("gu", 3), Item("dn", 7, (0, 1)), Item("dn", 7, (1,))]
-        run(World(items, 6, signaler=True), random.Random(trial))

@@ -234,10 +234,6 @@ __device__ __forceinline__ int4 ld_now_v4(const int* p) {   // p 16-byte aligned
 __device__ __forceinline__ void red_release(int* p, int v) {
     asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
-// (after a gpu-scope fence: several counters released behind one fence)
-__device__ __forceinline__ void red_relaxed(int* p, int v) {
-    asm volatile("red.relaxed.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
 __device__ __forceinline__ unsigned long long globaltimer() {
     unsigned long long t;
     asm volatile("mov.u64 %0, %globaltimer;\n" : "=l"(t));

@@ -20,12 +20,7 @@
 //   protocol needed a polled sequence number per page to tell phase u from u - 2). It waits for the page and its
 //   item's `inp`, multiplies the page's rows by the inputs, arrives on the item's `outs` and frees the page; the warp
 //   that counts an item's last page (an atomic count elects it) waits on `outs` (every page's outputs), writes the
-//   item's epilogue and frees its slot (`free_`);
-// - pg_signaler (rings of at most NW - 3 pages): the signaler warp (NW - 3) takes the gate/up counters' releases off
-//   the computing warps, since a gpu-scope release waits for every copy in flight on the SM: the epilogue's warp
-//   arrives on the slot's `sig` instead of releasing and freeing; the signaler, in item order, frees the slot and
-//   releases the counters in batches behind one fence, never blocking while it holds one (a down item of any worker
-//   may wait on it).
+//   item's epilogue and frees its slot (`free_`).
 // Parity: an item slot's barriers complete once per item in it (items q, q + SLOTS, ...). A wait for item j's phase
 // can meet the slot one phase behind (not yet arrived), never two: the loader reuses a slot only after the previous
 // item's `free_`, which needs that item's inputs, every page and its epilogue.
@@ -46,7 +41,6 @@
 
 #define PG_INPUT_WARP (NW - 2)          // warp NW - 2 loads inputs, warp NW - 1 weights; warps 0 .. pg_n - 1 compute
 #define PG_LOADER_WARP (NW - 1)
-#define PG_SIGNAL_WARP (NW - 3)         // (pg_signaler, pg_n <= NW - 3) releases gate/up counters, frees item slots
 // MK_PG_PAGE_STATS=1 (with MK_PROFILE, a diagnostic build): a paged item's four marks hold sums over its pages, in ns,
 // instead of stamps: m0 its warps' waits for the page to land (starved), m1 their waits for the item's inputs (low
 // 32 bits) and the count of pages a warp was already waiting for when they landed (high 32), m2 their math, m3 the
@@ -98,8 +92,7 @@ struct PgState {
     unsigned long long inp[MK_PAGE_SLOTS];     // its input rows are loaded (the input warp, every lane)
     unsigned long long outs[MK_PAGE_SLOTS];    // its pages are computed (count PAGE_OUT_ARRIVALS: the 32 lanes of
                                                // each page's warp, the rest by the loader when it publishes the item)
-    unsigned long long free_[MK_PAGE_SLOTS];   // an item's epilogue is written (pg_signaler: and the signaler has it)
-    unsigned long long sig[MK_PAGE_SLOTS];     // (pg_signaler) an item's epilogue is written: every lane of its warp
+    unsigned long long free_[MK_PAGE_SLOTS];   // an item's epilogue is written
     long long stamp[MK_PAGE_SLOTS][5];         // (MK_PROFILE) claim, issued, waited, landed, computed (per item)
 #if PG_STATS
     unsigned long long pstat[MK_PAGE_SLOTS][4];   // (MK_PG_PAGE_STATS) the item's page sums (ns), its marks
@@ -111,7 +104,6 @@ struct PgState {
     float w[MK_PAGE_SLOTS][MB];                // a down item's pairs' routing weights
     int rank[MK_PAGE_SLOTS][MB];               // and their ranks among their rows' experts
     int done[MK_PAGE_SLOTS];                   // pages of the slot's item counted (atomics: elects the epilogue's warp)
-    int sig_pend[MK_PAGE_SIG_BATCH];           // (pg_signaler) counters completed items wait to have released
     int stop;                                  // a wait failed (aborted step): every warp leaves
     int issued;                                // pages (and end markers) the loader issued
     const bf16* o_bias;                        // the layer's O-projection bias or null (the loader writes it before
@@ -274,7 +266,7 @@ __device__ __forceinline__ bool pg_load_inputs(const Params& P, PgState& G, int 
 // One warp: item slot q's epilogue from its fp32 outputs (a gate/up item's SiLU(gate) * up into eact and its
 // counter's release; a down item's weighted rows into y; an O item's rows plus the bias into ao). (Freeing a gate/up
 // item's slot before its release instead, MK_PG_FREE_EARLY, measured even: session 24; removed in session 26.)
-__device__ __forceinline__ void pg_epilogue(const Params& P, PgState& G, int l, int m, int q, bool release) {
+__device__ __forceinline__ void pg_epilogue(const Params& P, PgState& G, int l, int m, int q) {
     const int lane = threadIdx.x & 31;
     const int* it = G.item[q];
     const int kind = it[1], eslot = it[2], st = it[4], r0 = it[5], nr = it[6], nc = it[11];
@@ -291,7 +283,7 @@ __device__ __forceinline__ void pg_epilogue(const Params& P, PgState& G, int l, 
             }
         }
         __syncwarp();
-        if (release && lane == 0) {
+        if (lane == 0) {
             red_release(PP(int*, counters) + l * PI(cpl) + PI(c_gu) + eslot, 1);
         }
     } else if (kind == PG_DN) {
@@ -318,11 +310,11 @@ __device__ __forceinline__ void pg_epilogue(const Params& P, PgState& G, int l, 
 
 // One warp, once item slot q's pages are all computed (its `outs` phase): the item's epilogue (and its profiling
 // record), every lane's stores done when it returns; the caller then frees the slot (`free_`).
-__device__ __forceinline__ void pg_finish_item(const Params& P, PgState& G, int l, int m, int q, bool release) {
+__device__ __forceinline__ void pg_finish_item(const Params& P, PgState& G, int l, int m, int q) {
 #if MK_PROFILE
     if ((threadIdx.x & 31) == 0) G.stamp[q][4] = prof_now();
 #endif
-    pg_epilogue(P, G, l, m, q, release);
+    pg_epilogue(P, G, l, m, q);
     __syncwarp();
 #if MK_PROFILE
     if ((threadIdx.x & 31) == 0) pg_prof_item(P, G, l, m, q);
@@ -349,7 +341,6 @@ __device__ __noinline__ void pg_setup(const Params& P) {
             mbar_init(&G.inp[q], 32);         // (every lane of the input warp arrives: each releases its own copies)
             mbar_init(&G.outs[q], MK_PAGE_OUT_ARRIVALS);
             mbar_init(&G.free_[q], 1);
-            mbar_init(&G.sig[q], 32);         // (every lane of the epilogue's warp: each releases its own stores)
             G.done[q] = 0;
         }
         if (warp == 0) { G.stop = 0; G.issued = 0; }
@@ -369,7 +360,6 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
         if (threadIdx.x == 0) record_error(P, MK_ERR_SMEM, ticket, -1, npg, NW - 2);
         return false;
     }
-    const bool sig_on = PI(pg_signaler) && npg <= NW - 3;   // (the plan sets it only where warp NW - 3 is free)
     PgState& G = pg_state(P);
     if (threadIdx.x == 0) pg_mark(0);
     if (!PI(pg_early) || PI(worker_topk)) {   // (else task_moe_worker ran it before its wait)
@@ -545,41 +535,6 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                                               // computing warps' reads)
         }
         __syncwarp();
-    } else if (sig_on && warp == PG_SIGNAL_WARP) {   // ---- the signaler ----
-        // Walks the items in order: item j's description (its kind and expert slot, read before the slot is freed),
-        // then its epilogue's stores (`sig`, every lane of that warp), then frees the slot at once, and releases
-        // the gate/up items' counters in batches behind one gpu-scope fence (cumulative: the stores this warp
-        // acquired through `sig`). It never blocks holding a counter back: before any wait that has not completed
-        // yet it releases what it holds, so a down item of any worker waits on no counter a blocked signaler keeps.
-        int np = 0;                           // (uniform in the warp: lane 0 decides every branch on it)
-        const auto ready = [&](unsigned long long* bar, unsigned parity) {
-            return __shfl_sync(0xffffffffu, (int)mbar_try_wait(bar, parity), 0) != 0;
-        };
-        const auto flush = [&]() {
-            if (np && lane == 0) {
-                __threadfence();
-                for (int i = 0; i < np; i++) red_relaxed(PP(int*, counters) + G.sig_pend[i], 1);
-            }
-            np = 0;
-        };
-        for (int j = 0;; j++) {
-            const int q = j % MK_PAGE_SLOTS;
-            if (np && !ready(&G.desc[q], slot_parity(j))) flush();
-            if (!pg_wait(P, G, ticket, &G.desc[q], slot_parity(j), STALL_ITEM, j)) break;
-            const int kind = G.item[q][1], eslot = G.item[q][2];
-            if (kind == PG_END) break;
-            if (np && !ready(&G.sig[q], slot_parity(j))) flush();
-            if (!pg_wait(P, G, ticket, &G.sig[q], slot_parity(j), STALL_OUTS, j)) break;
-            if (kind == PG_GU) {
-                if (lane == 0) G.sig_pend[np] = l * PI(cpl) + PI(c_gu) + eslot;
-                np++;
-            }
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&G.free_[q]);
-            if (np == MK_PAGE_SIG_BATCH) flush();
-        }
-        flush();
-        __syncwarp();
     } else if (warp < npg) {                  // ---- the computing warps: warp w, ring page w ----
         for (int k = 0;; k++) {
             const int slot = warp;
@@ -649,14 +604,8 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             done = __shfl_sync(0xffffffffu, done, 0);
             if (done) {                           // the item's last page counted: its epilogue, then its slot is free
                 if (!pg_wait(P, G, ticket, &G.outs[q], slot_parity(j), STALL_OUTS, j)) break;
-                pg_finish_item(P, G, l, m, q, !sig_on);
-                if (lane == 0) atomicExch(&G.done[q], 0);
-                if (sig_on) {                     // the signaler releases its counter and frees the slot
-                    __syncwarp();
-                    mbar_arrive(&G.sig[q]);       // every lane (release: its own stores)
-                } else if (lane == 0) {
-                    mbar_arrive(&G.free_[q]);
-                }
+                pg_finish_item(P, G, l, m, q);
+                if (lane == 0) { atomicExch(&G.done[q], 0); mbar_arrive(&G.free_[q]); }
             }
         }
         __syncwarp();
@@ -681,7 +630,6 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             mbar_inval(&G.inp[q]);
             mbar_inval(&G.outs[q]);
             mbar_inval(&G.free_[q]);
-            mbar_inval(&G.sig[q]);
         }
     }
     __syncthreads();

@@ -109,10 +109,9 @@ L2PF_EVICT_LAST = 4          # the prefetched lines with priority evict_last (el
 L2PF_NEXT_ROUTER = 8         # (TOPK, after its signal) the next layer's router and norm weights (~0.5 MB, read ~45 us
                              # later): its router tiles' copies and its fused norms' weight loads then hit L2 instead
                              # of queueing behind the QKV tiles' copies at the layer's head
-L2PF_NEXT_QKV_DN = 16        # (the paged worker's loader, as it publishes a down item) that item's share of the next
-                             # layer's QKV weights (~20 us before the next layer's QKV tiles copy them): the layer's
-                             # head then copies them from L2, and the routing chain's L2 reads there no longer queue
-                             # behind ~21 MB of HBM reads
+L2PF_NEXT_INPUTS = 16        # (each paged worker's loader, at its first down item) this layer's residual rows h and
+                             # the next layer's norm weights: the next layer's fused norms read h ~45 us after it
+                             # was written, and the b1 traces put every head-of-layer residual read at 5-9 us
 
 # ---- opcodes --------------------------------------------------------------------------------------------------
 
@@ -339,7 +338,7 @@ def generate_header() -> str:
                   PROF_N_MARKS=len(PROF_MARK_FIELDS),
                   PROF_BLOCK_INTS=PROF_BLOCK_INTS, PROF_ITEM_GU=PROF_ITEM_GU, PROF_ITEM_DN=PROF_ITEM_DN, PROF_ITEM_O=PROF_ITEM_O,
                   DN_LAG_MIN=DN_LAG_MIN, L2PF_OPROJ=L2PF_OPROJ, L2PF_NEXT_QKV=L2PF_NEXT_QKV, L2PF_EVICT_LAST=L2PF_EVICT_LAST,
-                  L2PF_NEXT_ROUTER=L2PF_NEXT_ROUTER, L2PF_NEXT_QKV_DN=L2PF_NEXT_QKV_DN)
+                  L2PF_NEXT_ROUTER=L2PF_NEXT_ROUTER, L2PF_NEXT_INPUTS=L2PF_NEXT_INPUTS)
     lines += [f"#define MK_{k} {v}" for k, v in consts.items()]
     lines.append("")
     lines += [f"#define OP_{op.name} {int(op)}" for op in Op]

@@ -77,7 +77,7 @@ def test_tiny_matches_torch(variant, B):
 @pytest.mark.parametrize("B", [1, 8])
 def test_tiny_matches_torch_under_plan_knobs(knobs, B):
     """The plan knobs under measurement (session 32) keep the step exact: TOPK's L2 prefetch of the next router, the
-    down items' of the next layer's QKV weights, and the workers' claims before the routing."""
+    workers' of the next layer's residual inputs, and the workers' claims before the routing."""
     from megakernel.kernel.backend import MegakernelBackend
 
     variant = sorted(VARIANTS)[-1]

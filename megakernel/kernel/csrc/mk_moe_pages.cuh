@@ -375,12 +375,13 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
         int* work = PP(int*, moe_work) + m;
         bool stop = false;
         if (lane == 0) G.o_bias = obias;      // (published with the first item's description)
-        // l2_prefetch & L2PF_NEXT_QKV_DN: each down item's share of the next layer's QKV weights into L2 (lane 0; the
-        // table's load lands long before the first down item)
+        // l2_prefetch & L2PF_NEXT_INPUTS: at this worker's first down item (~20 us before the next layer's head), the
+        // long-lived inputs of the next layer's fused norms into L2: this layer's residual rows h (written ~45 us
+        // before they are read there) and the next layer's norm weights (lane 0; the table's load lands long before)
         const int pf_bits = PI(l2_pf);
-        const char* next_qkv = nullptr;
-        if ((pf_bits & MK_L2PF_NEXT_QKV_DN) && l + 1 < PI(L) && lane == 0)
-            next_qkv = reinterpret_cast<const char*>(layer_wptr(P, l + 1)[WP_QKV]);
+        const char* next_norm = nullptr;
+        if ((pf_bits & MK_L2PF_NEXT_INPUTS) && l + 1 < PI(L) && lane == 0)
+            next_norm = reinterpret_cast<const char*>(layer_wptr(P, l + 1)[WP_NORM]);
 #if PG_STATS
         long long t_claim_wait = 0, t_slot_wait = 0;   // before the next item's publish (its m2 / m0 high halves)
 #endif
@@ -438,14 +439,12 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                 // the arrivals `outs` will not get from pages (the plan keeps an item's pages within the count)
                 if (pages < MK_PAGE_ITEM_PAGES_MAX) mbar_arrive_n(&G.outs[q], MK_PAGE_OUT_ARRIVALS - 32 * pages);
                 mbar_arrive(&G.desc[q]);      // (release: the description before the input warp's reads)
-                if (next_qkv && it.down) {    // down item d of n_dn: the d-th share (16-byte cuts, so they tile it)
-                    const long long total = (long long)(PI(q_dim) + 2 * PI(n_kv) * PI(head_dim)) * PI(H) * 2;
-                    const int n_dn = n_gu / PI(gu_tiles) * PI(dn_tiles);
-                    const int d = it.slot * PI(dn_tiles) + it.r0 / PI(dn_rows);
-                    const long long a = (total * d / n_dn) & ~15LL, b = (total * (d + 1) / n_dn) & ~15LL;
-                    if (b > a)
-                        l2_prefetch_bulk(next_qkv + a, (unsigned)(b - a),
-                                         l2_policy_prefetched(pf_bits & MK_L2PF_EVICT_LAST));
+                if (next_norm && it.down) {   // (once: the first down item)
+                    const unsigned long long pol = l2_policy_prefetched(pf_bits & MK_L2PF_EVICT_LAST);
+                    l2_prefetch_bulk(PP(const bf16*, h) + (size_t)l * PI(Bm) * PI(H), (unsigned)(PI(B) * PI(H) * 2),
+                                     pol);
+                    l2_prefetch_bulk(next_norm, (unsigned)(PI(H) * 2), pol);
+                    next_norm = nullptr;
                 }
             }
             const bool late = PI(pg_claim_late) != 0;

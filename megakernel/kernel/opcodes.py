@@ -106,9 +106,6 @@ L2PF_OPROJ = 1               # its share of the layer's O-projection weights (re
 L2PF_NEXT_QKV = 2            # its own rows of the next layer's QKV weights (read one layer later)
 L2PF_EVICT_LAST = 4          # the prefetched lines with priority evict_last (else evict_normal); weights stream
                              # evict_first, so either outlives them
-L2PF_NEXT_ROUTER = 8         # (TOPK, after its signal) the next layer's router and norm weights (~0.5 MB, read ~45 us
-                             # later): its router tiles' copies and its fused norms' weight loads then hit L2 instead
-                             # of queueing behind the QKV tiles' copies at the layer's head
 L2PF_NEXT_INPUTS = 16        # (each paged worker's loader, at its first down item) this layer's residual rows h and
                              # the next layer's norm weights: the next layer's fused norms read h ~45 us after it
                              # was written, and the b1 traces put every head-of-layer residual read at 5-9 us
@@ -338,7 +335,7 @@ def generate_header() -> str:
                   PROF_N_MARKS=len(PROF_MARK_FIELDS),
                   PROF_BLOCK_INTS=PROF_BLOCK_INTS, PROF_ITEM_GU=PROF_ITEM_GU, PROF_ITEM_DN=PROF_ITEM_DN, PROF_ITEM_O=PROF_ITEM_O,
                   DN_LAG_MIN=DN_LAG_MIN, L2PF_OPROJ=L2PF_OPROJ, L2PF_NEXT_QKV=L2PF_NEXT_QKV, L2PF_EVICT_LAST=L2PF_EVICT_LAST,
-                  L2PF_NEXT_ROUTER=L2PF_NEXT_ROUTER, L2PF_NEXT_INPUTS=L2PF_NEXT_INPUTS)
+                  L2PF_NEXT_INPUTS=L2PF_NEXT_INPUTS)
     lines += [f"#define MK_{k} {v}" for k, v in consts.items()]
     lines.append("")
     lines += [f"#define OP_{op.name} {int(op)}" for op in Op]

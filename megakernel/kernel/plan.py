@@ -400,9 +400,10 @@ class ModelPlan:
                                          # b16 even (75d732c, one process)
     l2_prefetch: int = 0                 # bits of opcodes.L2PF_*: a layer's QKV tiles prefetch into L2 their share
                                          # of the layer's O weights (1) and/or their rows of the next layer's QKV
-                                         # (2), evict_last with 4; with 8, each TOPK (after its signal) the next
-                                         # layer's router and norm weights; with 16, each paged worker at its
-                                         # first down item the layer's residual rows and the next norm weights. At b1 the routing chain (~11 us a layer)
+                                         # (2), evict_last with 4; with 16, each paged worker at its first down
+                                         # item the layer's residual rows and the next layer's norm weights (TOPK's
+                                         # prefetch of the next router and norm weights, bit 8 in session 32,
+                                         # measured even at b1-b16 and was removed). At b1 the routing chain (~11 us a layer)
                                          # leaves HBM mostly idle while the O weights are read at the layer's end
     topk_warm: int = 1                   # 1: TOPK runs a dry pass of the previous MoE layer's routing (into shared
                                          # memory) before its wait: its real pass then runs from a warm instruction

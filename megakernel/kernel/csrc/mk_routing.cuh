@@ -287,23 +287,6 @@ __device__ __noinline__ bool router_signal_route(const Params& P, const int* rec
     return true;
 }
 
-// One thread, once TOPK of layer l has signalled (ModelPlan.l2_prefetch & L2PF_NEXT_ROUTER): layer l + 1's router
-// and norm weights into L2 (~0.5 MB, read ~45 us later, while HBM idles under this layer's routing). At the next
-// layer's head its router tiles' copies and every fused norm's weight loads otherwise queue behind the ~21 MB of QKV
-// tiles' copies (the b1 traces: the router's inputs and weights both landed ~5 us after its wait).
-__device__ __noinline__ void l2_prefetch_next_router(const Params& P, int l) {
-    if (l + 1 >= PI(L)) return;
-    const long long* wp = layer_wptr(P, l + 1);
-    const unsigned long long pol = l2_policy_prefetched(PI(l2_pf) & MK_L2PF_EVICT_LAST);
-    const auto prefetch = [&](long long addr, long long bytes) {   // (whole 16-byte granules around the range)
-        if (!addr) return;
-        const long long a = addr & ~15LL, b = (addr + bytes + 15) & ~15LL;
-        l2_prefetch_bulk(reinterpret_cast<const void*>(a), (unsigned)(b - a), pol);
-    };
-    prefetch(wp[WP_ROUTER], (long long)PI(E) * PI(H) * 2);
-    prefetch(wp[WP_NORM], (long long)PI(H) * 2);
-}
-
 __device__ __noinline__ bool task_topk(const Params& P, const int* rec, int ticket) {
     const int m = rec[RF_A0];
     // topk_warm: a dry pass over the previous MoE layer's logits (final long before) into a route copy in shared
@@ -320,7 +303,5 @@ __device__ __noinline__ bool task_topk(const Params& P, const int* rec, int tick
         topk_route(P, m, route);
     }
     task_signal(P, rec[RF_SIG]);
-    // (warp 2: thread 0 releases the signal and warp 1 claims the next ticket meanwhile)
-    if (threadIdx.x == 64 && (PI(l2_pf) & MK_L2PF_NEXT_ROUTER)) l2_prefetch_next_router(P, rec[RF_LAYER]);
     return true;
 }

@@ -108,7 +108,7 @@ L2PF_EVICT_LAST = 4          # the prefetched lines with priority evict_last (el
                              # evict_first, so either outlives them
 L2PF_NEXT_INPUTS = 16        # (each paged worker's loader, at its first down item) this layer's residual rows h and
                              # the next layer's norm weights: the next layer's fused norms read h ~45 us after it
-                             # was written, and the b1 traces put every head-of-layer residual read at 5-9 us
+                             # was written, and the b1 traces put the fused norms' inputs 5-6 us after their wait
 
 # ---- opcodes --------------------------------------------------------------------------------------------------
 
@@ -192,8 +192,9 @@ PARAM_FIELDS = (
     # 1: attention splits run two warps per 16-key slice, each half the head dims (ModelPlan.attn_dsplit_rows; builds
     # with MK_ATTN_DSPLIT=1, else ignored)
     "attn_dsplit",
-    # L2 prefetches issued by a layer's QKV tiles (ModelPlan.l2_prefetch; bits L2PF_*): the slice of the layer's O
-    # weights (and of the next layer's QKV weights) proportional to the tile's rows
+    # L2 prefetches (ModelPlan.l2_prefetch; bits L2PF_*): by a layer's QKV tiles, the slice of the layer's O weights
+    # (and of the next layer's QKV weights) proportional to the tile's rows; by the paged workers, the next layer's
+    # residual inputs
     "l2_pf",
     # counters of the per-slot expert gate/up items: layer * cpl + c_gu + slot
     "cpl", "c_gu",

@@ -260,7 +260,8 @@ class ModelPlan:
                                          # with the route's loads after it: the b1 trace put ~2.4 us between a
                                          # paged worker's wait and its first item's claim stamp, the claim being an
                                          # atomic on the layer's one queue counter that ~130 workers hit at once
-                                         # when TOPK signals. Not with worker_topk. Not yet measured
+                                         # when TOPK signals. Not with worker_topk. H100, session 32, one process:
+                                         # even at b1 1K-32K, b8, b16 (b1 8K 3.275-3.276 vs 3.273-3.288 ms)
     router_topk: int = 0                 # 1: no TOPK task; the router tile that completes its layer's router
                                          # counter (an acq_rel add tells which) routes the layer and signals the
                                          # top-k counter the workers wait on: one dependency hop (~1.5-2 us) less.
@@ -400,10 +401,10 @@ class ModelPlan:
                                          # b16 even (75d732c, one process)
     l2_prefetch: int = 0                 # bits of opcodes.L2PF_*: a layer's QKV tiles prefetch into L2 their share
                                          # of the layer's O weights (1) and/or their rows of the next layer's QKV
-                                         # (2), evict_last with 4; with 16, each paged worker at its first down
-                                         # item the layer's residual rows and the next layer's norm weights (TOPK's
-                                         # prefetch of the next router and norm weights, bit 8 in session 32,
-                                         # measured even at b1-b16 and was removed). At b1 the routing chain (~11 us a layer)
+                                         # (2), evict_last with 4; with 16, each paged worker prefetches, at its
+                                         # first down item, the layer's residual rows and the next layer's norm
+                                         # weights (not yet measured; TOPK's prefetch of the next router and norm
+                                         # weights, bit 8 in session 32, measured even at b1-b16 and was removed). At b1 the routing chain (~11 us a layer)
                                          # leaves HBM mostly idle while the O weights are read at the layer's end
     topk_warm: int = 1                   # 1: TOPK runs a dry pass of the previous MoE layer's routing (into shared
                                          # memory) before its wait: its real pass then runs from a warm instruction

@@ -404,8 +404,9 @@ class ModelPlan:
                                          # (2), evict_last with 4; with 16, each paged worker prefetches, at its
                                          # first down item, the layer's residual rows and the next layer's norm
                                          # weights (not yet measured; TOPK's prefetch of the next router and norm
-                                         # weights, bit 8 in session 32, measured even at b1-b16 and was removed). At b1 the routing chain (~11 us a layer)
-                                         # leaves HBM mostly idle while the O weights are read at the layer's end
+                                         # weights, bit 8 in session 32, measured even at b1-b16 and was removed).
+                                         # At b1 the routing chain (~11 us a layer) leaves HBM mostly idle while
+                                         # the O weights are read at the layer's end
     topk_warm: int = 1                   # 1: TOPK runs a dry pass of the previous MoE layer's routing (into shared
                                          # memory) before its wait: its real pass then runs from a warm instruction
                                          # cache (b1 trace with MK_REPEAT_SMALL=2: a cold pass ~5 us after the wait,

@@ -280,8 +280,11 @@ PROF_ITEM_GU, PROF_ITEM_DN, PROF_ITEM_O = 100, 101, 102   # pseudo-opcodes of Mo
 PROF_MARKS = {
     "NORM": ("residual loaded and summed", "normed and stored"),
     "TOPK": ("logits loaded (row 0's first max)", "experts chosen", "queue slots written", "pairs written"),
-    "ROUTER": ("inputs ready (fused: residual and norm)",),
-    "QKV": ("inputs ready (fused: residual and norm)",),
+    # (marks 1-3 in MK_FUSED_SERIAL=1 profiling builds only: the sources read one after another, mk_norm.cuh)
+    "ROUTER": ("inputs ready (fused: residual and norm)", "layer tables read (serial)", "h row read (serial)",
+               "norm weights read (serial)"),
+    "QKV": ("inputs ready (fused: residual and norm)", "layer tables read (serial)", "h row read (serial)",
+            "norm weights read (serial)"),
     "ATTN_COMBINE": ("log-sum-exps read", "split weights computed", "partials merged (thread 0)",
                      "a second, warm pass (MK_REPEAT_SMALL=2)"),
     "MOE_GATE_UP": ("next item claimed", "next tile issued (two buffers)", "inputs loaded"),

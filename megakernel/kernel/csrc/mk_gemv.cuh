@@ -195,7 +195,7 @@ __device__ __noinline__ void fused_inputs_regs(const Params& P, int l, int flags
     for (int b = 0; b < B; b++) {
         bf16* hdst = (flags & MK_FLAG_WRITE_H) ? PP(bf16*, h) + ((size_t)l * Bm + b) * H : nullptr;
         bf16* xs = sX + (size_t)b * pitch;
-        residual_norm_fused(P, l, b, red, xs, hdst);
+        residual_norm_fused<true>(P, l, b, red, xs, hdst);
         if ((flags & MK_FLAG_WRITE_X) && threadIdx.x < (H >> 3))   // the 8 columns this thread normed
             reinterpret_cast<uint4*>(PP(bf16*, x) + ((size_t)l * Bm + b) * H)[threadIdx.x] =
                 reinterpret_cast<const uint4*>(xs)[threadIdx.x];

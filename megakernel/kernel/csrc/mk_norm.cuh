@@ -141,10 +141,24 @@ __device__ __forceinline__ void norm_row(const Params& P, int l, const float* sH
 #define NORM_COLS_PER_THREAD 8
 
 #if MK_SMALL_VEC >= 2
+// MK_FUSED_SERIAL=1 (profiling builds only; a measurement, not a kernel): a router or QKV tile's fused norm first
+// reads its sources one after another, thread 0 stamping marks 1-3 (opcodes.PROF_MARKS) as the layer tables, the
+// `h` row and the norm weights arrive, then reads them all again as the normal build does. Each mark minus the one
+// before is one source's own round trip under the layer head's traffic, which the normal build's single "inputs
+// ready" (5-6 us after the wait at b1) cannot split.
+#ifndef MK_FUSED_SERIAL
+#define MK_FUSED_SERIAL 0
+#endif
+// (the value is in registers: the asm's inputs make it wait for the load, its memory clobber keeps later loads after)
+__device__ __forceinline__ void hold_until_loaded(uint4 v) {
+    asm volatile("" ::"r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+
 // NORM of layer l >= 1 with every load of a thread in flight at once (MK_SMALL_VEC=2, rows of H <= 8 * NT): thread
 // t owns columns 8t..8t+7 as above and issues its h, attention, MLP, norm-weight and first 8 experts' loads
 // together (one L2 round trip where residual_row and norm_row take three or four), keeps the residual in registers,
 // and normalises it there. The same sums in the same order as residual_row + norm_row (bit-identical results).
+template <bool kSourceMarks = false>    // true: a fused tile's norm (MK_FUSED_SERIAL's marks), false: NORM's
 __device__ __forceinline__ void residual_norm_fused(const Params& P, int l, int row, float* red, bf16* x,
                                                     bf16* hout) {
     const int H = PI(H), C = H >> 3, L = PI(L);
@@ -160,6 +174,16 @@ __device__ __forceinline__ void residual_norm_fused(const Params& P, int l, int 
     uint4 hv = z, av = z, mv = z, wv = z, yv[8];
 #pragma unroll
     for (int k = 0; k < 8; k++) yv[k] = z;
+#if MK_PROFILE && MK_FUSED_SERIAL
+    if (kSourceMarks && on) {
+        asm volatile("" ::"l"(src.y), "l"(w), "r"(src.kind) : "memory");
+        prof_phase(1);
+        hold_until_loaded(__ldcg(src.hp + c));
+        prof_phase(2);
+        hold_until_loaded(__ldg(w + c));
+        prof_phase(3);
+    }
+#endif
     if (on) {
         hv = __ldcg(src.hp + c);
         av = __ldcg(src.ao + c);

@@ -148,7 +148,8 @@ MAX_WAITS = 3
 # residual and the layer's norm) instead of waiting for NORM tasks; one QKV tile writes the residual rows h for the
 # next layer and one ROUTER tile the normed rows x the MoE items read.
 FLAG_FUSED_NORM, FLAG_WRITE_H, FLAG_WRITE_X = 1, 2, 4
-# a static GEMV record that issues its weights only once its input rows are read (the `qkv_late_weights` plan knob:
+# a static GEMV record that issues its weights only once its input rows are read (the `qkv_late_weights` and
+# `router_late_weights` plan knobs, in MK_LATE_WEIGHTS=1 builds;
 # the QKV tiles' copies then do not land while the router tiles read the same residual, the head of the b1 chain)
 FLAG_LATE_WEIGHTS = 8
 R = {name: i for i, name in enumerate(REC_FIELDS)}

@@ -228,6 +228,10 @@ class ModelPlan:
                                          # 0: off. Measured slower (H100, speed_20261206s31 call 1, in that
                                          # build): b1 8K 3.438-3.447 / 3.300-3.317 ms at 1 / 0 (+4.2%), 1K +3.9%,
                                          # 32K +3.8%: the QKV tiles then hold their SMs ~4 us longer
+    router_late_weights: int = 0         # the same for the router tiles (FLAG_LATE_WEIGHTS on their records, same
+                                         # switch): whether a fused router tile's inputs (5-6 us from its wait at
+                                         # b1, while a QKV tile's read 1 us sooner) wait behind its own 64 KB copy
+                                         # in flight. 0: off; unmeasured
     fused_norm: int = 1                  # steps of at most this many rows skip the per-row NORM tasks of layers >= 1:
                                          # QKV / router / MLP gate-up tiles normalise their own inputs (in registers:
                                          # fused_norm_smem_bytes). 8K, ms at 0 / 4 (804f4cb, one process): b1

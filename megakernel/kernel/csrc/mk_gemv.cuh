@@ -252,6 +252,14 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
     if (op == OP_QKV && threadIdx.x == 32 && (PI(l2_pf) & (MK_L2PF_OPROJ | MK_L2PF_NEXT_QKV)))
         l2_prefetch_shares(P, l, r0, nr);
     if (!fused && threadIdx.x < B) s_xrow[threadIdx.x] = xin + (size_t)threadIdx.x * xpitch;
+#if MK_SMALL_VEC >= 2
+    // fused_warm (ModelPlan.fused_warm): the fused norm once before the wait, writing only this tile's sX (the real
+    // pass overwrites it, thread by thread the same columns): its instructions and its immutable or final sources
+    // (the norm weights, the residual rows h) are then cached when the real pass runs. Its reads of the previous
+    // layer's outputs still being written are discarded.
+    if (fused && PI(fused_warm) && FUSED_NORM_IN_REGS(H))
+        fused_inputs_regs(P, l, 0, reinterpret_cast<bf16*>(smem + sm_x(P, R, T.K)), row_pitch(T.K));
+#endif
     if (!wait_rec(P, rec, ticket)) { drain_weights(); return false; }
     if (fused) {       // the rows' residual and norm straight into sX (the weights keep landing meanwhile)
         bf16* sX = reinterpret_cast<bf16*>(smem + sm_x(P, R, T.K));

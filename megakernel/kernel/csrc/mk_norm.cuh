@@ -149,10 +149,17 @@ __device__ __forceinline__ void norm_row(const Params& P, int l, const float* sH
 #ifndef MK_FUSED_SERIAL
 #define MK_FUSED_SERIAL 0
 #endif
-// (the value is in registers: the asm's inputs make it wait for the load, its memory clobber keeps later loads after)
-__device__ __forceinline__ void hold_until_loaded(uint4 v) {
-    asm volatile("" ::"r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+#if MK_PROFILE && MK_FUSED_SERIAL
+// Thread 0 stamps mark k once v has arrived: the timer read is predicated on a test of v's bits (both ways), so
+// neither the compiler nor ptxas can take it before the load's value is in registers, which an empty asm with v as
+// input does not ensure (it emits no instruction to wait on). The memory clobber keeps the next source's load after.
+__device__ __forceinline__ void mark_when_loaded(int k, uint4 v) {
+    long long t;
+    asm volatile("{\n .reg .pred p;\n setp.ne.u32 p, %1, 0x7fc00001;\n @p mov.u64 %0, %%globaltimer;\n"
+                 " @!p mov.u64 %0, %%globaltimer;\n}" : "=l"(t) : "r"(v.x ^ v.y ^ v.z ^ v.w) : "memory");
+    if (threadIdx.x == 0) s_pmark[k] = t;
 }
+#endif
 
 // NORM of layer l >= 1 with every load of a thread in flight at once (MK_SMALL_VEC=2, rows of H <= 8 * NT): thread
 // t owns columns 8t..8t+7 as above and issues its h, attention, MLP, norm-weight and first 8 experts' loads
@@ -176,12 +183,9 @@ __device__ __forceinline__ void residual_norm_fused(const Params& P, int l, int 
     for (int k = 0; k < 8; k++) yv[k] = z;
 #if MK_PROFILE && MK_FUSED_SERIAL
     if (kSourceMarks && on) {
-        asm volatile("" ::"l"(src.y), "l"(w), "r"(src.kind) : "memory");
-        prof_phase(1);
-        hold_until_loaded(__ldcg(src.hp + c));
-        prof_phase(2);
-        hold_until_loaded(__ldg(w + c));
-        prof_phase(3);
+        mark_when_loaded(1, make_uint4((unsigned)(size_t)src.y, (unsigned)(size_t)w, (unsigned)src.kind, 0u));
+        mark_when_loaded(2, __ldcg(src.hp + c));
+        mark_when_loaded(3, __ldg(w + c));
     }
 #endif
     if (on) {

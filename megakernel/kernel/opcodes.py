@@ -283,11 +283,12 @@ PROF_ITEM_GU, PROF_ITEM_DN, PROF_ITEM_O = 100, 101, 102   # pseudo-opcodes of Mo
 PROF_MARKS = {
     "NORM": ("residual loaded and summed", "normed and stored"),
     "TOPK": ("logits loaded (row 0's first max)", "experts chosen", "queue slots written", "pairs written"),
-    # (marks 1-3 in MK_FUSED_SERIAL=1 profiling builds only: the sources read one after another, mk_norm.cuh)
-    "ROUTER": ("inputs ready (fused: residual and norm)", "layer tables read (serial)", "h row read (serial)",
-               "norm weights read (serial)"),
-    "QKV": ("inputs ready (fused: residual and norm)", "layer tables read (serial)", "h row read (serial)",
-            "norm weights read (serial)"),
+    # (marks 1-3 in MK_FUSED_SERIAL profiling builds only, mk_norm.cuh: at 1 the sources read one after another,
+    # at 2 mark 1 when the normal loads have all arrived)
+    "ROUTER": ("inputs ready (fused: residual and norm)", "serial 1: layer tables read / 2: every source read",
+               "serial 1: h row read", "serial 1: norm weights read"),
+    "QKV": ("inputs ready (fused: residual and norm)", "serial 1: layer tables read / 2: every source read",
+            "serial 1: h row read", "serial 1: norm weights read"),
     "ATTN_COMBINE": ("log-sum-exps read", "split weights computed", "partials merged (thread 0)",
                      "a second, warm pass (MK_REPEAT_SMALL=2)"),
     "MOE_GATE_UP": ("next item claimed", "next tile issued (two buffers)", "inputs loaded"),

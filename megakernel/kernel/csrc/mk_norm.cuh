@@ -145,7 +145,8 @@ __device__ __forceinline__ void norm_row(const Params& P, int l, const float* sH
 // reads its sources one after another, thread 0 stamping marks 1-3 (opcodes.PROF_MARKS) as the layer tables, the
 // `h` row and the norm weights arrive, then reads them all again as the normal build does. Each mark minus the one
 // before is one source's own round trip under the layer head's traffic, which the normal build's single "inputs
-// ready" (5-6 us after the wait at b1) cannot split.
+// ready" (5-6 us after the wait at b1) cannot split. MK_FUSED_SERIAL=2: the normal build's loads, and mark 1 once
+// all of them have arrived, so "inputs ready" minus it is the sums' own time.
 #ifndef MK_FUSED_SERIAL
 #define MK_FUSED_SERIAL 0
 #endif
@@ -181,7 +182,7 @@ __device__ __forceinline__ void residual_norm_fused(const Params& P, int l, int 
     uint4 hv = z, av = z, mv = z, wv = z, yv[8];
 #pragma unroll
     for (int k = 0; k < 8; k++) yv[k] = z;
-#if MK_PROFILE && MK_FUSED_SERIAL
+#if MK_PROFILE && MK_FUSED_SERIAL == 1
     if (kSourceMarks && on) {
         mark_when_loaded(1, make_uint4((unsigned)(size_t)src.y, (unsigned)(size_t)w, (unsigned)src.kind, 0u));
         mark_when_loaded(2, __ldcg(src.hp + c));
@@ -197,6 +198,15 @@ __device__ __forceinline__ void residual_norm_fused(const Params& P, int l, int 
         for (int k = 0; k < 8; k++)
             if (k < ny) yv[k] = __ldcg(src.y + (size_t)k * C + c);
     }
+#if MK_PROFILE && MK_FUSED_SERIAL == 2
+    if (kSourceMarks && on) {       // mark 1 once every source above has arrived (before the sums)
+        uint4 all = make_uint4(hv.x ^ av.x ^ mv.x ^ wv.x, hv.y ^ av.y ^ mv.y ^ wv.y, hv.z ^ av.z ^ mv.z ^ wv.z,
+                               hv.w ^ av.w ^ mv.w ^ wv.w);
+#pragma unroll
+        for (int k = 0; k < 8; k++) { all.x ^= yv[k].x; all.y ^= yv[k].y; all.z ^= yv[k].z; all.w ^= yv[k].w; }
+        mark_when_loaded(1, all);
+    }
+#endif
     float v[8];
 #pragma unroll
     for (int j = 0; j < 8; j++) v[j] = 0.f;

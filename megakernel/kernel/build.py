@@ -118,7 +118,7 @@ KERNEL_SWITCHES = {"MK_GEMV_TC": 1, "MK_GEMV_B1": 1, "MK_SMALL_VEC": 2, "MK_MOE_
                    "MK_SMEM_ALIGN": 128, "MK_PG_TC_ACC": 1, "MK_ATTN_STATS": 0, "MK_EARLY_TABLES": 1,
                    "MK_ATTN_Q_ASYNC": 1, "MK_CLAIM_FIRST": 1, "MK_ATTN_PAD": 1, "MK_ATTN_ISSUE": 1,
                    "MK_ATTN_MATH": 1, "MK_LOADX_ASYNC": 1, "MK_LATE_WEIGHTS": 0,
-                   "MK_FUSED_SERIAL": 0}
+                   "MK_FUSED_SERIAL": 0, "MK_FUSED_TABLES_EARLY": 0}
 # switches whose default follows another's value: (switch, value of the other) -> this switch's default there
 # (MK_MOE_LOCAL=0's persistent loop spills 24 bytes beside attention's second variant; MK_CONST_TABLES=1's 8 bytes
 # beside attention's block table in shared memory, and 4 beside the bulk-copy attention: a CI run at f62e198)

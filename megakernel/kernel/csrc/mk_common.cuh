@@ -150,6 +150,11 @@ typedef __nv_bfloat16 bf16;
 // fields in one load with the op (three serial round trips before the next GEMV's tile was issued: two), and an
 // attention split's layer info, position and block-table offsets in one wave (four serial round trips before its
 // first copy: two, the second the block table's; session 24). 0: as before.
+// MK_FUSED_TABLES_EARLY: a fused router / QKV tile reads its norm's tables (mk_norm.cuh norm_tables) before its
+// dependency wait into registers (1), or after it (0)
+#ifndef MK_FUSED_TABLES_EARLY
+#define MK_FUSED_TABLES_EARLY 0
+#endif
 #ifndef MK_EARLY_TABLES
 #define MK_EARLY_TABLES 1
 #endif

@@ -189,13 +189,14 @@ __device__ __noinline__ void fused_inputs(const Params& P, int l, int flags, bf1
 // fused_inputs where FUSED_NORM_IN_REGS(H): each row's residual in registers (residual_norm_fused), the block sum
 // in the GEMV's reduction scratch (idle until gemv()). A function of its own: folded into fused_inputs, its
 // registers made the persistent loop spill in the (since removed) MK_TOPK_PACKED=0 build.
-__device__ __noinline__ void fused_inputs_regs(const Params& P, int l, int flags, bf16* sX, int pitch) {
+__device__ __noinline__ void fused_inputs_regs(const Params& P, int l, int flags, bf16* sX, int pitch,
+                                              NormTables t) {
     const int H = PI(H), Bm = PI(Bm), B = PI(B);
     float* red = reinterpret_cast<float*>(smem + SM_RED);
     for (int b = 0; b < B; b++) {
         bf16* hdst = (flags & MK_FLAG_WRITE_H) ? PP(bf16*, h) + ((size_t)l * Bm + b) * H : nullptr;
         bf16* xs = sX + (size_t)b * pitch;
-        residual_norm_fused<true>(P, l, b, red, xs, hdst);
+        residual_norm_fused<true>(P, l, b, t, red, xs, hdst);
         if ((flags & MK_FLAG_WRITE_X) && threadIdx.x < (H >> 3))   // the 8 columns this thread normed
             reinterpret_cast<uint4*>(PP(bf16*, x) + ((size_t)l * Bm + b) * H)[threadIdx.x] =
                 reinterpret_cast<const uint4*>(xs)[threadIdx.x];
@@ -257,14 +258,20 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
     // pass overwrites it, thread by thread the same columns): its instructions and its immutable or final sources
     // (the norm weights, the residual rows h) are then cached when the real pass runs. Its reads of the previous
     // layer's outputs still being written are discarded.
+    // MK_FUSED_TABLES_EARLY=1: the fused norm's tables read before the wait, into registers (their loads in flight
+    // while thread 0 spins), not after it (session 26's form, thread 0 reading them into shared memory before its
+    // spin, measured 7-8% slower and was removed)
+    NormTables nt{};
+    if (MK_FUSED_TABLES_EARLY && fused) nt = norm_tables(P, l);
     if (fused && PI(fused_warm) && FUSED_NORM_IN_REGS(H))
-        fused_inputs_regs(P, l, 0, reinterpret_cast<bf16*>(smem + sm_x(P, R, T.K)), row_pitch(T.K));
+        fused_inputs_regs(P, l, 0, reinterpret_cast<bf16*>(smem + sm_x(P, R, T.K)), row_pitch(T.K), norm_tables(P, l));
 #endif
     if (!wait_rec(P, rec, ticket)) { drain_weights(); return false; }
     if (fused) {       // the rows' residual and norm straight into sX (the weights keep landing meanwhile)
         bf16* sX = reinterpret_cast<bf16*>(smem + sm_x(P, R, T.K));
 #if MK_SMALL_VEC >= 2
-        if (FUSED_NORM_IN_REGS(H)) fused_inputs_regs(P, l, flags, sX, row_pitch(T.K));
+        if (FUSED_NORM_IN_REGS(H))
+            fused_inputs_regs(P, l, flags, sX, row_pitch(T.K), MK_FUSED_TABLES_EARLY ? nt : norm_tables(P, l));
         else
 #endif
             fused_inputs(P, l, flags, sX, reinterpret_cast<float*>(smem + x_end), row_pitch(T.K));

@@ -24,16 +24,31 @@ struct ResidualSrc {
     const uint4 *hp, *ao, *y, *mo;
     int kind, comb, ny;                      // the MLP kind, the shared experts' combination, the routed outputs
 };
-__device__ __forceinline__ ResidualSrc residual_src(const Params& P, int l, int row) {
+// The tables the residual and norm of layer l >= 1 read: layer l - 1's MoE index and MLP kind, and layer l's norm
+// weights (the final norm's for l == L). Fixed for the launch, so a fused tile may read them before its dependency
+// wait (MK_FUSED_TABLES_EARLY): after it, they are an L2 round trip of their own in front of the rows' loads (the b1
+// serial traces, session 33: 1.4-2.2 us of the router's and QKV tiles' 5-6 us from wait to inputs).
+struct NormTables {
+    int m, kind;
+    const uint4* w;
+};
+__device__ __forceinline__ NormTables norm_tables(const Params& P, int l) {
+    const int* li = layer_info(P, l - 1);
+    NormTables t;
+    t.m = li[LI_MOE_IDX];
+    t.kind = li[LI_MLP_KIND];
+    t.w = reinterpret_cast<const uint4*>(
+        (l == PI(L)) ? PP(const bf16*, final_norm) : reinterpret_cast<const bf16*>(layer_wptr(P, l)[WP_NORM]));
+    return t;
+}
+__device__ __forceinline__ ResidualSrc residual_src(const Params& P, int l, int row, int m, int kind) {
     const int H = PI(H), Bm = PI(Bm), topk = PI(topk), lp = l - 1;
-    const int* li = layer_info(P, lp);
-    const int m = li[LI_MOE_IDX];
     ResidualSrc r;
     r.hp = reinterpret_cast<const uint4*>(PP(const bf16*, h) + ((size_t)lp * Bm + row) * H);
     r.ao = reinterpret_cast<const uint4*>(PP(const bf16*, ao) + ((size_t)lp * Bm + row) * H);
     r.y = reinterpret_cast<const uint4*>(PP(const bf16*, y) + ((size_t)(m < 0 ? 0 : m) * Bm + row) * topk * H);
     r.mo = reinterpret_cast<const uint4*>(PP(const bf16*, mout) + ((size_t)lp * Bm + row) * H);
-    r.kind = li[LI_MLP_KIND];
+    r.kind = kind;
     r.comb = PI(shared_comb);
     r.ny = m >= 0 ? topk : 0;
     return r;
@@ -85,7 +100,8 @@ __device__ __forceinline__ void residual_row(const Params& P, int l, int row, fl
         for (int c = threadIdx.x; c < C; c += NT) unpack8(__ldg(e + c), sH + 8 * c);
         return;
     }
-    const ResidualSrc src = residual_src(P, l, row);
+    const int* li = layer_info(P, l - 1);
+    const ResidualSrc src = residual_src(P, l, row, li[LI_MOE_IDX], li[LI_MLP_KIND]);
     for (int c = threadIdx.x; c < C; c += NT) {
         const uint4 hv = __ldcg(src.hp + c), av = __ldcg(src.ao + c);
         const uint4 mv = src.kind != MK_MLP_NONE ? __ldcg(src.mo + c) : make_uint4(0, 0, 0, 0);
@@ -167,12 +183,12 @@ __device__ __forceinline__ void mark_when_loaded(int k, uint4 v) {
 // together (one L2 round trip where residual_row and norm_row take three or four), keeps the residual in registers,
 // and normalises it there. The same sums in the same order as residual_row + norm_row (bit-identical results).
 template <bool kSourceMarks = false>    // true: a fused tile's norm (MK_FUSED_SERIAL's marks), false: NORM's
-__device__ __forceinline__ void residual_norm_fused(const Params& P, int l, int row, float* red, bf16* x,
-                                                    bf16* hout) {
-    const int H = PI(H), C = H >> 3, L = PI(L);
-    const ResidualSrc src = residual_src(P, l, row);
-    const uint4* w = reinterpret_cast<const uint4*>(
-        (l == L) ? PP(const bf16*, final_norm) : reinterpret_cast<const bf16*>(layer_wptr(P, l)[WP_NORM]));
+// t: the layer's tables (norm_tables).
+__device__ __forceinline__ void residual_norm_fused(const Params& P, int l, int row, const NormTables& t, float* red,
+                                                    bf16* x, bf16* hout) {
+    const int H = PI(H), C = H >> 3;
+    const ResidualSrc src = residual_src(P, l, row, t.m, t.kind);
+    const uint4* w = t.w;
     const int ny = src.ny;
     const float eps = PF(norm_eps);
     const bool rms = PI(norm_type) == MK_NORM_RMS;
@@ -321,7 +337,7 @@ __device__ __noinline__ bool task_norm(const Params& P, const int* rec, int tick
         if (rep) __syncthreads();
 #if MK_SMALL_VEC >= 2
         if (l > 0 && (H >> 3) <= NT) {
-            residual_norm_fused(P, l, row, sH + H, PP(bf16*, x) + ((size_t)l * Bm + row) * H,
+            residual_norm_fused(P, l, row, norm_tables(P, l), sH + H, PP(bf16*, x) + ((size_t)l * Bm + row) * H,
                                 PP(bf16*, h) + ((size_t)l * Bm + row) * H);
             prof_phase(1);
             continue;

@@ -148,8 +148,7 @@ MAX_WAITS = 3
 # residual and the layer's norm) instead of waiting for NORM tasks; one QKV tile writes the residual rows h for the
 # next layer and one ROUTER tile the normed rows x the MoE items read.
 FLAG_FUSED_NORM, FLAG_WRITE_H, FLAG_WRITE_X = 1, 2, 4
-# a static GEMV record that issues its weights only once its input rows are read (the `qkv_late_weights` and
-# `router_late_weights` plan knobs, in MK_LATE_WEIGHTS=1 builds;
+# a static GEMV record that issues its weights only once its input rows are read (the `qkv_late_weights` plan knob:
 # the QKV tiles' copies then do not land while the router tiles read the same residual, the head of the b1 chain)
 FLAG_LATE_WEIGHTS = 8
 R = {name: i for i, name in enumerate(REC_FIELDS)}
@@ -280,15 +279,16 @@ PROF_BLOCK_INTS = len(PROF_BLOCK_FIELDS)
 PROF_ITEM_GU, PROF_ITEM_DN, PROF_ITEM_O = 100, 101, 102   # pseudo-opcodes of MoE work items (gate/up tile, down
                                                          # tile, O-projection tile in the queue)
 # What each mark of a task kind means (the phase that ends at it); kinds without an entry take none.
+_FUSED_MARKS = ("inputs ready (fused: residual and norm)",
+                "serial 1: layer tables read / 2: every source read / 3: ao row read",
+                "serial 1: h row read / 3: mo row read", "serial 1: norm weights read / 3: the expert rows y read")
 PROF_MARKS = {
     "NORM": ("residual loaded and summed", "normed and stored"),
     "TOPK": ("logits loaded (row 0's first max)", "experts chosen", "queue slots written", "pairs written"),
-    # (marks 1-3 in MK_FUSED_SERIAL profiling builds only, mk_norm.cuh: at 1 the sources read one after another,
+    # (marks 1-3 in MK_FUSED_SERIAL profiling builds only, mk_norm.cuh: at 1 and 3 sources read one after another,
     # at 2 mark 1 when the normal loads have all arrived)
-    "ROUTER": ("inputs ready (fused: residual and norm)", "serial 1: layer tables read / 2: every source read",
-               "serial 1: h row read", "serial 1: norm weights read"),
-    "QKV": ("inputs ready (fused: residual and norm)", "serial 1: layer tables read / 2: every source read",
-            "serial 1: h row read", "serial 1: norm weights read"),
+    "ROUTER": _FUSED_MARKS,
+    "QKV": _FUSED_MARKS,
     "ATTN_COMBINE": ("log-sum-exps read", "split weights computed", "partials merged (thread 0)",
                      "a second, warm pass (MK_REPEAT_SMALL=2)"),
     "MOE_GATE_UP": ("next item claimed", "next tile issued (two buffers)", "inputs loaded"),

@@ -228,10 +228,6 @@ class ModelPlan:
                                          # 0: off. Measured slower (H100, speed_20261206s31 call 1, in that
                                          # build): b1 8K 3.438-3.447 / 3.300-3.317 ms at 1 / 0 (+4.2%), 1K +3.9%,
                                          # 32K +3.8%: the QKV tiles then hold their SMs ~4 us longer
-    router_late_weights: int = 0         # the same for the router tiles (FLAG_LATE_WEIGHTS on their records, same
-                                         # switch): whether a fused router tile's inputs (5-6 us from its wait at
-                                         # b1, while a QKV tile's read 1 us sooner) wait behind its own 64 KB copy
-                                         # in flight. 0: off; unmeasured
     fused_norm: int = 1                  # steps of at most this many rows skip the per-row NORM tasks of layers >= 1:
                                          # QKV / router / MLP gate-up tiles normalise their own inputs (in registers:
                                          # fused_norm_smem_bytes). 8K, ms at 0 / 4 (804f4cb, one process): b1
@@ -272,7 +268,10 @@ class ModelPlan:
                                          # TOPK: its code is then in the instruction cache, the residual rows h and
                                          # the norm weights (final before the wait) in L1/L2, when the real pass
                                          # runs. The b1 traces put the fused inputs 5-6 us after the wait, while
-                                         # TOPK's cold pass took ~5 us and a warm one ~2.9. 0: off; unmeasured
+                                         # TOPK's cold pass took ~5 us and a warm one ~2.9. 0: off. H100, session
+                                         # 33, one process: b1 8K 3.305 / 3.305 vs 3.308 / 3.293 ms, 1K +0.4%, b8
+                                         # even; the real pass is ~2 us shorter, but the dry pass (same loads,
+                                         # cold code) ends after the layer's input is ready and the wait is later
     router_topk: int = 0                 # 1: no TOPK task; the router tile that completes its layer's router
                                          # counter (an acq_rel add tells which) routes the layer and signals the
                                          # top-k counter the workers wait on: one dependency hop (~1.5-2 us) less.

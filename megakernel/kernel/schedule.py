@@ -265,7 +265,6 @@ def _template(plan: ModelPlan, B: int) -> tuple[list, dict[int, int], dict[int, 
             x_waits, fl = [(c_x, B)], 0
             norm_waits = [(c_x, B)] if fuse else []      # the MoE items read the NORM's x, not a router tile's
         r_waits, r_fl = (prev_done, O.FLAG_FUSED_NORM) if fuse else (x_waits, fl)
-        r_fl |= O.FLAG_LATE_WEIGHTS if plan.tb <= plan.router_late_weights else 0
         # 2. router tiles and the top-k, ahead of the QKV tiles by default (`router_first`): router -> top-k ->
         #    experts is the longer of a layer's two branches; listed after the QKV tiles (160 then), the router tiles
         #    and the top-k were claimed in the blocks' second wave, ~8 us after the norm

@@ -450,20 +450,6 @@ def test_qkv_late_weights_flags_the_small_plans_qkv_tiles():
                                            qkv_late_weights=1), seeds=[3, 8])
 
 
-def test_router_late_weights_flags_the_small_plans_router_tiles():
-    """router_late_weights: the same flag on the router records of plans of at most that many rows, and on nothing
-    else; the step stays exact in random orders."""
-    cfg, w, st, nxt = _setup("north_like", 1, seed=73)
-    plan = ModelPlan(cfg, st.layout, max_batch=1, n_workers=3, split_tokens=4, router_late_weights=1)
-    tl = build_tasks(plan, 1, np.full((1, plan.n_groups), 2))
-    late = (tl.records[:, O.R["flags"]] & O.FLAG_LATE_WEIGHTS) != 0
-    assert late.any() and np.array_equal(late, tl.records[:, 0] == O.Op.ROUTER)
-    wide = ModelPlan(cfg, st.layout, max_batch=4, tile_batch=4, n_workers=3, split_tokens=4, router_late_weights=1)
-    tl = build_tasks(wide, 4, np.full((4, wide.n_groups), 2))
-    assert not (tl.records[:, O.R["flags"]] & O.FLAG_LATE_WEIGHTS).any()
-    _check_step(cfg, w, st, nxt, plan, seeds=[4, 9])
-
-
 def test_tile_kb_tilings_on_north_dims():
     """tile_kb=192 at North dims: the launches of one row get 192 KB gate/up tiles (24 rows per half, no power of
     two) and O-projection tiles (24 rows of 4096), 48-row QKV tiles (qkv_fill_rows: 112 tiles, none across two kv

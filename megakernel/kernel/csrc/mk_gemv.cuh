@@ -240,7 +240,7 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
     const size_t x_end = sm_x_end(P, R, T.K, B);
     if (!smem_fits(P, x_end + (fused ? fused_staged_bytes(H) : 0), ticket)) { drain_weights(); return false; }
     int buf = 0;
-    // FLAG_LATE_WEIGHTS (plan knobs qkv_late_weights / router_late_weights, in builds with MK_LATE_WEIGHTS=1): the weights after the input
+    // FLAG_LATE_WEIGHTS (plan knob qkv_late_weights, in builds with MK_LATE_WEIGHTS=1): the weights after the input
     // rows are read, below (a switch, so the default build's code stays the one measured until the knob is)
     const bool late = MK_LATE_WEIGHTS && pf_buf < 0 && (flags & MK_FLAG_LATE_WEIGHTS) != 0;
     if (pf_buf >= 0) {

@@ -162,7 +162,9 @@ __device__ __forceinline__ void norm_row(const Params& P, int l, const float* sH
 // `h` row and the norm weights arrive, then reads them all again as the normal build does. Each mark minus the one
 // before is one source's own round trip under the layer head's traffic, which the normal build's single "inputs
 // ready" (5-6 us after the wait at b1) cannot split. MK_FUSED_SERIAL=2: the normal build's loads, and mark 1 once
-// all of them have arrived, so "inputs ready" minus it is the sums' own time.
+// all of them have arrived (thread 0's), so "inputs ready" minus it is the sums and the block's barriers.
+// MK_FUSED_SERIAL=3: as 1 for the sources written moments before the wait: the attention output ao, the MLP output
+// mo and the 8 expert rows y (session 33 left them as the slow part: h and the weights take 0.4-0.8 us each).
 #ifndef MK_FUSED_SERIAL
 #define MK_FUSED_SERIAL 0
 #endif
@@ -203,6 +205,18 @@ __device__ __forceinline__ void residual_norm_fused(const Params& P, int l, int 
         mark_when_loaded(1, make_uint4((unsigned)(size_t)src.y, (unsigned)(size_t)w, (unsigned)src.kind, 0u));
         mark_when_loaded(2, __ldcg(src.hp + c));
         mark_when_loaded(3, __ldg(w + c));
+    }
+#elif MK_PROFILE && MK_FUSED_SERIAL == 3
+    if (kSourceMarks && on) {        // the recently written sources, one after another: ao, mo, the 8 expert rows
+        mark_when_loaded(1, __ldcg(src.ao + c));
+        mark_when_loaded(2, src.kind != MK_MLP_NONE ? __ldcg(src.mo + c) : make_uint4(1u, 0u, 0u, 0u));
+        uint4 all = make_uint4(0u, 0u, 0u, 0u);
+        uint4 yk[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) yk[k] = k < ny ? __ldcg(src.y + (size_t)k * C + c) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+        for (int k = 0; k < 8; k++) { all.x ^= yk[k].x; all.y ^= yk[k].y; all.z ^= yk[k].z; all.w ^= yk[k].w; }
+        mark_when_loaded(3, all);
     }
 #endif
     if (on) {

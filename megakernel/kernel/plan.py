@@ -238,7 +238,9 @@ class ModelPlan:
                                          # router tiles do (on the routing's critical path), and a NORM task per row
                                          # writes x and h for the QKV tiles and the MoE items: ~160 QKV tiles per
                                          # layer then read x (4 KB) instead of recomputing the residual (~44 KB of L2
-                                         # reads each, ~4 us per tile at b1, tl_b1_e1222bb). Not yet measured
+                                         # reads each, ~4 us per tile at b1, tl_b1_e1222bb). 0 measured slower
+                                         # (sessions 30 and 33, H100: b1 8K +0.5%, +0.4%; with 9 readers instead
+                                         # of ~120 the router's inputs arrived no sooner)
     tile_batch: int = 0                  # rows the GEMV tiles leave room for (0: max_batch); launches of at most
                                          # this many rows may use the larger tiles (the backend's `batch_tiles`)
     o_queue: int = 1                     # plans of at most this many rows (tile_batch) make each MoE layer's
@@ -265,13 +267,15 @@ class ModelPlan:
     fused_warm: int = 0                  # launches of at most this many rows: a fused-norm tile (router, QKV) runs
                                          # its fused norm once before its dependency wait as a dry pass (results
                                          # kept in its own shared memory, no global writes), as topk_warm does for
-                                         # TOPK: its code is then in the instruction cache, the residual rows h and
-                                         # the norm weights (final before the wait) in L1/L2, when the real pass
-                                         # runs. The b1 traces put the fused inputs 5-6 us after the wait, while
+                                         # TOPK: its code is then in the instruction cache, the residual rows h (L2)
+                                         # and the norm weights (L1, L2) when the real pass runs. Fused dense
+                                         # MLP_GU tiles run it too; only launches with fused tiles (B <= fused_norm,
+                                         # 1 by default) have any. The b1 traces put the fused inputs 5-6 us after the wait, while
                                          # TOPK's cold pass took ~5 us and a warm one ~2.9. 0: off. H100, session
-                                         # 33, one process: b1 8K 3.305 / 3.305 vs 3.308 / 3.293 ms, 1K +0.4%, b8
-                                         # even; the real pass is ~2 us shorter, but the dry pass (same loads,
-                                         # cold code) ends after the layer's input is ready and the wait is later
+                                         # 33, one process: b1 8K 3.305 / 3.305 vs 3.308 / 3.293 ms, 1K +0.4% (b8:
+                                         # no fused tiles); the real pass is ~2 us shorter, but the dry pass (same
+                                         # loads, cold code) ends after the layer's input is ready and the wait is
+                                         # later
     router_topk: int = 0                 # 1: no TOPK task; the router tile that completes its layer's router
                                          # counter (an acq_rel add tells which) routes the layer and signals the
                                          # top-k counter the workers wait on: one dependency hop (~1.5-2 us) less.
@@ -413,8 +417,10 @@ class ModelPlan:
                                          # of the layer's O weights (1) and/or their rows of the next layer's QKV
                                          # (2), evict_last with 4; with 16, each paged worker prefetches, at its
                                          # first down item, the layer's residual rows and the next layer's norm
-                                         # weights (not yet measured; TOPK's prefetch of the next router and norm
-                                         # weights, bit 8 in session 32, measured even at b1-b16 and was removed).
+                                         # weights (16 / 20, session 33 call 1, H100: b1 8K and 1K even, b8 and
+                                         # b16 within 0.2%: those lines are L2 hits anyway; TOPK's prefetch of the
+                                         # next router and norm weights, bit 8 in session 32, measured even at
+                                         # b1-b16 and was removed).
                                          # At b1 the routing chain (~11 us a layer) leaves HBM mostly idle while
                                          # the O weights are read at the layer's end
     topk_warm: int = 1                   # 1: TOPK runs a dry pass of the previous MoE layer's routing (into shared

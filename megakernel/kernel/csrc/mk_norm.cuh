@@ -26,8 +26,8 @@ struct ResidualSrc {
 };
 // The tables the residual and norm of layer l >= 1 read: layer l - 1's MoE index and MLP kind, and layer l's norm
 // weights (the final norm's for l == L). Fixed for the launch, so a fused tile may read them before its dependency
-// wait (MK_FUSED_TABLES_EARLY): after it, they are an L2 round trip of their own in front of the rows' loads (the b1
-// serial traces, session 33: 1.4-2.2 us of the router's and QKV tiles' 5-6 us from wait to inputs).
+// wait (MK_FUSED_TABLES_EARLY). Read alone after the wait they took 1.4-2.2 us (session 33's serial traces, b1), but
+// read before it the rows' loads still arrived ~3.5 us after the wait: they were not what held them.
 struct NormTables {
     int m, kind;
     const uint4* w;

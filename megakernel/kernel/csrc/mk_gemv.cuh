@@ -189,8 +189,15 @@ __device__ __noinline__ void fused_inputs(const Params& P, int l, int flags, bf1
 // fused_inputs where FUSED_NORM_IN_REGS(H): each row's residual in registers (residual_norm_fused), the block sum
 // in the GEMV's reduction scratch (idle until gemv()). A function of its own: folded into fused_inputs, its
 // registers made the persistent loop spill in the (since removed) MK_TOPK_PACKED=0 build.
+// (MK_FUSED_TABLES_EARLY=1: the tables come from the caller, read before its wait; 0: read here, after it. Passed in
+// by value in the default build too, task_gemv's registers made mk_decode spill in the MK_ATTN_BULK=0 build.)
+#if MK_FUSED_TABLES_EARLY
 __device__ __noinline__ void fused_inputs_regs(const Params& P, int l, int flags, bf16* sX, int pitch,
                                               NormTables t) {
+#else
+__device__ __noinline__ void fused_inputs_regs(const Params& P, int l, int flags, bf16* sX, int pitch) {
+    const NormTables t = norm_tables(P, l);
+#endif
     const int H = PI(H), Bm = PI(Bm), B = PI(B);
     float* red = reinterpret_cast<float*>(smem + SM_RED);
     for (int b = 0; b < B; b++) {
@@ -261,17 +268,22 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
     // MK_FUSED_TABLES_EARLY=1: the fused norm's tables read before the wait, into registers (their loads in flight
     // while thread 0 spins), not after it (session 26's form, thread 0 reading them into shared memory before its
     // spin, measured 7-8% slower and was removed)
+#if MK_FUSED_TABLES_EARLY
     NormTables nt{};
-    if (MK_FUSED_TABLES_EARLY && fused) nt = norm_tables(P, l);
+    if (fused) nt = norm_tables(P, l);
+#define MK_FUSED_TABLES_ARG , nt
+#else
+#define MK_FUSED_TABLES_ARG
+#endif
     if (fused && PI(fused_warm) && FUSED_NORM_IN_REGS(H))
-        fused_inputs_regs(P, l, 0, reinterpret_cast<bf16*>(smem + sm_x(P, R, T.K)), row_pitch(T.K), norm_tables(P, l));
+        fused_inputs_regs(P, l, 0, reinterpret_cast<bf16*>(smem + sm_x(P, R, T.K)), row_pitch(T.K) MK_FUSED_TABLES_ARG);
 #endif
     if (!wait_rec(P, rec, ticket)) { drain_weights(); return false; }
     if (fused) {       // the rows' residual and norm straight into sX (the weights keep landing meanwhile)
         bf16* sX = reinterpret_cast<bf16*>(smem + sm_x(P, R, T.K));
 #if MK_SMALL_VEC >= 2
         if (FUSED_NORM_IN_REGS(H))
-            fused_inputs_regs(P, l, flags, sX, row_pitch(T.K), MK_FUSED_TABLES_EARLY ? nt : norm_tables(P, l));
+            fused_inputs_regs(P, l, flags, sX, row_pitch(T.K) MK_FUSED_TABLES_ARG);
         else
 #endif
             fused_inputs(P, l, flags, sX, reinterpret_cast<float*>(smem + x_end), row_pitch(T.K));

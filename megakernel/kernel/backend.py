@@ -416,7 +416,6 @@ class MegakernelBackend(DecodeBackend):
             I_mlp=p.I_mlp, V=cfg.vocab_size, L=p.L, n_groups=p.n_groups, block_size=p.layout.block_size,
             split_tokens=si.split_tokens, attn_stages=p.attn_stages, attn_dsplit=int(si.B <= p.attn_dsplit_rows),
             l2_pf=p.l2_prefetch, topk_warm=p.topk_warm, worker_claim_early=p.worker_claim_early,
-            fused_warm=int(si.B <= p.fused_warm),
             cpl=p.cpl, c_gu=p.c_gu,
             gu_rows=p.gu_rows, gu_tiles=p.gu_tiles, dn_rows=p.dn_rows, dn_tiles=p.dn_tiles, n_slots=p.n_slots,
             wbuf=p.wbuf, moe_wbuf=p.moe_wbuf, lm_wbuf=p.lm_wbuf, claim_ahead=p.claim_ahead,

@@ -254,8 +254,6 @@ PARAM_FIELDS = (
     "topk_warm",
     # 1: a MoE worker claims its first item before its wait for the routing (ModelPlan.worker_claim_early)
     "worker_claim_early",
-    # 1: a fused-norm GEMV tile runs its fused norm as a dry pass before its wait (ModelPlan.fused_warm)
-    "fused_warm",
 )
 NUM_PARAMS = len(PARAM_FIELDS)
 P = {name: i for i, name in enumerate(PARAM_FIELDS)}

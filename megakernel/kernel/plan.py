@@ -264,18 +264,6 @@ class ModelPlan:
                                          # atomic on the layer's one queue counter that ~130 workers hit at once
                                          # when TOPK signals. Not with worker_topk. H100, session 32, one process:
                                          # even at b1 1K-32K, b8, b16 (b1 8K 3.275-3.276 vs 3.273-3.288 ms)
-    fused_warm: int = 0                  # launches of at most this many rows: a fused-norm tile (router, QKV) runs
-                                         # its fused norm once before its dependency wait as a dry pass (results
-                                         # kept in its own shared memory, no global writes), as topk_warm does for
-                                         # TOPK: its code is then in the instruction cache, the residual rows h (L2)
-                                         # and the norm weights (L1, L2) when the real pass runs. Fused dense
-                                         # MLP_GU tiles run it too; only launches with fused tiles (B <= fused_norm,
-                                         # 1 by default) have any. The b1 traces put the fused inputs 5-6 us after the wait, while
-                                         # TOPK's cold pass took ~5 us and a warm one ~2.9. 0: off. H100, session
-                                         # 33, one process: b1 8K 3.305 / 3.305 vs 3.308 / 3.293 ms, 1K +0.4% (b8:
-                                         # no fused tiles); the real pass is ~2 us shorter, but the dry pass (same
-                                         # loads, cold code) ends after the layer's input is ready and the wait is
-                                         # later
     router_topk: int = 0                 # 1: no TOPK task; the router tile that completes its layer's router
                                          # counter (an acq_rel add tells which) routes the layer and signals the
                                          # top-k counter the workers wait on: one dependency hop (~1.5-2 us) less.

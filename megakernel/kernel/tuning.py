@@ -19,7 +19,7 @@ TUNING_KEYS = ("split_tokens", "attn_stages", "n_workers", "oproj_first", "qkv_b
                "moe_tile_kb", "moe_pages_claim_late", "workers_early",
                "moe_pages_from", "moe_pages_tile_kb", "dn_lag", "slot_pairs", "moe_pages_x_item",
                "moe_pages_tile_kb_1row", "attn_dsplit_rows", "l2_prefetch", "moe_pages_early", "o_item_kb", "topk_warm",
-               "o_workers_after", "o_workers_after_2row", "split_waves", "worker_claim_early", "fused_warm")
+               "o_workers_after", "o_workers_after_2row", "split_waves", "worker_claim_early")
 DEFAULT_TUNING = {"batch_tiles": 1}     # per-batch tilings: measured ahead (b1 8K 5.44 vs 5.52 ms), and the prefetch
                                         # and expert-ring layouts size their buffers by the launch's rows
 

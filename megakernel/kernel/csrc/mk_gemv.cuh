@@ -261,10 +261,6 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
         l2_prefetch_shares(P, l, r0, nr);
     if (!fused && threadIdx.x < B) s_xrow[threadIdx.x] = xin + (size_t)threadIdx.x * xpitch;
 #if MK_SMALL_VEC >= 2
-    // fused_warm (ModelPlan.fused_warm): the fused norm once before the wait, writing only this tile's sX (the real
-    // pass overwrites it, thread by thread the same columns): its instructions and its immutable or final sources
-    // (the norm weights, the residual rows h) are then cached when the real pass runs. Its reads of the previous
-    // layer's outputs still being written are discarded.
     // MK_FUSED_TABLES_EARLY=1: the fused norm's tables read before the wait, into registers (their loads in flight
     // while thread 0 spins), not after it (session 26's form, thread 0 reading them into shared memory before its
     // spin, measured 7-8% slower and was removed)
@@ -275,8 +271,6 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
 #else
 #define MK_FUSED_TABLES_ARG
 #endif
-    if (fused && PI(fused_warm) && FUSED_NORM_IN_REGS(H))
-        fused_inputs_regs(P, l, 0, reinterpret_cast<bf16*>(smem + sm_x(P, R, T.K)), row_pitch(T.K) MK_FUSED_TABLES_ARG);
 #endif
     if (!wait_rec(P, rec, ticket)) { drain_weights(); return false; }
     if (fused) {       // the rows' residual and norm straight into sX (the weights keep landing meanwhile)

@@ -189,8 +189,8 @@ __device__ __noinline__ void fused_inputs(const Params& P, int l, int flags, bf1
 // fused_inputs where FUSED_NORM_IN_REGS(H): each row's residual in registers (residual_norm_fused), the block sum
 // in the GEMV's reduction scratch (idle until gemv()). A function of its own: folded into fused_inputs, its
 // registers made the persistent loop spill in the (since removed) MK_TOPK_PACKED=0 build.
-// (MK_FUSED_TABLES_EARLY=1: the tables come from the caller, read before its wait; 0: read here, after it. Passed in
-// by value in the default build too, task_gemv's registers made mk_decode spill in the MK_ATTN_BULK=0 build.)
+// (MK_FUSED_TABLES_EARLY=1: the norm's tables come from the caller, read before its wait; 0: read here, after it,
+// so the default build's task_gemv holds no registers for them across the wait.)
 #if MK_FUSED_TABLES_EARLY
 __device__ __noinline__ void fused_inputs_regs(const Params& P, int l, int flags, bf16* sX, int pitch,
                                               NormTables t) {
@@ -279,6 +279,7 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
         if (FUSED_NORM_IN_REGS(H))
             fused_inputs_regs(P, l, flags, sX, row_pitch(T.K) MK_FUSED_TABLES_ARG);
         else
+#undef MK_FUSED_TABLES_ARG
 #endif
             fused_inputs(P, l, flags, sX, reinterpret_cast<float*>(smem + x_end), row_pitch(T.K));
     } else {

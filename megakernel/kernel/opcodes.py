@@ -277,9 +277,10 @@ PROF_BLOCK_INTS = len(PROF_BLOCK_FIELDS)
 PROF_ITEM_GU, PROF_ITEM_DN, PROF_ITEM_O = 100, 101, 102   # pseudo-opcodes of MoE work items (gate/up tile, down
                                                          # tile, O-projection tile in the queue)
 # What each mark of a task kind means (the phase that ends at it); kinds without an entry take none.
-_FUSED_MARKS = ("inputs ready (fused: residual and norm)",
-                "serial 1: layer tables read / 2: every source read / 3: ao row read",
-                "serial 1: h row read / 3: mo row read", "serial 1: norm weights read / 3: the expert rows y read")
+_FUSED_MARKS = ("inputs ready (fused: residual and norm; serial 4: its second pass)",
+                "serial 1: layer tables read / 2: every source read / 3: ao row read / 4: first pass done",
+                "serial 1: h row read / 3: mo row read / 4: first GEMV done",
+                "serial 1: norm weights read / 3: the expert rows y read")
 PROF_MARKS = {
     "NORM": ("residual loaded and summed", "normed and stored"),
     "TOPK": ("logits loaded (row 0's first max)", "experts chosen", "queue slots written", "pairs written"),

@@ -277,7 +277,13 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
         bf16* sX = reinterpret_cast<bf16*>(smem + sm_x(P, R, T.K));
 #if MK_SMALL_VEC >= 2
         if (FUSED_NORM_IN_REGS(H))
+        {
             fused_inputs_regs(P, l, flags, sX, row_pitch(T.K) MK_FUSED_TABLES_ARG);
+#if MK_PROFILE && MK_FUSED_SERIAL == 4
+            prof_phase(1);                   // the first pass's end; "inputs ready" (mark 0) is the second's
+            fused_inputs_regs(P, l, flags, sX, row_pitch(T.K) MK_FUSED_TABLES_ARG);
+#endif
+        }
         else
 #undef MK_FUSED_TABLES_ARG
 #endif
@@ -292,6 +298,12 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
     }
     wait_weights(buf);
     gemv(P, buf, R, T.K, B);
+#if MK_PROFILE && MK_FUSED_SERIAL == 4
+    if (fused) {                             // mark 2: the first GEMV's end; "computed" is the second's
+        if (threadIdx.x == 0) s_pmark[2] = s_prof[PS_COMPUTED];
+        gemv(P, buf, R, T.K, B);
+    }
+#endif
     const float* sOut = reinterpret_cast<const float*>(smem + SM_OUT);
     switch (op) {
         case OP_QKV: {

@@ -106,6 +106,8 @@ L2PF_OPROJ = 1               # its share of the layer's O-projection weights (re
 L2PF_NEXT_QKV = 2            # its own rows of the next layer's QKV weights (read one layer later)
 L2PF_EVICT_LAST = 4          # the prefetched lines with priority evict_last (else evict_normal); weights stream
                              # evict_first, so either outlives them
+L2PF_AFTER_GEMV = 32         # with 1 or 2: the QKV tile prefetches after its GEMV (the routing window, when the
+                             # layer's QKV copies have landed) instead of beside its own weights' issue (their window)
 L2PF_NEXT_INPUTS = 16        # (each paged worker's loader, at its first down item) this layer's residual rows h and
                              # the next layer's norm weights: the next layer's fused norms read h ~45 us after it
                              # was written, and the b1 traces put the fused norms' inputs 5-6 us after their wait
@@ -342,7 +344,7 @@ def generate_header() -> str:
                   PROF_N_MARKS=len(PROF_MARK_FIELDS),
                   PROF_BLOCK_INTS=PROF_BLOCK_INTS, PROF_ITEM_GU=PROF_ITEM_GU, PROF_ITEM_DN=PROF_ITEM_DN, PROF_ITEM_O=PROF_ITEM_O,
                   DN_LAG_MIN=DN_LAG_MIN, L2PF_OPROJ=L2PF_OPROJ, L2PF_NEXT_QKV=L2PF_NEXT_QKV, L2PF_EVICT_LAST=L2PF_EVICT_LAST,
-                  L2PF_NEXT_INPUTS=L2PF_NEXT_INPUTS)
+                  L2PF_NEXT_INPUTS=L2PF_NEXT_INPUTS, L2PF_AFTER_GEMV=L2PF_AFTER_GEMV)
     lines += [f"#define MK_{k} {v}" for k, v in consts.items()]
     lines.append("")
     lines += [f"#define OP_{op.name} {int(op)}" for op in Op]

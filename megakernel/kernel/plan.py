@@ -403,7 +403,9 @@ class ModelPlan:
                                          # b16 even (75d732c, one process)
     l2_prefetch: int = 0                 # bits of opcodes.L2PF_*: a layer's QKV tiles prefetch into L2 their share
                                          # of the layer's O weights (1) and/or their rows of the next layer's QKV
-                                         # (2), evict_last with 4; with 16, each paged worker prefetches, at its
+                                         # (2), evict_last with 4, after the tile's GEMV (the routing window)
+                                         # instead of beside its weights' issue with 32; with 16, each paged
+                                         # worker prefetches, at its
                                          # first down item, the layer's residual rows and the next layer's norm
                                          # weights (16 / 20, session 33 call 1, H100: b1 8K and 1K even, b8 and
                                          # b16 within 0.2%: those lines are L2 hits anyway; TOPK's prefetch of the

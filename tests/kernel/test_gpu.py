@@ -73,12 +73,13 @@ def test_tiny_matches_torch(variant, B):
 
 
 @needs_sm90
-@pytest.mark.parametrize("knobs", [dict(l2_prefetch=20), dict(worker_claim_early=1),
+@pytest.mark.parametrize("knobs", [dict(l2_prefetch=20), dict(l2_prefetch=39), dict(worker_claim_early=1),
                                    dict(worker_claim_early=1, moe_pages=0)])
 @pytest.mark.parametrize("B", [1, 8])
 def test_tiny_matches_torch_under_plan_knobs(knobs, B):
     """The plan knobs under measurement (session 32) keep the step exact: the workers' L2 prefetch of the next
-    layer's residual inputs, and their claims before the routing (on the paged worker and on the plain one)."""
+    layer's residual inputs, the QKV tiles' prefetch of the O and next QKV weights after their GEMV (session 34),
+    and the workers' claims before the routing (on the paged worker and on the plain one)."""
     from megakernel.kernel.backend import MegakernelBackend
 
     variant = sorted(VARIANTS)[-1]

@@ -257,7 +257,8 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
         prof_mark(PS_ISSUED);
     }
     prefetch_next(P, buf ^ 1);
-    if (op == OP_QKV && threadIdx.x == 32 && (PI(l2_pf) & (MK_L2PF_OPROJ | MK_L2PF_NEXT_QKV)))
+    if (op == OP_QKV && threadIdx.x == 32 && (PI(l2_pf) & (MK_L2PF_OPROJ | MK_L2PF_NEXT_QKV))
+        && !(PI(l2_pf) & MK_L2PF_AFTER_GEMV))
         l2_prefetch_shares(P, l, r0, nr);
     if (!fused && threadIdx.x < B) s_xrow[threadIdx.x] = xin + (size_t)threadIdx.x * xpitch;
 #if MK_SMALL_VEC >= 2
@@ -298,6 +299,9 @@ __device__ bool task_gemv(const Params& P, const int* rec, int ticket, int pf_bu
     }
     wait_weights(buf);
     gemv(P, buf, R, T.K, B);
+    if (op == OP_QKV && threadIdx.x == 32 && (PI(l2_pf) & (MK_L2PF_OPROJ | MK_L2PF_NEXT_QKV))
+        && (PI(l2_pf) & MK_L2PF_AFTER_GEMV))
+        l2_prefetch_shares(P, l, r0, nr);    // (in the routing window, the layer's QKV copies landed)
 #if MK_PROFILE && MK_FUSED_SERIAL == 4
     if (fused) {                             // mark 2: the first GEMV's end; "computed" is the second's
         if (threadIdx.x == 0) s_pmark[2] = s_prof[PS_COMPUTED];

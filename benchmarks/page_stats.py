@@ -9,9 +9,10 @@ first page issued -> inputs loaded -> first page's math -> last page's math -> e
 rate (its items' bytes over its first issue to its last page's math). With the MK_PG_PAGE_STATS build an item's four
 marks are sums over its pages (mk_moe_pages.cuh): its warps waiting for the page to land (starved), for the item's
 inputs, their math, the loader waiting for the page's ring slot, and (builds from session 21's end on) the mean
-flight, issue to landing, of the pages a warp was already waiting for, and the loader's waits for the item's slot
-and for its claim's result before it published the item (0 in older traces). A ring whose warps starve while its loader
-never waits is short of bytes in flight or of delivery, not of math (SPEED_NOTES, twenty-first session).
+flight, issue to landing, of the pages a warp was already waiting for, the loader's decode of the item before it
+published it, and its time inside the pages' issue (session 34 on; before, those two were its waits for the item's
+slot and for its claim's result). A ring whose warps starve while its loader never waits is short of bytes in flight
+or of delivery, not of math (SPEED_NOTES, twenty-first session), or its loader is slow to issue (the issue time).
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ def analyse(path: str, layer: int) -> dict:
     it = T.to_timeline(raw).items
     F = {k: i for i, k in enumerate(O.PROF_FIELDS)}
     packed = raw.items[:, [F[k] for k in O.PROF_MARK_FIELDS[:4]]].astype(np.int64)
-    # the high 32 bits: m0 the loader's wait for the item's slot, m1 the count of waited-for pages, m2 the loader's
-    # wait for the claim's result, m3 those pages' flights
-    slot_wait, n_waited, claim_wait, flight = (packed[:, k] >> 32 for k in range(4))
+    # the high 32 bits: m0 the loader's decode of the item, m1 the count of waited-for pages, m2 the loader's time
+    # inside its pages' issue (after each ring slot's wait), m3 those pages' flights (mk_moe_pages.cuh PG_STATS;
+    # traces before session 34 held the loader's item-slot and claim-result waits in m0 and m2's high halves)
+    decode, n_waited, issue, flight = (packed[:, k] >> 32 for k in range(4))
     marks = (packed & LOW).astype(np.float64)
     # page sums are durations (a few to ~100 us); stamps would be ~step-sized absolute times
     has_sums = bool((packed >= 0).all() and len(marks) and marks.max() < 1e7 and (marks[:, 2] > 0).any())
@@ -55,8 +57,8 @@ def analyse(path: str, layer: int) -> dict:
             if has_sums:
                 for k, nm in enumerate(PAGE_SUMS):
                     r[f"{nm} us (page sum)"] = pct(marks[sel, k] / 1e3)
-                r["loader: item slot wait before publish us"] = pct(slot_wait[sel] / 1e3)
-                r["loader: claim result wait before publish us"] = pct(claim_wait[sel] / 1e3)
+                r["loader: decode before publish us"] = pct(decode[sel] / 1e3)
+                r["loader: inside the pages' issue us (page sum)"] = pct(issue[sel] / 1e3)
                 w = sel & (n_waited > 0)
                 if w.any():
                     r["flight us per waited-for page"] = pct(flight[w] / n_waited[w] / 1e3)

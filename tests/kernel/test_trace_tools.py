@@ -70,7 +70,7 @@ def test_page_stats_reads_the_page_sums(trace, tmp_path):
                           ("end", 1000)):
             r[F[name]] = base + off
         # ns; m1's high half: 2 pages waited for, m3's: their flights' sum, 6 us
-        # (m0's high half: the loader's slot wait, 100 ns; m2's: its claim wait, 1500 ns)
+        # (m0's high half: the loader's decode, 100 ns; m2's: its time inside the pages' issue, 1500 ns)
         r[F["m0"]], r[F["m1"]] = 8000 + k + (100 << 32), 200 + (2 << 32)
         r[F["m2"]], r[F["m3"]] = 3000 + (1500 << 32), 50 + (6000 << 32)
         rows.append(r)
@@ -86,8 +86,8 @@ def test_page_stats_reads_the_page_sums(trace, tmp_path):
     assert r["math us (page sum)"] == [3.0, 3.0, 3.0] and r["loader blocked us (page sum)"] == [0.05, 0.05, 0.05]
     assert 8.0 <= r["starved us (page sum)"][1] <= 8.01 and r["inputs us (page sum)"] == [0.2, 0.2, 0.2]
     assert r["flight us per waited-for page"] == [3.0, 3.0, 3.0] and r["waited-for pages per item"][1] == 2
-    assert r["loader: item slot wait before publish us"] == [0.1, 0.1, 0.1]
-    assert r["loader: claim result wait before publish us"] == [1.5, 1.5, 1.5]
+    assert r["loader: decode before publish us"] == [0.1, 0.1, 0.1]
+    assert r["loader: inside the pages' issue us (page sum)"] == [1.5, 1.5, 1.5]
     # worker 0 ran items 0 and 2: 2 x 128 KiB from item 0's issue to item 2's math (2800 ns)
     assert res["workers"]["count"] == 2
     assert abs(res["workers"]["gb_per_s_p10_50_90"][1] - 2 * 131072 / 2800) < 0.1

@@ -45,8 +45,11 @@
 // instead of stamps: m0 its warps' waits for the page to land (starved), m1 their waits for the item's inputs (low
 // 32 bits) and the count of pages a warp was already waiting for when they landed (high 32), m2 their math, m3 the
 // loader's waits for the page's ring slot to free (low 32) and, over the counted pages, issue to landing (the
-// page's flight, high 32); the high halves of m0 and m2: the loader's wait for the item's slot and for the claim's
-// result before it published the item. Which of them the item's time goes to says whether the ring is short of bytes
+// page's flight, high 32); the high halves of m0 and m2: the loader's decode of the item (from its item slot's
+// wait to the publish: moe_item's table reads) and its time inside the pages' issue (after each ring slot's wait,
+// to the bulk copy issued: the proxy fence, the expect_tx arrive, the copy instruction). (Until session 34 the two
+// halves held the loader's waits for the item slot and for the claim's result: 0.03-0.2 us per item at b1 on the
+// H200, tl_pages_page_stats.json of speed_20261206s34 call 12.) Which of them the item's time goes to says whether the ring is short of bytes
 // in flight (m0), its warps are the bound (m3 with small m0), or the copies are slow to land (the flight).
 #ifndef MK_PG_PAGE_STATS
 #define MK_PG_PAGE_STATS 0
@@ -383,7 +386,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
         if ((pf_bits & MK_L2PF_NEXT_INPUTS) && l + 1 < PI(L) && lane == 0)
             next_norm = reinterpret_cast<const char*>(layer_wptr(P, l + 1)[WP_NORM]);
 #if PG_STATS
-        long long t_claim_wait = 0, t_slot_wait = 0;   // before the next item's publish (its m2 / m0 high halves)
+        long long t_decoded = 0;              // the end of the item slot's wait (the decode's start)
 #endif
         // Item j (`item`) into slot j % PAGE_SLOTS once the slot's previous item is done (`free_`), then its pages;
         // lane 0 claims an item into `claim` on the way. False once the loader is done: the end item published, or a
@@ -400,7 +403,8 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                 return false;
             }
 #if PG_STATS
-            t_slot_wait = prof_now() - t_slot;
+            t_decoded = prof_now();
+            (void)t_slot;
 #endif
             if (end) {                        // the end item: the input warp stops there
                 if (lane == 0) { G.item[q][0] = j; G.item[q][1] = PG_END; mbar_arrive(&G.desc[q]); }
@@ -431,9 +435,9 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                 if (j == 0) pg_mark(2);
 #endif
 #if PG_STATS
-                G.pstat[q][0] = (unsigned long long)t_slot_wait << 32;
+                G.pstat[q][0] = (unsigned long long)(prof_now() - t_decoded) << 32;
                 G.pstat[q][1] = 0;
-                G.pstat[q][2] = (unsigned long long)t_claim_wait << 32;
+                G.pstat[q][2] = 0;
                 G.pstat[q][3] = 0;
 #endif
                 // the arrivals `outs` will not get from pages (the plan keeps an item's pages within the count)
@@ -462,7 +466,8 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                     return;
                 }
 #if PG_STATS
-                if (lane == 0) atomicAdd(&G.pstat[q][3], (unsigned long long)(prof_now() - t_ready));
+                const long long t_issue = prof_now();
+                if (lane == 0) atomicAdd(&G.pstat[q][3], (unsigned long long)(t_issue - t_ready));
 #endif
                 if (lane == 0) {
 #if MK_PROFILE
@@ -479,6 +484,9 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                     mbar_expect_tx(&G.full[slot], (unsigned)(nr * K * 2));
                     bulk_load(smem + (size_t)slot * MK_PAGE_BYTES, src + (size_t)r * K, (unsigned)(nr * K * 2),
                               &G.full[slot], pol);
+#if PG_STATS
+                    atomicAdd(&G.pstat[q][2], (unsigned long long)(prof_now() - t_issue) << 32);
+#endif
                 }
                 s++;
             };
@@ -500,13 +508,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
         };
         // The next item: lane 0's claim `next` (the shuffle waits for its atomic's result).
         const auto take = [&](int next) {
-#if PG_STATS
-            const long long t_claim = prof_now();
-#endif
             item = __shfl_sync(0xffffffffu, next, 0);
-#if PG_STATS
-            t_claim_wait = (item >= 0 ? prof_now() : 0) - t_claim;   // (the result's use: the shuffle waits for it)
-#endif
             j++;
         };
         while (true) {

@@ -54,7 +54,7 @@ def check_build_log(log: str, spills_allowed: bool = False) -> None:
                                      "MK_ATTN_BULK=0", "MK_ATTN_BULK=0,MK_ATTN_PAD=0,MK_ATTN_MATH=0",
                                      "MK_ATTN_BULK=2,MK_EARLY_TABLES=0", "MK_CONST_TABLES=1",
                                      "MK_ATTN_DSPLIT=0", "MK_ATTN_BULK=0,MK_ATTN_TABLE=0", "MK_PG_SEG_TC=1",
-                                     "MK_PG_CLAIM_LEAD=1", "MK_PG_PROXY_FENCE=0", "MK_SMEM_ALIGN=16", "MK_PG_TC_ACC=2",
+                                     "MK_PG_CLAIM_LEAD=1", "MK_PG_PROXY_FENCE=1", "MK_SMEM_ALIGN=16", "MK_PG_TC_ACC=2",
                                      "MK_EARLY_TABLES=0", "MK_ATTN_BULK=0,MK_ATTN_Q_ASYNC=0", "MK_CLAIM_FIRST=0",
                                      "MK_ATTN_Q_ASYNC=2", "MK_ATTN_PAD=0", "MK_ATTN_ISSUE=0", "MK_ATTN_MATH=0",
                                      "MK_LOADX_ASYNC=0", "MK_LATE_WEIGHTS=1", "MK_FUSED_TABLES_EARLY=1"])
@@ -66,8 +66,8 @@ def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     spills 12 bytes of the persistent loop's task bookkeeping, session 24); MK_CONST_TABLES=1: the layer tables in
     constant memory too; MK_ATTN_DSPLIT=0: attention without its two-warps-per-slice variant; MK_ATTN_TABLE=0 (on the
     cp.async path): each KV block segment looked up as it goes; MK_PG_SEG_TC=1: the paged worker's one-row pages on
-    tensor cores; MK_PG_CLAIM_LEAD=1: its next claim one page before an item's end; MK_PG_PROXY_FENCE=0: no proxy
-    fence before a page's copy; MK_SMEM_ALIGN=16: dynamic shared memory from the static section's 16-byte end (the
+    tensor cores; MK_PG_CLAIM_LEAD=1: its next claim one page before an item's end; MK_PG_PROXY_FENCE=1: a proxy
+    fence before each page's copy (the default until session 34); MK_SMEM_ALIGN=16: dynamic shared memory from the static section's 16-byte end (the
     default before session 24); MK_PG_TC_ACC=2: the paged worker's several-row pages with two accumulators per chain;
     MK_EARLY_TABLES=0: the record, abort flag and tables loaded a round trip later; MK_ATTN_Q_ASYNC=0 (cp.async path)
     and 2 (bulk path): attention's Q rows by register loads, or by cp.async; MK_CLAIM_FIRST=0: a task's next claim by
@@ -142,9 +142,9 @@ def test_kernel_switches_from_the_environment(monkeypatch):
 
     from megakernel.kernel import build
 
-    monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_PG_PROXY_FENCE=0")
-    assert build.switch_flags() == ("-DMK_PG_PROXY_FENCE=0",)
     monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_PG_PROXY_FENCE=1")
+    assert build.switch_flags() == ("-DMK_PG_PROXY_FENCE=1",)
+    monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_PG_PROXY_FENCE=0")
     assert build.switch_flags() == ()
     for bad in ("MK_NOPE=1", "MK_PG_PROXY_FENCE=yes", "MK_SIGNAL_FENCE=1"):   # (the last: a switch since removed)
         monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", bad)

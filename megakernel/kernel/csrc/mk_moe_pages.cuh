@@ -79,9 +79,14 @@
 #define MK_PG_CLAIM_LEAD 4
 #endif
 // MK_PG_PROXY_FENCE: a proxy fence before each page's copy (1), or none (0: the computing warp's reads are ordered
-// before the copy's writes by the `empty` mbarrier alone, as TMA pipelines commonly do). Under test.
+// before the copy's writes by the `empty` mbarrier alone, as CUTLASS's TMA pipelines do: the consumer's release is
+// a plain arrive on the empty barrier, the producer's acquire a wait on it, then the copy). 0 since session 34: on
+// the H200 (speed_20261206s34 call 3, each build in its own process, twice) b1 8K 2.845 / 2.840 against 2.869 /
+// 2.868 ms, 1K 2.699 / 2.698 against 2.733 / 2.735, b8 9.278 / 9.278 against 9.381 / 9.379 (-0.9 to -1.3%); on the
+// H100 (session 31 call 20) within 0.1%. The fence was ~0.02 us of the loader's ~0.18 us per page's issue (page
+// stats), which is the loader's serial work that bounds a worker's rate at one row.
 #ifndef MK_PG_PROXY_FENCE
-#define MK_PG_PROXY_FENCE 1
+#define MK_PG_PROXY_FENCE 0
 #endif
 #define PG_END (-1)                     // an item description's kind: no more items (the input warp stops)
 

@@ -14,6 +14,7 @@ t0=$(date +%s)
 for spec in ${TRACES:-}; do
   IFS=: read -r name defines tuning point <<< "$spec"
   point=${point:-1x8192}; bsz=${point%x*}; ctx=${point#*x}
+  rm -f "/tmp/tl_$name".*              # (a failed trace must not return an earlier call's files of the same name)
   echo "=== trace $name (b$bsz $ctx, defines '${defines}', tuning '${tuning}') at $(($(date +%s) - t0)) s"
   MEGAKERNEL_KERNEL_DEFINES=$defines MEGAKERNEL_MK_TUNING=$tuning timeout ${TRACE_TIMEOUT:-100} python3 -m megakernel \
     bench --random-north --backend megakernel --batch-size "$bsz" --context "$ctx" --steps 20 \

@@ -47,10 +47,11 @@
 // loader's waits for the page's ring slot to free (low 32) and, over the counted pages, issue to landing (the
 // page's flight, high 32); the high halves of m0 and m2: the loader's decode of the item (from its item slot's
 // wait to the publish: moe_item's table reads) and its time inside the pages' issue (after each ring slot's wait,
-// to the bulk copy issued: the proxy fence, the expect_tx arrive, the copy instruction). (Until session 34 the two
-// halves held the loader's waits for the item slot and for the claim's result: 0.03-0.2 us per item at b1 on the
-// H200, tl_pages_page_stats.json of speed_20261206s34 call 12.) Which of them the item's time goes to says whether the ring is short of bytes
-// in flight (m0), its warps are the bound (m3 with small m0), or the copies are slow to land (the flight).
+// to the bulk copy issued: the proxy fence, the expect_tx arrive, the copy instruction, and this build's own timer
+// reads and shared atomics). (Until session 34 the two halves held the loader's waits for the item slot and for the
+// claim's result: medians 0.06-0.19 and 0.03 us per item at b1 on the H200, speed_20261206s34 call 1.) Which of
+// them the item's time goes to says whether the ring is short of bytes in flight (m0), its warps are the bound (m3
+// with small m0), the copies are slow to land (the flight), or the loader is slow to issue (decode and issue).
 #ifndef MK_PG_PAGE_STATS
 #define MK_PG_PAGE_STATS 0
 #endif
@@ -78,13 +79,14 @@
 #ifndef MK_PG_CLAIM_LEAD
 #define MK_PG_CLAIM_LEAD 4
 #endif
-// MK_PG_PROXY_FENCE: a proxy fence before each page's copy (1), or none (0: the computing warp's reads are ordered
-// before the copy's writes by the `empty` mbarrier alone, as CUTLASS's TMA pipelines do: the consumer's release is
-// a plain arrive on the empty barrier, the producer's acquire a wait on it, then the copy). 0 since session 34: on
-// the H200 (speed_20261206s34 call 3, each build in its own process, twice) b1 8K 2.845 / 2.840 against 2.869 /
-// 2.868 ms, 1K 2.699 / 2.698 against 2.733 / 2.735, b8 9.278 / 9.278 against 9.381 / 9.379 (-0.9 to -1.3%); on the
-// H100 (session 31 call 20) within 0.1%. The fence was ~0.02 us of the loader's ~0.18 us per page's issue (page
-// stats), which is the loader's serial work that bounds a worker's rate at one row.
+// MK_PG_PROXY_FENCE: a proxy fence before each page's copy (1), or one before the loader's first copy (0: from the
+// ring's second lap on, the computing warp's reads are ordered before the copy's writes by the `empty` mbarrier
+// alone, as CUTLASS's TMA pipelines do: the consumer's release a plain arrive on the empty barrier, the producer's
+// acquire a wait on it, then the copy; the first lap, which waits on nothing, follows the one fence). 0 since
+// session 34: on the H200 (speed_20261206s34 call 3, each build in its own process, twice; measured with no fence at
+// all, the one-time fence added after review) b1 8K 2.845 / 2.840 against 2.869 / 2.868 ms, 1K 2.699 / 2.698
+// against 2.733 / 2.735, b8 9.278 / 9.278 against 9.381 / 9.379 (-0.9 to -1.3%); on the H100 (session 31 call 20)
+// within 0.1%.
 #ifndef MK_PG_PROXY_FENCE
 #define MK_PG_PROXY_FENCE 0
 #endif
@@ -379,6 +381,12 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
     auto slot_parity = [](int j) { return (unsigned)(j / MK_PAGE_SLOTS) & 1u; };
     if (warp == PG_LOADER_WARP) {             // ---- the loader ----
         const unsigned long long pol = l2_evict_first();
+#if !MK_PG_PROXY_FENCE
+        // the ring's first lap has no `empty` wait: its pages overlap what earlier tasks of this block wrote and read
+        // by generic accesses (the GEMV scratch at offset 0, tiles, attention chunks), ordered before this lane by
+        // the block barriers; one proxy fence orders them before every copy it issues, as issue_weights_w0 does
+        if (lane == 0) fence_proxy_async();
+#endif
         int item = first_item, j = 0, s = 0;
         int* work = PP(int*, moe_work) + m;
         bool stop = false;
@@ -399,9 +407,6 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
         const auto run_item = [&](int& claim) -> bool {
             const bool end = item >= n_items;
             const int q = j % MK_PAGE_SLOTS;
-#if PG_STATS
-            const long long t_slot = prof_now();
-#endif
             if (j >= MK_PAGE_SLOTS
                 && !pg_wait(P, G, ticket, &G.free_[q], slot_parity(j - MK_PAGE_SLOTS), STALL_SLOT, j)) {
                 stop = true;
@@ -409,7 +414,6 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             }
 #if PG_STATS
             t_decoded = prof_now();
-            (void)t_slot;
 #endif
             if (end) {                        // the end item: the input warp stops there
                 if (lane == 0) { G.item[q][0] = j; G.item[q][1] = PG_END; mbar_arrive(&G.desc[q]); }

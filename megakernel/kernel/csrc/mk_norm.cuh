@@ -165,7 +165,8 @@ __device__ __forceinline__ void norm_row(const Params& P, int l, const float* sH
 // all of them have arrived (thread 0's), so "inputs ready" minus it is the sums and the block's barriers.
 // MK_FUSED_SERIAL=3: as 1 for the sources written moments before the wait: the attention output ao, the MLP output
 // mo and the 8 expert rows y (session 33 left them as the slow part: h and the weights take 0.4-0.8 us each).
-// MK_FUSED_SERIAL=4 (mk_gemv.cuh task_gemv): the whole fused norm twice, then the GEMV twice (both idempotent:
+// MK_FUSED_SERIAL=4 (mk_gemv.cuh task_gemv): the whole fused norm twice (the register path, FUSED_NORM_IN_REGS;
+// the other one doubles only the GEMV), then the GEMV twice (both idempotent:
 // the same values written again), so a second, warm pass (code in the instruction cache, sources read once) says
 // how much of the first pass's time is cold code and fresh lines rather than the loads' own round trips.
 #ifndef MK_FUSED_SERIAL

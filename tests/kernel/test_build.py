@@ -89,10 +89,11 @@ def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
         assert size % align == 0, (kernel, size, align)
 
 
-@pytest.mark.parametrize("defines", ["", "MK_PG_PAGE_STATS=1,MK_ATTN_STATS=1"])
+@pytest.mark.parametrize("defines", ["", "MK_PG_PAGE_STATS=1,MK_ATTN_STATS=1", "MK_FUSED_SERIAL=4"])
 def test_profiling_builds_compile(tmp_path, monkeypatch, defines):
     """The profiling build (MK_PROFILE: every task stamped, kernel/timeline.py) that a device call's trace runs, plain
-    and with its diagnostic switches (the paged items' page sums, the attention splits' chunk sums), compiles and its
+    and with its diagnostic switches (the paged items' page sums, the attention splits' chunk sums, the fused norm's
+    two passes), compiles and its
     static shared memory fits the reserve. (It may spill: the stamps cost registers; it is not the build that is
     timed.)"""
     if build.find_nvcc() is None:

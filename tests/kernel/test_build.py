@@ -67,8 +67,8 @@ def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     constant memory too; MK_ATTN_DSPLIT=0: attention without its two-warps-per-slice variant; MK_ATTN_TABLE=0 (on the
     cp.async path): each KV block segment looked up as it goes; MK_PG_SEG_TC=1: the paged worker's one-row pages on
     tensor cores; MK_PG_CLAIM_LEAD=1: its next claim one page before an item's end; MK_PG_PROXY_FENCE=1: a proxy
-    fence before each page's copy (the default until session 34); MK_SMEM_ALIGN=16: dynamic shared memory from the static section's 16-byte end (the
-    default before session 24); MK_PG_TC_ACC=2: the paged worker's several-row pages with two accumulators per chain;
+    fence before each page's copy (the default until session 34); MK_SMEM_ALIGN=16: dynamic shared memory from the
+    static section's 16-byte end (the default before session 24); MK_PG_TC_ACC=2: the paged worker's several-row pages with two accumulators per chain;
     MK_EARLY_TABLES=0: the record, abort flag and tables loaded a round trip later; MK_ATTN_Q_ASYNC=0 (cp.async path)
     and 2 (bulk path): attention's Q rows by register loads, or by cp.async; MK_CLAIM_FIRST=0: a task's next claim by
     thread 0 after its signal's release; MK_ATTN_PAD=0, MK_ATTN_ISSUE=0, MK_ATTN_MATH=0: each of session 27's
@@ -93,8 +93,7 @@ def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
 def test_profiling_builds_compile(tmp_path, monkeypatch, defines):
     """The profiling build (MK_PROFILE: every task stamped, kernel/timeline.py) that a device call's trace runs, plain
     and with its diagnostic switches (the paged items' page sums, the attention splits' chunk sums, the fused norm's
-    two passes), compiles and its
-    static shared memory fits the reserve. (It may spill: the stamps cost registers; it is not the build that is
+    two passes), compiles and its static shared memory fits the reserve. (It may spill: the stamps cost registers; it is not the build that is
     timed.)"""
     if build.find_nvcc() is None:
         pytest.skip("nvcc not installed")

@@ -90,6 +90,15 @@
 #ifndef MK_PG_PROXY_FENCE
 #define MK_PG_PROXY_FENCE 0
 #endif
+// MK_PG_LANE0_ISSUE: lane 0 of the loader alone runs an item's page loop (its ring-slot waits without a shuffle,
+// its claim, its copies), and keeps the ring position (slot, lap) in counters instead of a division per page, while
+// lanes 1-31 wait at the item's end (1); or every lane walks the loop, each page's wait ending in a shuffle and an
+// all-lane barrier wait, though only lane 0 issues (0). The page stats put the loader's serial work per item on the
+// b1 expert phase (SPEED_NOTES, thirty-fourth session); the default build's SASS of a page's issue showed the
+// division, the shuffle and every lane's wait.
+#ifndef MK_PG_LANE0_ISSUE
+#define MK_PG_LANE0_ISSUE 0
+#endif
 #define PG_END (-1)                     // an item description's kind: no more items (the input warp stops)
 
 // The worker's barriers and bookkeeping: in the plan's dynamic shared memory (at pg_state_off, PAGE_STATE_BYTES of
@@ -187,6 +196,16 @@ struct PgSpin {
 // One warp, uniformly: lane 0 waits for the phase of `parity` (or an abort), then every lane observes it (at once:
 // the phase cannot move on before this warp acts). Lanes must not leave a wait at different times: the warp's later
 // shuffles need every lane at the same instruction.
+// One thread alone (lane 0 of the loader under MK_PG_LANE0_ISSUE; pg_wait's lane 0 in effect): the phase of `parity`, or an
+// abort (false). The wait's acquire orders this thread's later accesses and the copies it issues, nothing of the
+// other lanes'.
+__device__ __forceinline__ bool pg_wait_lane(const Params& P, PgState& G, int ticket, unsigned long long* bar,
+                                             unsigned parity, int what, int seq) {
+    PgSpin spin;
+    while (!mbar_try_wait(bar, parity))
+        if (spin.leave(P, G, ticket, what, seq)) return false;
+    return true;
+}
 __device__ __forceinline__ bool pg_wait(const Params& P, PgState& G, int ticket, unsigned long long* bar,
                                         unsigned parity, int what, int seq) {
     int ok = 1;
@@ -388,6 +407,11 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
         if (lane == 0) fence_proxy_async();
 #endif
         int item = first_item, j = 0, s = 0;
+#if MK_PG_LANE0_ISSUE
+        // lane 0's ring position of sequence number s (the only lane that walks the ring): its page slot s % npg and
+        // lap s / npg, kept as s advances
+        int ring_slot = 0, ring_lap = 0;
+#endif
         int* work = PP(int*, moe_work) + m;
         bool stop = false;
         if (lane == 0) G.o_bias = obias;      // (published with the first item's description)
@@ -465,8 +489,20 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             // page p of the item: rows r.. of half h into the next ring slot, once its previous lap is free
             const auto issue_page = [&](int p) {
                 const int h = p < pages0 ? 0 : 1, r = (h ? p - pages0 : p) * rpp;
-                const int nr = min(rpp, (h ? n1 : n0) - r), slot = s % npg;
+                const int nr = min(rpp, (h ? n1 : n0) - r);
                 const bf16* src = h ? it.T.w1 : it.T.w0;
+#if MK_PG_LANE0_ISSUE
+                const int slot = ring_slot;
+#if PG_STATS
+                const long long t_ready = prof_now();
+#endif
+                if (ring_lap > 0
+                    && !pg_wait_lane(P, G, ticket, &G.empty[slot], (unsigned)(ring_lap - 1) & 1u, STALL_EMPTY, s)) {
+                    stop = true;
+                    return;
+                }
+#else
+                const int slot = s % npg;
 #if PG_STATS
                 const long long t_ready = prof_now();
 #endif
@@ -474,6 +510,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                     stop = true;
                     return;
                 }
+#endif
 #if PG_STATS
                 const long long t_issue = prof_now();
                 if (lane == 0) atomicAdd(&G.pstat[q][3], (unsigned long long)(t_issue - t_ready));
@@ -498,14 +535,26 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
 #endif
                 }
                 s++;
+#if MK_PG_LANE0_ISSUE
+                if (++ring_slot == npg) { ring_slot = 0; ring_lap++; }
+#endif
             };
             // the claim MK_PG_CLAIM_LEAD pages before this item's end (its round trip under those pages' waits: the
             // loader reads the result after the item's last page, or an item later)
             const int claim_at = MK_PG_CLAIM_LEAD == 0 ? pages / 2
                                  : pages > MK_PG_CLAIM_LEAD ? pages - MK_PG_CLAIM_LEAD : 0;
+#if MK_PG_LANE0_ISSUE
+            if (lane == 0) {                  // (lanes 1-31 wait at the shuffle below)
+                for (int p = 0; p < claim_at && !stop; p++) issue_page(p);
+                if (!late && !stop) claim = atomicAdd(work, 1);
+                for (int p = claim_at; p < pages && !stop; p++) issue_page(p);
+            }
+            stop = __shfl_sync(0xffffffffu, stop ? 1 : 0, 0) != 0;
+#else
             for (int p = 0; p < claim_at && !stop; p++) issue_page(p);
             if (!late && !stop && lane == 0) claim = atomicAdd(work, 1);
             for (int p = claim_at; p < pages && !stop; p++) issue_page(p);
+#endif
             if (late && !stop) {              // claim_late: once this item's inputs are loaded (its dependency met)
                 if (!pg_wait(P, G, ticket, &G.inp[q], slot_parity(j), STALL_CLAIM, j)) {
                     stop = true;
@@ -526,6 +575,20 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             take(nxt);
         }
         // One end marker per computing warp, each into its own page (the npg sequence numbers after the last page)
+#if MK_PG_LANE0_ISSUE
+        // (lane 0 alone, whose s and stop the lines after it read)
+        for (int i = 0; i < npg && !stop && lane == 0; i++) {
+            if (ring_lap > 0 && !pg_wait_lane(P, G, ticket, &G.empty[ring_slot], (unsigned)(ring_lap - 1) & 1u,
+                                              STALL_EMPTY, s)) {
+                stop = true;
+                break;
+            }
+            G.page[ring_slot][0] = -1;
+            mbar_arrive(&G.full[ring_slot]);
+            s++;
+            if (++ring_slot == npg) { ring_slot = 0; ring_lap++; }
+        }
+#else
         for (int i = 0; i < npg && !stop; i++) {
             const int slot = s % npg;
             if (s >= npg && !pg_wait(P, G, ticket, &G.empty[slot], ((s / npg) - 1) & 1, STALL_EMPTY, s)) {
@@ -535,6 +598,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             if (lane == 0) { G.page[slot][0] = -1; mbar_arrive(&G.full[slot]); }
             s++;
         }
+#endif
         if (lane == 0) G.issued = s;          // (also after a failed wait: what has been issued must land)
         if (stop && lane == 0) ((volatile int*)&G.stop)[0] = 1;
         __syncwarp();                         // (each role's warp meets the block barrier below converged)

@@ -63,12 +63,7 @@ for point in ${TRACE_POINT:-}; do          # (one or several BxCTX, space-separa
   MEGAKERNEL_KERNEL_DEFINES=${TRACE_DEFINES:-} timeout ${TRACE_TIMEOUT:-100} python3 -m megakernel bench --random-north \
     --backend megakernel --batch-size $bsz --context $ctx --steps 20 --trace "$OUT/tl_b$bsz.npz" 2>&1 \
     | grep -E "critical|SM time|phases|a layer|MoE workers|normal build|rror"
-  # the paged workers' page stats (meaningful under TRACE_DEFINES=MK_PG_PAGE_STATS=1) and the layer's HBM rate
-  python3 benchmarks/page_stats.py "$OUT/tl_b$bsz.npz" --json "$OUT/tl_b${bsz}_page_stats.json" > /dev/null 2>&1
-  python3 benchmarks/layer_bandwidth.py "$OUT/tl_b$bsz.npz" --json "$OUT/tl_b${bsz}_bandwidth.json" > /dev/null 2>&1
-  python3 benchmarks/sm_states.py "$OUT/tl_b$bsz.npz" --json "$OUT/tl_b${bsz}_sm_states.json" > /dev/null 2>&1
-  # attention splits' chunk sums (meaningful under TRACE_DEFINES=...,MK_ATTN_STATS=1)
-  python3 benchmarks/attn_stats.py "$OUT/tl_b$bsz.npz" --json "$OUT/tl_b${bsz}_attn_stats.json" > /dev/null 2>&1
+  bash scripts/trace_reports.sh "$OUT/tl_b$bsz.npz" "$OUT/tl_b$bsz"   # (page stats, bandwidth, SM states, attention)
   [ "${TRACE_KEEP:-0}" = 1 ] || rm -f "$OUT/tl_b$bsz.npz"
 done
 if [ -n "${BUILD_AB:-}" ]; then             # (gpu_build_ab.sh's stage 2 alone, into $OUT/ab)

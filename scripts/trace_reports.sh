@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# A profiling trace's reports as JSON beside it: `bash scripts/trace_reports.sh TRACE.npz PREFIX` writes
+# PREFIX_page_stats.json (the paged workers' page stats: meaningful in a MK_PG_PAGE_STATS=1 build),
+# PREFIX_bandwidth.json (each layer's HBM rate), PREFIX_sm_states.json and PREFIX_attn_stats.json (attention's
+# chunk sums: meaningful under MK_ATTN_STATS=1). PAGE_STATS_PRINT=1 also prints the page stats' table. A report that
+# does not apply to the build is skipped quietly (its script fails and writes nothing).
+set -u
+npz=$1; prefix=$2
+if [ "${PAGE_STATS_PRINT:-0}" = 1 ]; then
+  python3 benchmarks/page_stats.py "$npz" --json "${prefix}_page_stats.json" 2>&1 | tail -12
+else
+  python3 benchmarks/page_stats.py "$npz" --json "${prefix}_page_stats.json" > /dev/null 2>&1
+fi
+python3 benchmarks/layer_bandwidth.py "$npz" --json "${prefix}_bandwidth.json" > /dev/null 2>&1
+python3 benchmarks/sm_states.py "$npz" --json "${prefix}_sm_states.json" > /dev/null 2>&1
+python3 benchmarks/attn_stats.py "$npz" --json "${prefix}_attn_stats.json" > /dev/null 2>&1
+true

@@ -21,13 +21,15 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   timeout ${TESTS_TIMEOUT:-170} python3 -m pytest -q -x -m gpu -p no:cacheprovider ${TESTS:-tests/kernel} 2>&1 \
     | tee "$OUT/tests_default.log" | tail -3
 fi
+declare -A runs=()
 for b in $BUILDS; do
   defs=$([ "$b" = default ] && echo "" || echo "$b")
   tag=$(echo "${b}" | tr ',=' '__')
-  echo "=== build $b at $POINTS, $(($(date +%s) - t0)) s"
+  runs[$tag]=$(( ${runs[$tag]:-0} + 1 ))   # (a build listed twice: its second run's JSON beside the first's)
+  echo "=== build $b (run ${runs[$tag]}) at $POINTS, $(($(date +%s) - t0)) s"
   MEGAKERNEL_KERNEL_DEFINES=$defs timeout ${VARIANTS_TIMEOUT:-110} python3 benchmarks/megakernel_variants.py \
-    --points "$POINTS" --variants "${VARIANTS:-default default}" --steps 40 --json "$OUT/variants_$tag.json" 2>&1 \
-    | grep -E "^b|rror"
+    --points "$POINTS" --variants "${VARIANTS:-default default}" --steps 40 \
+    --json "$OUT/variants_${tag}_run${runs[$tag]}.json" 2>&1 | grep -E "^b|rror" | sed "s|^|[$b #${runs[$tag]}] |"
 done
 if [ "${SKIP_TRACE:-0}" != 1 ]; then
   bsz=${TRACE_POINT%x*}; ctx=${TRACE_POINT#*x}

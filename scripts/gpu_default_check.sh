@@ -70,7 +70,7 @@ if [ -n "${BUILD_AB:-}" ]; then             # (gpu_build_ab.sh's stage 2 alone, 
   echo "=== builds $BUILD_AB at $(($(date +%s) - t0)) s"
   OUT=$OUT/ab BUILDS="$BUILD_AB" POINTS="${AB_POINTS:-1x8192,8x8192,16x8192}" SKIP_TESTS=1 SKIP_TRACE=1 \
     VARIANTS="${AB_VARIANTS:-default default}" \
-    VARIANTS_TIMEOUT=${AB_TIMEOUT:-110} bash scripts/gpu_build_ab.sh 2>&1 | grep -E "^b|rror"
+    VARIANTS_TIMEOUT=${AB_TIMEOUT:-110} bash scripts/gpu_build_ab.sh 2>&1 | grep -E "^\\[|rror"
 fi
 if [ "${CARD_TUNE:-0}" = 1 ]; then
   echo "=== card_tune at $(($(date +%s) - t0)) s"

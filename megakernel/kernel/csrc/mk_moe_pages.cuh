@@ -99,6 +99,14 @@
 #ifndef MK_PG_LANE0_ISSUE
 #define MK_PG_LANE0_ISSUE 0
 #endif
+// MK_PG_DECODE_EARLY: the loader decodes its next item (moe_item's table reads, its page count) before it waits for
+// the item's slot to free (1), or after (0). With PAGE_SLOTS item slots and items of pg_n / PAGE_SLOTS pages (the
+// H100 plan's b1 gate/up items: 4 pages, a 12-page ring), the slots bind before the ring does: the loader's next
+// item waits for an epilogue three items back, then for its own decode (0.7 us in the page stats), before its
+// first page can issue (speed_20261206s35 call 2: warps starved 7.2 us per gate/up page that flies 1.1).
+#ifndef MK_PG_DECODE_EARLY
+#define MK_PG_DECODE_EARLY 0
+#endif
 #define PG_END (-1)                     // an item description's kind: no more items (the input warp stops)
 
 // The worker's barriers and bookkeeping: in the plan's dynamic shared memory (at pg_state_off, PAGE_STATE_BYTES of
@@ -431,6 +439,15 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
         const auto run_item = [&](int& claim) -> bool {
             const bool end = item >= n_items;
             const int q = j % MK_PAGE_SLOTS;
+#if MK_PG_DECODE_EARLY
+            // the item's decode needs no slot: before the slot's wait, which it then overlaps
+            MoeItem it{};
+            if (!end) it = moe_item(P, l, route, egu, edn, item, n_gu, ow);
+            const int K = end ? 1 : it.T.K;
+            const int rpp = min(MK_PAGE_BYTES / (K * 2), MK_PAGE_ROWS_MAX);
+            const int n0 = it.T.n0, n1 = it.T.n1;
+            const int pages = end ? 0 : (n0 + rpp - 1) / rpp + (n1 + rpp - 1) / rpp;
+#endif
             if (j >= MK_PAGE_SLOTS
                 && !pg_wait(P, G, ticket, &G.free_[q], slot_parity(j - MK_PAGE_SLOTS), STALL_SLOT, j)) {
                 stop = true;
@@ -443,11 +460,13 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                 if (lane == 0) { G.item[q][0] = j; G.item[q][1] = PG_END; mbar_arrive(&G.desc[q]); }
                 return false;
             }
+#if !MK_PG_DECODE_EARLY
             const MoeItem it = moe_item(P, l, route, egu, edn, item, n_gu, ow);
             const int K = it.T.K;
             const int rpp = min(MK_PAGE_BYTES / (K * 2), MK_PAGE_ROWS_MAX);
             const int n0 = it.T.n0, n1 = it.T.n1;
             const int pages = (n0 + rpp - 1) / rpp + (n1 + rpp - 1) / rpp;
+#endif
             if (pages < 1 || pages > MK_PAGE_ITEM_PAGES_MAX) {   // (`outs` counts 32 arrivals per page; the plan
                 if (lane == 0) record_error(P, MK_ERR_SMEM, ticket, -1, pages, MK_PAGE_ITEM_PAGES_MAX);   // bounds it)
                 stop = true;

@@ -4,7 +4,8 @@
 // per item outside its ring waits (SPEED_NOTES, twenty-first session). sm_stream.cu's bare queue of the same 128 KB
 // items reaches 33-49 GB/s per SM. The candidates are build switches, each a full kernel build and an A/B on the
 // device; this kernel has the worker's shape with each candidate as a runtime knob, so one run ranks them all (the
-// kernel switches named below were measured in session 24 and the losing ones removed in session 26; the modes stay):
+// kernel switches named below were measured in session 24 and the losing ones removed in session 26; the modes stay;
+// `kernel_now` below is the default build's worker as of session 35):
 //   - one loader lane (warp 15) claims 128 KB gate/up items by atomicAdd on a global head, `lead` pages before the
 //     current item's end (inside the page loop, or between two loops: `split`), with `ahead` (1 or 2) claims, publishes each in one of 3 item slots once the
 //     slot's previous item is freed, and streams its 8 pages (4 gate + 4 up pages of 4 rows of 2048) by 16 KB bulk
@@ -14,8 +15,8 @@
 //     page writes its epilogue (SiLU(gate) * up, 16 bf16 stores), frees its slot and signals the expert's counter by
 //     red.release.gpu (where `release`), the signal before the free (the kernel's order) or after it (`free_early`,
 //     MK_PG_FREE_EARLY);
-//   - the ring starts `offset` bytes past a 1024-aligned shared address (32: mk_decode's ring today, whose dynamic
-//     base 3616 is 32 past a 128-byte line; 0: MK_SMEM_ALIGN=128).
+//   - the ring starts `offset` bytes past a 1024-aligned shared address (0: mk_decode's ring since MK_SMEM_ALIGN=128
+//     became the default in session 24; 32: before, when its dynamic base 3616 was 32 past a 128-byte line).
 // Not modelled: the input warp (a gate/up item with shared x rows has no inputs to load), down and O items, other
 // task kinds' traffic on the SMs that do not stream. Items lie expert by expert (48 per expert, 8 experts a "layer"),
 // each expert at a random 6 MB slot of a 24 GB buffer, as the step's routed experts are spread over its weights.
@@ -230,25 +231,22 @@ int main() {
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     //                      sms npg lead ahead free_early release fence offset math split
-    const Knobs kernel_now = {0, 12, 4, 1, 0, 1, 1, 32, 1, 0};   // the default build's worker at b1
+    const Knobs kernel_now = {0, 12, 4, 1, 0, 1, 0, 0, 1, 1};   // the default build's worker at b1 (session 35)
     struct Config { const char* name; Knobs k; };
     std::vector<Config> configs;
     auto with = [&](const char* name, auto f) { Knobs k = kernel_now; f(k); configs.push_back({name, k}); };
-    with("kernel today (offset 32)", [](Knobs&) {});
-    with("offset 0 (MK_SMEM_ALIGN=128)", [](Knobs& k) { k.offset = 0; });
-    with("ahead 2 (MK_PG_CLAIM_AHEAD=2)", [](Knobs& k) { k.ahead = 2; });
-    with("free_early (MK_PG_FREE_EARLY=1)", [](Knobs& k) { k.free_early = 1; });
-    with("no proxy fence (MK_PG_PROXY_FENCE=0)", [](Knobs& k) { k.fence = 0; });
+    with("kernel today (offset 0, split claim, no per-page fence)", [](Knobs&) {});
+    with("offset 32 (before MK_SMEM_ALIGN=128)", [](Knobs& k) { k.offset = 32; });
+    with("a proxy fence per page (MK_PG_PROXY_FENCE=1)", [](Knobs& k) { k.fence = 1; });
+    with("claim inside the page loop (before session 26)", [](Knobs& k) { k.split = 0; });
+    with("ahead 2 (MK_PG_CLAIM_AHEAD=2, removed)", [](Knobs& k) { k.ahead = 2; });
+    with("free_early (MK_PG_FREE_EARLY=1, removed)", [](Knobs& k) { k.free_early = 1; });
     with("lead 1", [](Knobs& k) { k.lead = 1; });
+    with("lead 8 (the claim at the item's start)", [](Knobs& k) { k.lead = 8; });
     with("no release", [](Knobs& k) { k.release = 0; });
     with("no math", [](Knobs& k) { k.math = 0; });
     with("8 pages (128 KB in flight at most)", [](Knobs& k) { k.npg = 8; });
-    with("split (MK_PG_CLAIM_SPLIT=1)", [](Knobs& k) { k.split = 1; });
-    with("split + lead 8 (the claim at the item's start)", [](Knobs& k) { k.split = 1; k.lead = 8; });
-    with("offset 0 + ahead 2 + free_early", [](Knobs& k) { k.offset = 0; k.ahead = 2; k.free_early = 1; });
-    with("offset 0 + split + free_early", [](Knobs& k) { k.offset = 0; k.split = 1; k.free_early = 1; });
-    with("offset 0 + split + free_early + no fence", [](Knobs& k) {
-        k.offset = 0; k.split = 1; k.free_early = 1; k.fence = 0; });
+    with("ahead 2 + free_early", [](Knobs& k) { k.ahead = 2; k.free_early = 1; });
     with("loads only (no math, no release)", [](Knobs& k) { k.math = 0; k.release = 0; });
     for (const Config& c : configs)
         if (c.k.npg < 1 || c.k.npg > MAXPG || c.k.offset < 0 || c.k.offset % 16 || c.k.offset + 1024 > PAD

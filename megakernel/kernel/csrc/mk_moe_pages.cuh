@@ -46,7 +46,8 @@
 // 32 bits) and the count of pages a warp was already waiting for when they landed (high 32), m2 their math, m3 the
 // loader's waits for the page's ring slot to free (low 32) and, over the counted pages, issue to landing (the
 // page's flight, high 32); the high halves of m0 and m2: the loader's decode of the item (from its item slot's
-// wait to the publish: moe_item's table reads) and its time inside the pages' issue (after each ring slot's wait,
+// wait to the publish: moe_item's table reads; under MK_PG_DECODE_EARLY from the decode's start, so the slot's wait
+// too) and its time inside the pages' issue (after each ring slot's wait,
 // to the bulk copy issued: the proxy fence, the expect_tx arrive, the copy instruction, and this build's own timer
 // reads and shared atomics). (Until session 34 the two halves held the loader's waits for the item slot and for the
 // claim's result: medians 0.06-0.19 and 0.03 us per item at b1 on the H200, speed_20261206s34 call 1.) Which of
@@ -91,11 +92,15 @@
 #define MK_PG_PROXY_FENCE 0
 #endif
 // MK_PG_LANE0_ISSUE: lane 0 of the loader alone runs an item's page loop (its ring-slot waits without a shuffle,
-// its claim, its copies), and keeps the ring position (slot, lap) in counters instead of a division per page, while
-// lanes 1-31 wait at the item's end (1); or every lane walks the loop, each page's wait ending in a shuffle and an
-// all-lane barrier wait, though only lane 0 issues (0). The page stats put the loader's serial work per item on the
-// b1 expert phase (SPEED_NOTES, thirty-fourth session); the default build's SASS of a page's issue showed the
-// division, the shuffle and every lane's wait.
+// its claim, its copies) and the end markers, and keeps the ring position (slot, lap) in counters instead of a
+// division per page, while lanes 1-31 wait for it after the page loops (1); or every lane walks the loop, each page's
+// wait ending in a shuffle and an all-lane barrier wait, though only lane 0 issues (0). The page stats put the
+// loader's serial work per item on the b1 expert phase (SPEED_NOTES, thirty-fourth session); the default build's
+// SASS of a page's issue showed the division, the shuffle and every lane's wait. Measured on the H100
+// (speed_20261206s35 call 2, each build in its own process, twice): b1 8K 3.311 / 3.318 against 3.320 / 3.316 ms,
+// 1K 3.139 / 3.138 against 3.147 / 3.147, b8 11.164 / 11.167 against 11.183 / 11.187: within 0.3%, so those
+// instructions do not pace the loader. (Its stats' ring-slot waits cover lane 0's spin alone, not the shuffle and
+// the other lanes' waits: not comparable with the default build's.)
 #ifndef MK_PG_LANE0_ISSUE
 #define MK_PG_LANE0_ISSUE 0
 #endif
@@ -103,7 +108,9 @@
 // the item's slot to free (1), or after (0). With PAGE_SLOTS item slots and items of pg_n / PAGE_SLOTS pages (the
 // H100 plan's b1 gate/up items: 4 pages, a 12-page ring), the slots bind before the ring does: the loader's next
 // item waits for an epilogue three items back, then for its own decode (0.7 us in the page stats), before its
-// first page can issue (speed_20261206s35 call 2: warps starved 7.2 us per gate/up page that flies 1.1).
+// first page can issue (speed_20261206s35 call 2: warps starved 7.2 us per gate/up page that flies 1.1). Not yet
+// measured or run on a GPU (session 35's device time ran out). Its page stats' decode field spans the decode and the
+// slot's wait (from the decode's start to the publish).
 #ifndef MK_PG_DECODE_EARLY
 #define MK_PG_DECODE_EARLY 0
 #endif
@@ -201,12 +208,9 @@ struct PgSpin {
     }
 };
 
-// One warp, uniformly: lane 0 waits for the phase of `parity` (or an abort), then every lane observes it (at once:
-// the phase cannot move on before this warp acts). Lanes must not leave a wait at different times: the warp's later
-// shuffles need every lane at the same instruction.
-// One thread alone (lane 0 of the loader under MK_PG_LANE0_ISSUE; pg_wait's lane 0 in effect): the phase of `parity`, or an
-// abort (false). The wait's acquire orders this thread's later accesses and the copies it issues, nothing of the
-// other lanes'.
+// One thread alone (lane 0 of the loader under MK_PG_LANE0_ISSUE; pg_wait's lane 0 in effect): the phase of
+// `parity`, or an abort (false). The wait's acquire orders this thread's later accesses and the copies it issues,
+// nothing of the other lanes'.
 __device__ __forceinline__ bool pg_wait_lane(const Params& P, PgState& G, int ticket, unsigned long long* bar,
                                              unsigned parity, int what, int seq) {
     PgSpin spin;
@@ -214,6 +218,9 @@ __device__ __forceinline__ bool pg_wait_lane(const Params& P, PgState& G, int ti
         if (spin.leave(P, G, ticket, what, seq)) return false;
     return true;
 }
+// One warp, uniformly: lane 0 waits for the phase of `parity` (or an abort), then every lane observes it (at once:
+// the phase cannot move on before this warp acts). Lanes must not leave a wait at different times: the warp's later
+// shuffles need every lane at the same instruction.
 __device__ __forceinline__ bool pg_wait(const Params& P, PgState& G, int ticket, unsigned long long* bar,
                                         unsigned parity, int what, int seq) {
     int ok = 1;
@@ -431,7 +438,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
         if ((pf_bits & MK_L2PF_NEXT_INPUTS) && l + 1 < PI(L) && lane == 0)
             next_norm = reinterpret_cast<const char*>(layer_wptr(P, l + 1)[WP_NORM]);
 #if PG_STATS
-        long long t_decoded = 0;              // the end of the item slot's wait (the decode's start)
+        long long t_decoded = 0;              // the decode's start (after the slot's wait; before it: DECODE_EARLY)
 #endif
         // Item j (`item`) into slot j % PAGE_SLOTS once the slot's previous item is done (`free_`), then its pages;
         // lane 0 claims an item into `claim` on the way. False once the loader is done: the end item published, or a
@@ -440,6 +447,9 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             const bool end = item >= n_items;
             const int q = j % MK_PAGE_SLOTS;
 #if MK_PG_DECODE_EARLY
+#if PG_STATS
+            t_decoded = prof_now();           // (the decode's start, before the slot's wait)
+#endif
             // the item's decode needs no slot: before the slot's wait, which it then overlaps
             MoeItem it{};
             if (!end) it = moe_item(P, l, route, egu, edn, item, n_gu, ow);
@@ -453,7 +463,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                 stop = true;
                 return false;
             }
-#if PG_STATS
+#if PG_STATS && !MK_PG_DECODE_EARLY
             t_decoded = prof_now();
 #endif
             if (end) {                        // the end item: the input warp stops there

@@ -90,6 +90,11 @@ def check_build_runs(plans: list[ModelPlan]) -> None:
         raise ValueError("moe_pages needs the kernel's MK_MOE_LOCAL=1 (the paged worker keeps its routing in shared "
                          "memory; a paged plan's large items do not fit the plain worker); this build has "
                          "MK_MOE_LOCAL=0")
+    stale = [p for p in plans if p.pg_n and p.pg_slots != build.page_slots()]
+    if stale:                            # (a plan made under other MEGAKERNEL_KERNEL_DEFINES than the build's)
+        raise ValueError(f"the paged plan for {stale[0].max_batch} rows lays out {stale[0].pg_slots} item slots; "
+                         f"this build has MK_PAGE_SLOTS={build.page_slots()} (make the plans under the build's "
+                         "switches)")
     if plan.worker_topk and build.switch_value("MK_MOE_LOCAL") == 0:
         raise ValueError("worker_topk needs the kernel's MK_MOE_LOCAL=1 (the workers keep their routing in shared "
                          "memory); this build has MK_MOE_LOCAL=0")

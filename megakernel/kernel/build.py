@@ -119,7 +119,8 @@ KERNEL_SWITCHES = {"MK_GEMV_TC": 1, "MK_GEMV_B1": 1, "MK_SMALL_VEC": 2, "MK_MOE_
                    "MK_SMEM_ALIGN": 128, "MK_PG_TC_ACC": 1, "MK_ATTN_STATS": 0, "MK_EARLY_TABLES": 1,
                    "MK_ATTN_Q_ASYNC": 1, "MK_CLAIM_FIRST": 1, "MK_ATTN_PAD": 1, "MK_ATTN_ISSUE": 1,
                    "MK_ATTN_MATH": 1, "MK_LOADX_ASYNC": 1, "MK_LATE_WEIGHTS": 0,
-                   "MK_FUSED_SERIAL": 0, "MK_FUSED_TABLES_EARLY": 0}
+                   "MK_FUSED_SERIAL": 0, "MK_FUSED_TABLES_EARLY": 0, "MK_PAGE_SLOTS": opcodes.PAGE_SLOTS}
+PAGE_SLOTS_RANGE = (2, 5)     # MK_PAGE_SLOTS: 5 slots' PgState still fits opcodes.PAGE_STATE_BYTES in the stats build
 # switches whose default follows another's value: (switch, value of the other) -> this switch's default there
 # (MK_MOE_LOCAL=0's persistent loop spills 24 bytes beside attention's second variant; MK_CONST_TABLES=1's 8 bytes
 # beside attention's block table in shared memory, and 4 beside the bulk-copy attention: a CI run at f62e198)
@@ -140,6 +141,15 @@ def switch_value(name: str) -> int:
         if key == name:
             return int(val)
     return KERNEL_SWITCHES[name]
+
+
+def page_slots() -> int:
+    """Item slots of the paged MoE worker in the selected build (MK_PAGE_SLOTS): its plan's shared-memory layout holds
+    this many items' inputs and outputs."""
+    n = switch_value("MK_PAGE_SLOTS")
+    if not PAGE_SLOTS_RANGE[0] <= n <= PAGE_SLOTS_RANGE[1]:
+        raise BuildError(f"MK_PAGE_SLOTS={n}: want {PAGE_SLOTS_RANGE[0]}..{PAGE_SLOTS_RANGE[1]}")
+    return n
 
 
 def switch_flags() -> tuple[str, ...]:

@@ -13,6 +13,7 @@ import torch
 
 from megakernel.config import ModelConfig
 from megakernel.kernel import opcodes as O
+from megakernel.kernel.build import page_slots
 from megakernel.kv.cache import KVLayout
 
 
@@ -602,17 +603,18 @@ class ModelPlan:
 
     def _page_layout(self, o_in_queue: bool) -> None:
         """The paged MoE worker's shared memory (pg_n = 0: not used by this plan), for up to pg_rows input rows per
-        item (tile_batch, or slot_pairs): PAGE_SLOTS items in flight, each with an input buffer (a down item's
-        activation rows, an O item's attention rows; a gate/up item's x rows where pg_x_item, else it reads the
-        layer's x rows, loaded once per worker into a buffer of their own) and its fp32 outputs (pg_rows x
-        pg_out_rows), after as many pages as fit the usable shared memory (at most PAGE_MAX, at most moe_pages_max
+        item (tile_batch, or slot_pairs): pg_slots items in flight (the build's MK_PAGE_SLOTS), each with an input
+        buffer (a down item's activation rows, an O item's attention rows; a gate/up item's x rows where pg_x_item,
+        else it reads the layer's x rows, loaded once per worker into a buffer of their own) and its fp32 outputs
+        (pg_rows x pg_out_rows), after as many pages as fit the usable shared memory (at most PAGE_MAX, at most moe_pages_max
         where that is set), then its barriers and bookkeeping (PAGE_STATE_BYTES). pg_x_item where moe_pages_x_item
         and the per-item rows leave more pages than the shared x buffer."""
         self.pg_n = self.pg_in_off = self.pg_in_bytes = self.pg_out_off = self.pg_out_rows = self.pg_state_off = 0
-        self.pg_rows = self.pg_x_off = self.pg_x_item = 0
+        self.pg_rows = self.pg_x_off = self.pg_x_item = self.pg_slots = 0
         if not (self.moe_pages and self.moe_pages_from <= self.tb <= self.moe_pages and self.Lm and not self.wbuf
                 and not self.moe_wbuf):
             return
+        slots = page_slots()                 # (the build's item slots: MK_PAGE_SLOTS)
         R = self.tb if o_in_queue or not self.slot_pairs else min(self.tb, self.slot_pairs)   # rows per item
         out_rows = max(2 * self.gu_rows, self.dn_rows, self.o_rows if o_in_queue else 0)
 
@@ -621,7 +623,7 @@ class ModelPlan:
             k_in = max(self.I, self.Q if o_in_queue else 0, self.H if x_item else 0)
             in_bytes = (R * k_in * 2 + 15) // 16 * 16
             x_bytes = 0 if x_item else (self.tb * self.H * 2 + 15) // 16 * 16   # (every row of the launch)
-            fixed = O.PAGE_SLOTS * (in_bytes + R * out_rows * 4) + x_bytes + 32 + O.PAGE_STATE_BYTES
+            fixed = slots * (in_bytes + R * out_rows * 4) + x_bytes + 32 + O.PAGE_STATE_BYTES
             # at most one page per computing warp (warps 0 .. NUM_WARPS - 3: each owns a ring page, mk_moe_pages.cuh)
             n = min(O.PAGE_MAX, O.NUM_WARPS - 2, self.moe_pages_max or O.PAGE_MAX,
                     (O.SMEM_LIMIT - O.SMEM_RESERVE - fixed) // O.PAGE_BYTES)
@@ -638,12 +640,12 @@ class ModelPlan:
                    math.ceil(self.o_rows / rows_per_page(self.Q)) if o_in_queue else 0)
         if most > O.PAGE_ITEM_PAGES_MAX:     # (an item slot's `outs` barrier counts 32 arrivals per page)
             return
-        self.pg_n, self.pg_rows, self.pg_x_item = n, R, x_item
+        self.pg_n, self.pg_rows, self.pg_x_item, self.pg_slots = n, R, x_item, slots
         self.pg_in_off = n * O.PAGE_BYTES
         self.pg_in_bytes = in_bytes
-        self.pg_out_off = self.pg_in_off + O.PAGE_SLOTS * in_bytes
+        self.pg_out_off = self.pg_in_off + slots * in_bytes
         self.pg_out_rows = out_rows
-        self.pg_x_off = (self.pg_out_off + O.PAGE_SLOTS * R * out_rows * 4 + 15) // 16 * 16
+        self.pg_x_off = (self.pg_out_off + slots * R * out_rows * 4 + 15) // 16 * 16
         self.pg_state_off = (self.pg_x_off + x_bytes + 15) // 16 * 16
 
     def pages_smem_bytes(self) -> int:

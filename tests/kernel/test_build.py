@@ -58,7 +58,8 @@ def check_build_log(log: str, spills_allowed: bool = False) -> None:
                                      "MK_EARLY_TABLES=0", "MK_ATTN_BULK=0,MK_ATTN_Q_ASYNC=0", "MK_CLAIM_FIRST=0",
                                      "MK_ATTN_Q_ASYNC=2", "MK_ATTN_PAD=0", "MK_ATTN_ISSUE=0", "MK_ATTN_MATH=0",
                                      "MK_LOADX_ASYNC=0", "MK_LATE_WEIGHTS=1", "MK_FUSED_TABLES_EARLY=1",
-                                     "MK_PG_LANE0_ISSUE=1", "MK_PG_DECODE_EARLY=1"])
+                                     "MK_PG_LANE0_ISSUE=1", "MK_PG_DECODE_EARLY=1",
+                                     "MK_PAGE_SLOTS=4"])
 def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     """The builds the switches select besides the default (MK_MOE_LOCAL=0: the MoE worker's routing read from L2 per
     item; MK_SMALL_VEC=1: NORM in three or four waves of loads; MK_SMALL_VEC=3: the combine in one round trip;
@@ -76,7 +77,7 @@ def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     attention defaults off; MK_LOADX_ASYNC=0: GEMV input rows through registers, four loads in flight per thread;
     MK_LATE_WEIGHTS=1: records with FLAG_LATE_WEIGHTS issue their weights after their input rows;
     MK_FUSED_TABLES_EARLY=1: a fused tile's norm tables read before its wait; MK_PG_LANE0_ISSUE=1: the paged
-    loader's page loop on lane 0 alone; MK_PG_DECODE_EARLY=1: its item decode before the item slot's wait):
+    loader's page loop on lane 0 alone; MK_PG_DECODE_EARLY=1: its item decode before the item slot's wait; MK_PAGE_SLOTS=4: four item slots):
     each compiles, its entry function does not spill, and its static shared memory fits the reserve."""
     if build.find_nvcc() is None:
         pytest.skip("nvcc not installed")
@@ -116,15 +117,15 @@ def static_shared_sections(lib) -> dict[str, int]:
 
 
 def test_switch_defaults_match_the_sources():
-    """Every kernel switch has one default: the sources' `#ifndef NAME / #define NAME v` and build.KERNEL_SWITCHES
-    agree on the names and the values (a build passes -D only for a value away from the default, so a drift would
-    compile something other than what the build's flags say), and a switch taken out of the sources is out of the
-    table too."""
+    """Every kernel switch has one default: the sources' (and the generated header's) `#ifndef NAME / #define NAME v`
+    and build.KERNEL_SWITCHES agree on the names and the values (a build passes -D only for a value away from the
+    default, so a drift would compile something other than what the build's flags say), and a switch taken out of the
+    sources is out of the table too."""
     pattern = re.compile(r"^#ifndef (MK_\w+)\n#define \1 (-?\d+)\n#endif", re.M)
     found = {}
-    for src in sorted(build.CSRC.glob("*.cu*")):
-        for name, value in pattern.findall(src.read_text()):
-            assert name not in found, f"{name} defaulted twice ({src.name})"
+    for src, text in sorted(build.source_texts().items()):   # (the generated header's MK_PAGE_SLOTS included)
+        for name, value in pattern.findall(text):
+            assert name not in found, f"{name} defaulted twice ({src})"
             found[name] = int(value)
     found.pop("MK_PROFILE")                 # the profiling build's flag (PROFILE_FLAGS), not a switch
     assert found == build.KERNEL_SWITCHES

@@ -317,6 +317,17 @@ def test_paged_worker_protocol_terminates_and_keeps_its_invariants(npg):
         run(World(items, npg), random.Random(trial))
 
 
+@pytest.mark.parametrize("slots", [2, 4, 5])
+@pytest.mark.parametrize("npg", [4, 11, 12])
+def test_paged_worker_protocol_with_other_item_slot_counts(npg, slots):
+    """MK_PAGE_SLOTS (2..5, build.PAGE_SLOTS_RANGE): the slots' parity (items q, q + slots, ... complete phases 0,
+    1, ...) and the free_ waits hold for any count, more slots than a ring's items included."""
+    rng = random.Random(npg * 10 + slots)
+    for trial in range(40):
+        items = random_items(rng, rng.randint(0, 12))
+        run(World(items, npg, slots=slots), random.Random(trial))
+
+
 @pytest.mark.parametrize("npg", [4, 9, 12])
 def test_paged_worker_protocol_with_the_late_claim(npg):
     """pg_claim_late: the loader waits for each item's inputs (its dependency) before it goes on: still no deadlock."""

@@ -797,8 +797,8 @@ def test_paged_worker_layout_on_north_dims():
         assert 4 <= p.pg_n <= O.PAGE_MAX and p.pg_in_off == p.pg_n * O.PAGE_BYTES
         assert p.pg_rows == 1 and p.pg_in_bytes >= 2 * max(p.I, p.Q) and p.pg_in_bytes % 16 == 0
         assert p.pg_out_rows >= max(2 * p.gu_rows, p.dn_rows, p.o_rows)
-        assert p.pg_out_off == p.pg_in_off + O.PAGE_SLOTS * p.pg_in_bytes
-        assert p.pg_x_off >= p.pg_out_off + O.PAGE_SLOTS * p.pg_out_rows * 4 and p.pg_x_off % 16 == 0
+        assert p.pg_out_off == p.pg_in_off + p.pg_slots * p.pg_in_bytes
+        assert p.pg_x_off >= p.pg_out_off + p.pg_slots * p.pg_out_rows * 4 and p.pg_x_off % 16 == 0
         assert p.pg_state_off >= p.pg_x_off + 2 * p.H and p.pg_state_off % 16 == 0
         assert p.pages_smem_bytes() == p.pg_state_off + O.PAGE_STATE_BYTES
         assert p.pages_smem_bytes() <= p.smem_bytes() <= O.SMEM_LIMIT - O.SMEM_RESERVE
@@ -851,8 +851,8 @@ def test_paged_worker_layout_for_several_rows():
         k_in = max(p.I, p.Q) if p.o_items else p.I
         assert p.pg_in_bytes >= 2 * R * k_in and p.pg_in_bytes % 16 == 0
         assert p.pg_out_rows >= max(2 * p.gu_rows, p.dn_rows, p.o_rows if p.o_items else 0)
-        assert p.pg_out_off == p.pg_in_off + O.PAGE_SLOTS * p.pg_in_bytes
-        assert p.pg_x_off >= p.pg_out_off + O.PAGE_SLOTS * R * p.pg_out_rows * 4 and p.pg_x_off % 16 == 0
+        assert p.pg_out_off == p.pg_in_off + p.pg_slots * p.pg_in_bytes
+        assert p.pg_x_off >= p.pg_out_off + p.pg_slots * R * p.pg_out_rows * 4 and p.pg_x_off % 16 == 0
         assert p.pg_state_off >= p.pg_x_off + 2 * R * p.H and p.pg_state_off % 16 == 0
         assert p.pages_smem_bytes() <= p.smem_bytes() <= O.SMEM_LIMIT - O.SMEM_RESERVE
     # the 5..8-row launches run the 8-row paged plan (not a plain plan of the same tiles)
@@ -911,6 +911,35 @@ def test_simulator_with_the_paged_worker():
                      moe_pages_from=1)
     assert plan.pg_n > 0
     _check_step(cfg, w, st, nxt, plan, seeds=[1, 4])
+
+
+def test_paged_layout_follows_the_builds_item_slots(monkeypatch):
+    """MK_PAGE_SLOTS (a build switch): the paged plans lay out that many items' input and output buffers, so with 4
+    item slots the one-row North plan's ring keeps one page less (an 8 KB input buffer per slot) and still fits; a
+    count outside PAGE_SLOTS_RANGE is refused, and a plan made under another count than the build's is refused at
+    launch (check_build_runs) instead of overrunning its shared memory."""
+    from megakernel.config import north_mini_code_config
+    from megakernel.kernel import build
+    from megakernel.kernel.backend import check_build_runs
+    from megakernel.kv.cache import KVLayout
+
+    cfg = north_mini_code_config()
+    layout = KVLayout.for_model(cfg, 64)
+    make = lambda: ModelPlan(cfg, layout, max_batch=1, n_workers=132)   # noqa: E731
+    three = make()
+    assert three.pg_slots == O.PAGE_SLOTS == 3 and three.pg_n == 12
+    monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_PAGE_SLOTS=4")
+    four = make()
+    assert four.pg_slots == 4 and four.pg_n == 11
+    assert four.pg_out_off == four.pg_in_off + 4 * four.pg_in_bytes
+    assert four.pg_x_off >= four.pg_out_off + 4 * four.pg_rows * four.pg_out_rows * 4
+    assert four.pages_smem_bytes() <= four.smem_bytes() <= O.SMEM_LIMIT - O.SMEM_RESERVE
+    check_build_runs([four])
+    with pytest.raises(ValueError, match="MK_PAGE_SLOTS=4"):
+        check_build_runs([three])
+    monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_PAGE_SLOTS=9")
+    with pytest.raises(build.BuildError, match="MK_PAGE_SLOTS=9"):
+        make()
 
 
 @pytest.mark.parametrize("n_slots,lag", [(1, 1), (5, 0), (5, 1), (5, 2), (5, 4), (5, 5), (5, 9), (17, 3), (17, 8),

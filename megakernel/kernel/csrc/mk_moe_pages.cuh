@@ -114,6 +114,11 @@
 #ifndef MK_PG_DECODE_EARLY
 #define MK_PG_DECODE_EARLY 0
 #endif
+// MK_PAGE_SLOTS (a build switch; its default, opcodes.PAGE_SLOTS = 3, in the generated header): items in flight,
+// each slot with its description, barriers, input buffer and outputs; the plan lays out the build's count
+// (build.page_slots). With items of pg_n / 3 pages or fewer (the H100's b1 gate/up items: 4 of a 12-page ring) the
+// slots, not the ring, cap what is in flight: a slot frees only after its item's epilogue. 4 slots cost the one-row
+// North plan a ring page (an 8 KB input buffer each). Not yet measured (session 35).
 #define PG_END (-1)                     // an item description's kind: no more items (the input warp stops)
 
 // The worker's barriers and bookkeeping: in the plan's dynamic shared memory (at pg_state_off, PAGE_STATE_BYTES of

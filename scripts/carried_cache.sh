@@ -2,7 +2,7 @@
 # On the device, first in a call that carries .mkcache (scripts/prebuild_kernels.py built it here): copy the
 # prebuilt kernel builds into $MEGAKERNEL_CACHE_DIR (default /tmp/mkcache) if one of them loads on this machine
 # (other system libraries may refuse a library built elsewhere); else leave the cache alone and the builds compile
-# here as usual. Prints which happened. `source` it or run it: it changes no variable of the caller.
+# here as usual. Prints which happened. Run it with bash (sourced, its `exit` would end the caller's shell).
 set -u
 cache=${MEGAKERNEL_CACHE_DIR:-/tmp/mkcache}
 [ -d .mkcache ] || { echo "carried cache: none"; exit 0; }

@@ -1,5 +1,5 @@
 """Compile kernel builds here (no GPU needed) into a cache folder a device call carries, so its minutes go to
-measuring instead of nvcc (~1 min a build there).
+measuring instead of nvcc (~25 s a build there, as here).
 
     python scripts/prebuild_kernels.py [--cache .mkcache] SPEC ...
 

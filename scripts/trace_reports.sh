@@ -2,8 +2,9 @@
 # A profiling trace's reports as JSON beside it: `bash scripts/trace_reports.sh TRACE.npz PREFIX` writes
 # PREFIX_page_stats.json (the paged workers' page stats: meaningful in a MK_PG_PAGE_STATS=1 build),
 # PREFIX_bandwidth.json (each layer's HBM rate), PREFIX_sm_states.json and PREFIX_attn_stats.json (attention's
-# chunk sums: meaningful under MK_ATTN_STATS=1). PAGE_STATS_PRINT=1 also prints the page stats' table. A report that
-# does not apply to the build is skipped quietly (its script fails and writes nothing).
+# chunk sums: meaningful under MK_ATTN_STATS=1). PAGE_STATS_PRINT=1 also prints the page stats' table. Errors are
+# not fatal; a report may still be written for a build it does not apply to (attn_stats.py then says chunk_sums:
+# false, page_stats.py's sums are meaningless without MK_PG_PAGE_STATS=1): the caller knows its build.
 set -u
 npz=$1; prefix=$2
 if [ "${PAGE_STATS_PRINT:-0}" = 1 ]; then

@@ -90,17 +90,23 @@ def check_build_runs(plans: list[ModelPlan]) -> None:
         raise ValueError("moe_pages needs the kernel's MK_MOE_LOCAL=1 (the paged worker keeps its routing in shared "
                          "memory; a paged plan's large items do not fit the plain worker); this build has "
                          "MK_MOE_LOCAL=0")
-    stale = [p for p in plans if p.pg_n and p.pg_slots != build.page_slots()]
-    if stale:                            # (a plan made under other MEGAKERNEL_KERNEL_DEFINES than the build's)
-        raise ValueError(f"the paged plan for {stale[0].max_batch} rows lays out {stale[0].pg_slots} item slots; "
-                         f"this build has MK_PAGE_SLOTS={build.page_slots()} (make the plans under the build's "
-                         "switches)")
     if plan.worker_topk and build.switch_value("MK_MOE_LOCAL") == 0:
         raise ValueError("worker_topk needs the kernel's MK_MOE_LOCAL=1 (the workers keep their routing in shared "
                          "memory); this build has MK_MOE_LOCAL=0")
     if plan.fused_norm and fused_norm_smem_bytes(plan.H) == 0 and build.switch_value("MK_SMALL_VEC") < 2:
         raise ValueError("fused_norm at this hidden size needs the kernel's MK_SMALL_VEC>=2 (the fused tiles keep "
                          "the residual in registers; the plan leaves no shared memory for it)")
+
+
+def check_page_slots(plans: list[ModelPlan], lib_slots: int) -> None:
+    """ValueError if a paged plan lays out another count of item slots than the loaded library was built with
+    (its mk_page_slots, MK_PAGE_SLOTS): the kernel would index shared memory the plan gave to something else. (The
+    plan reads the count from $MEGAKERNEL_KERNEL_DEFINES when it is made, the library when it was loaded.)"""
+    stale = [p for p in plans if p.pg_n and p.pg_slots != lib_slots]
+    if stale:
+        raise ValueError(f"the paged plan for {stale[0].max_batch} rows lays out {stale[0].pg_slots} item slots; "
+                         f"the loaded kernel library has MK_PAGE_SLOTS={lib_slots} (make the plans and load the "
+                         "library under the same MEGAKERNEL_KERNEL_DEFINES)")
 
 
 def _align(n: int, a: int = 256) -> int:
@@ -238,6 +244,9 @@ class MegakernelBackend(DecodeBackend):
         plan = plans[-1]
         plan.check_supported()
         check_build_runs(plans)
+        for lib in (self.lib, self._lib_prof):
+            if lib is not None:
+                check_page_slots(plans, lib.mk_page_slots())
         per_block = min(self.smem_optin, O.SMEM_LIMIT)
         for p in plans:
             need = p.smem_bytes()
@@ -289,7 +298,9 @@ class MegakernelBackend(DecodeBackend):
         """Run the next launch on the profiling build (every task stamped); its records land in `last_profile`
         once that launch's completion check has run. The launches after it use the normal build again."""
         if self._lib_prof is None:
-            self._lib_prof = build.load(self.arch, profile=True)
+            lib = build.load(self.arch, profile=True)
+            check_page_slots(self.plans, lib.mk_page_slots())
+            self._lib_prof = lib
         self._profile_next = True
 
     # ---- one step ----------------------------------------------------------------------------------------------

@@ -184,6 +184,7 @@ def load(arch: str = "sm_90a", profile: bool = False) -> ctypes.CDLL:
                                   ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p]
         lib.mk_launch.restype = ctypes.c_int
         lib.mk_num_params.restype = ctypes.c_int
+        lib.mk_page_slots.restype = ctypes.c_int
         lib.mk_error_string.argtypes = [ctypes.c_int]
         lib.mk_error_string.restype = ctypes.c_char_p
         lib.mk_device_info.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import re
 from pathlib import Path
 
@@ -78,13 +79,17 @@ def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     MK_LATE_WEIGHTS=1: records with FLAG_LATE_WEIGHTS issue their weights after their input rows;
     MK_FUSED_TABLES_EARLY=1: a fused tile's norm tables read before its wait; MK_PG_LANE0_ISSUE=1: the paged
     loader's page loop on lane 0 alone; MK_PG_DECODE_EARLY=1: its item decode before the item slot's wait; MK_PAGE_SLOTS=4: four item slots):
-    each compiles, its entry function does not spill, and its static shared memory fits the reserve."""
+    each compiles, its entry function does not spill, its static shared memory fits the reserve, and it reports the
+    item slots the plans lay out."""
     if build.find_nvcc() is None:
         pytest.skip("nvcc not installed")
     monkeypatch.setenv("MEGAKERNEL_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", defines)
     lib = build.build("sm_90a", build.switch_flags())
     check_build_log((lib.parent / "build.log").read_text())
+    # the library reports the item slots its paged worker was built with, as the plans lay them out (loads without a
+    # GPU: no CUDA call runs)
+    assert ctypes.CDLL(str(lib)).mk_page_slots() == build.page_slots()
     # dynamic shared memory starts where each kernel's static section ends (1 KB reserved + its own): MK_SMEM_ALIGN
     # pads that section to a multiple of the alignment
     align = build.switch_value("MK_SMEM_ALIGN")

@@ -916,13 +916,14 @@ def test_simulator_with_the_paged_worker():
 def test_paged_layout_follows_the_builds_item_slots(monkeypatch):
     """MK_PAGE_SLOTS (a build switch): the paged plans lay out that many items' input and output buffers, so with 4
     item slots the one-row North plan's ring keeps one page less (an 8 KB input buffer per slot) and still fits; a
-    count outside PAGE_SLOTS_RANGE is refused, and a plan made under another count than the build's is refused at
-    launch (check_build_runs) instead of overrunning its shared memory."""
+    count outside PAGE_SLOTS_RANGE is refused, and a plan whose count differs from the loaded library's
+    (mk_page_slots) is refused (check_page_slots) instead of overrunning its shared memory."""
     from megakernel.config import north_mini_code_config
     from megakernel.kernel import build
-    from megakernel.kernel.backend import check_build_runs
+    from megakernel.kernel.backend import check_page_slots
     from megakernel.kv.cache import KVLayout
 
+    monkeypatch.delenv("MEGAKERNEL_KERNEL_DEFINES", raising=False)
     cfg = north_mini_code_config()
     layout = KVLayout.for_model(cfg, 64)
     make = lambda: ModelPlan(cfg, layout, max_batch=1, n_workers=132)   # noqa: E731
@@ -934,9 +935,11 @@ def test_paged_layout_follows_the_builds_item_slots(monkeypatch):
     assert four.pg_out_off == four.pg_in_off + 4 * four.pg_in_bytes
     assert four.pg_x_off >= four.pg_out_off + 4 * four.pg_rows * four.pg_out_rows * 4
     assert four.pages_smem_bytes() <= four.smem_bytes() <= O.SMEM_LIMIT - O.SMEM_RESERVE
-    check_build_runs([four])
+    check_page_slots([four], 4)
     with pytest.raises(ValueError, match="MK_PAGE_SLOTS=4"):
-        check_build_runs([three])
+        check_page_slots([three], 4)
+    with pytest.raises(ValueError, match="MK_PAGE_SLOTS=3"):
+        check_page_slots([three, four], 3)
     monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_PAGE_SLOTS=9")
     with pytest.raises(build.BuildError, match="MK_PAGE_SLOTS=9"):
         make()

@@ -105,20 +105,21 @@
 #define MK_PG_LANE0_ISSUE 0
 #endif
 // MK_PG_DECODE_EARLY: the loader decodes its next item (moe_item's table reads, its page count) before it waits for
-// the item's slot to free (1), or after (0). With PAGE_SLOTS item slots and items of pg_n / PAGE_SLOTS pages (the
-// H100 plan's b1 gate/up items: 4 pages, a 12-page ring), the slots bind before the ring does: the loader's next
-// item waits for an epilogue three items back, then for its own decode (0.7 us in the page stats), before its
-// first page can issue (speed_20261206s35 call 2: warps starved 7.2 us per gate/up page that flies 1.1). Not yet
-// measured or run on a GPU (session 35's device time ran out). Its page stats' decode field spans the decode and the
-// slot's wait (from the decode's start to the publish).
+// the item's slot to free (1), or after (0). Where items are at most pg_n / MK_PAGE_SLOTS pages (the H100 plan's b1
+// gate/up items: 4 pages, 3 slots, a 12-page ring), every item slot is busy while the ring is full, and a slot
+// frees only after its item's epilogue: the loader's next item then waits for the epilogue MK_PAGE_SLOTS items back
+// and for its own decode (0.7 us in the page stats) before its first page can issue. Not yet measured or run on a
+// GPU (session 35's device time ran out). Its page stats' decode field spans the decode and the slot's wait (from
+// the decode's start to the publish).
 #ifndef MK_PG_DECODE_EARLY
 #define MK_PG_DECODE_EARLY 0
 #endif
 // MK_PAGE_SLOTS (a build switch; its default, opcodes.PAGE_SLOTS = 3, in the generated header): items in flight,
 // each slot with its description, barriers, input buffer and outputs; the plan lays out the build's count
-// (build.page_slots). With items of pg_n / 3 pages or fewer (the H100's b1 gate/up items: 4 of a 12-page ring) the
-// slots, not the ring, cap what is in flight: a slot frees only after its item's epilogue. 4 slots cost the one-row
-// North plan a ring page (an 8 KB input buffer each). Not yet measured (session 35).
+// (build.page_slots) and the library reports it (mk_page_slots, checked against the plans). With items of pg_n / 3
+// pages or fewer (the H100's b1 gate/up items: 4 of a 12-page ring) three slots hold no more than the ring, and each
+// frees only after its item's epilogue. 4 slots cost the one-row North plan a ring page (an 8 KB input buffer
+// each). Not yet measured (session 35).
 #define PG_END (-1)                     // an item description's kind: no more items (the input warp stops)
 
 // The worker's barriers and bookkeeping: in the plan's dynamic shared memory (at pg_state_off, PAGE_STATE_BYTES of

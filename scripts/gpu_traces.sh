@@ -20,9 +20,9 @@ for spec in ${TRACES:-}; do
     bench --random-north --backend megakernel --batch-size "$bsz" --context "$ctx" --steps 20 \
     --trace "/tmp/tl_$name.npz" 2>&1 | grep -E "ROUTER|QKV|TOPK|OPROJ|MOE_WORKER|a layer|normal build|rror" | cut -c1-320
   cp "/tmp/tl_$name.summary.json" "$OUT/" 2>/dev/null
-  case ",$defines," in *,MK_PG_PAGE_STATS=1,*) stats=1;; *) stats=0;; esac
-  PAGE_STATS_PRINT=$stats bash scripts/trace_reports.sh "/tmp/tl_$name.npz" "$OUT/tl_$name"
-  [ $stats = 1 ] || rm -f "$OUT/tl_${name}_page_stats.json"   # (no page stats in this build: its table is meaningless)
+  # (page stats only from a build that has them: elsewhere their table is meaningless)
+  case ",$defines," in *,MK_PG_PAGE_STATS=1,*) stats=print;; *) stats=skip;; esac
+  PAGE_STATS=$stats bash scripts/trace_reports.sh "/tmp/tl_$name.npz" "$OUT/tl_$name"
   [ "${TRACE_KEEP:-0}" = 1 ] && cp "/tmp/tl_$name.npz" "$OUT/"
 done
 echo "traces done at $(($(date +%s) - t0)) s"

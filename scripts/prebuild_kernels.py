@@ -28,15 +28,7 @@ def flags_of(spec: str) -> tuple[str, ...]:
     defines, _, extra = spec.partition("+")
     if extra not in ("", "profile"):
         raise SystemExit(f"bad spec {spec!r}: want DEFINES or DEFINES+profile")
-    old = os.environ.get("MEGAKERNEL_KERNEL_DEFINES")
-    os.environ["MEGAKERNEL_KERNEL_DEFINES"] = "" if defines == "default" else defines
-    try:
-        return (build.PROFILE_FLAGS if extra else ()) + build.switch_flags()
-    finally:
-        if old is None:
-            del os.environ["MEGAKERNEL_KERNEL_DEFINES"]
-        else:
-            os.environ["MEGAKERNEL_KERNEL_DEFINES"] = old
+    return (build.PROFILE_FLAGS if extra else ()) + build.switch_flags("" if defines == "default" else defines)
 
 
 def main() -> None:

@@ -152,9 +152,12 @@ def page_slots() -> int:
     return n
 
 
-def switch_flags() -> tuple[str, ...]:
-    """-D flags for the switches that $MEGAKERNEL_KERNEL_DEFINES sets away from their defaults."""
-    text = os.environ.get("MEGAKERNEL_KERNEL_DEFINES", "").strip()
+def switch_flags(text: str | None = None) -> tuple[str, ...]:
+    """-D flags for the switches that `text` (a switch list; None: $MEGAKERNEL_KERNEL_DEFINES) sets away from their
+    defaults."""
+    if text is None:
+        text = os.environ.get("MEGAKERNEL_KERNEL_DEFINES", "")
+    text = text.strip()
     flags, given = [], {}
     for item in filter(None, (x.strip() for x in text.split(","))):
         name, _, val = item.partition("=")

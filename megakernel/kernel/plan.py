@@ -606,9 +606,9 @@ class ModelPlan:
         item (tile_batch, or slot_pairs): pg_slots items in flight (the build's MK_PAGE_SLOTS), each with an input
         buffer (a down item's activation rows, an O item's attention rows; a gate/up item's x rows where pg_x_item,
         else it reads the layer's x rows, loaded once per worker into a buffer of their own) and its fp32 outputs
-        (pg_rows x pg_out_rows), after as many pages as fit the usable shared memory (at most PAGE_MAX, at most moe_pages_max
-        where that is set), then its barriers and bookkeeping (PAGE_STATE_BYTES). pg_x_item where moe_pages_x_item
-        and the per-item rows leave more pages than the shared x buffer."""
+        (pg_rows x pg_out_rows), after as many pages as fit the usable shared memory (at most PAGE_MAX, at most
+        moe_pages_max where that is set), then its barriers and bookkeeping (PAGE_STATE_BYTES). pg_x_item where
+        moe_pages_x_item and the per-item rows leave more pages than the shared x buffer."""
         self.pg_n = self.pg_in_off = self.pg_in_bytes = self.pg_out_off = self.pg_out_rows = self.pg_state_off = 0
         self.pg_rows = self.pg_x_off = self.pg_x_item = self.pg_slots = 0
         if not (self.moe_pages and self.moe_pages_from <= self.tb <= self.moe_pages and self.Lm and not self.wbuf

@@ -64,23 +64,23 @@ def check_build_log(log: str, spills_allowed: bool = False) -> None:
 def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     """The builds the switches select besides the default (MK_MOE_LOCAL=0: the MoE worker's routing read from L2 per
     item; MK_SMALL_VEC=1: NORM in three or four waves of loads; MK_SMALL_VEC=3: the combine in one round trip;
-    MK_ATTN_BULK=0: attention's K/V by 16-byte cp.async, alone and as the default before session 27 (no padding, the
-    old math); MK_ATTN_BULK=2: by tensor copies (with MK_EARLY_TABLES=0: beside the early loads the tensor-copy build
-    spills 12 bytes of the persistent loop's task bookkeeping, session 24); MK_CONST_TABLES=1: the layer tables in
-    constant memory too; MK_ATTN_DSPLIT=0: attention without its two-warps-per-slice variant; MK_ATTN_TABLE=0 (on the
-    cp.async path): each KV block segment looked up as it goes; MK_PG_SEG_TC=1: the paged worker's one-row pages on
-    tensor cores; MK_PG_CLAIM_LEAD=1: its next claim one page before an item's end; MK_PG_PROXY_FENCE=1: a proxy
-    fence before each page's copy (the default until session 34); MK_SMEM_ALIGN=16: dynamic shared memory from the
-    static section's 16-byte end (the default before session 24); MK_PG_TC_ACC=2: the paged worker's several-row pages with two accumulators per chain;
-    MK_EARLY_TABLES=0: the record, abort flag and tables loaded a round trip later; MK_ATTN_Q_ASYNC=0 (cp.async path)
-    and 2 (bulk path): attention's Q rows by register loads, or by cp.async; MK_CLAIM_FIRST=0: a task's next claim by
-    thread 0 after its signal's release; MK_ATTN_PAD=0, MK_ATTN_ISSUE=0, MK_ATTN_MATH=0: each of session 27's
-    attention defaults off; MK_LOADX_ASYNC=0: GEMV input rows through registers, four loads in flight per thread;
-    MK_LATE_WEIGHTS=1: records with FLAG_LATE_WEIGHTS issue their weights after their input rows;
-    MK_FUSED_TABLES_EARLY=1: a fused tile's norm tables read before its wait; MK_PG_LANE0_ISSUE=1: the paged
-    loader's page loop on lane 0 alone; MK_PG_DECODE_EARLY=1: its item decode before the item slot's wait; MK_PAGE_SLOTS=4: four item slots):
-    each compiles, its entry function does not spill, its static shared memory fits the reserve, and it reports the
-    item slots the plans lay out."""
+    MK_ATTN_BULK=0: attention's K/V by 16-byte cp.async, alone and as the default before session 27 (no padding, the old
+    math); MK_ATTN_BULK=2: by tensor copies (with MK_EARLY_TABLES=0: beside the early loads the tensor-copy build spills
+    12 bytes of the persistent loop's task bookkeeping, session 24); MK_CONST_TABLES=1: the layer tables in constant
+    memory too; MK_ATTN_DSPLIT=0: attention without its two-warps-per-slice variant; MK_ATTN_TABLE=0 (on the cp.async
+    path): each KV block segment looked up as it goes; MK_PG_SEG_TC=1: the paged worker's one-row pages on tensor cores;
+    MK_PG_CLAIM_LEAD=1: its next claim one page before an item's end; MK_PG_PROXY_FENCE=1: a proxy fence before each
+    page's copy (the default until session 34); MK_SMEM_ALIGN=16: dynamic shared memory from the static section's
+    16-byte end (the default before session 24); MK_PG_TC_ACC=2: the paged worker's several-row pages with two
+    accumulators per chain; MK_EARLY_TABLES=0: the record, abort flag and tables loaded a round trip later;
+    MK_ATTN_Q_ASYNC=0 (cp.async path) and 2 (bulk path): attention's Q rows by register loads, or by cp.async;
+    MK_CLAIM_FIRST=0: a task's next claim by thread 0 after its signal's release; MK_ATTN_PAD=0, MK_ATTN_ISSUE=0,
+    MK_ATTN_MATH=0: each of session 27's attention defaults off; MK_LOADX_ASYNC=0: GEMV input rows through registers,
+    four loads in flight per thread; MK_LATE_WEIGHTS=1: records with FLAG_LATE_WEIGHTS issue their weights after their
+    input rows; MK_FUSED_TABLES_EARLY=1: a fused tile's norm tables read before its wait; MK_PG_LANE0_ISSUE=1: the paged
+    loader's page loop on lane 0 alone; MK_PG_DECODE_EARLY=1: its item decode before the item slot's wait;
+    MK_PAGE_SLOTS=4: four item slots): each compiles, its entry function does not spill, its static shared memory fits
+    the reserve, and it reports the item slots the plans lay out."""
     if build.find_nvcc() is None:
         pytest.skip("nvcc not installed")
     monkeypatch.setenv("MEGAKERNEL_CACHE_DIR", str(tmp_path))
@@ -101,8 +101,8 @@ def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
 def test_profiling_builds_compile(tmp_path, monkeypatch, defines):
     """The profiling build (MK_PROFILE: every task stamped, kernel/timeline.py) that a device call's trace runs, plain
     and with its diagnostic switches (the paged items' page sums, the attention splits' chunk sums, the fused norm's
-    two passes), compiles and its static shared memory fits the reserve. (It may spill: the stamps cost registers; it is not the build that is
-    timed.)"""
+    two passes), compiles and its static shared memory fits the reserve. (It may spill: the stamps cost registers;
+    it is not the build that is timed.)"""
     if build.find_nvcc() is None:
         pytest.skip("nvcc not installed")
     monkeypatch.setenv("MEGAKERNEL_CACHE_DIR", str(tmp_path))
@@ -154,6 +154,9 @@ def test_kernel_switches_from_the_environment(monkeypatch):
     assert build.switch_flags() == ("-DMK_PG_PROXY_FENCE=1",)
     monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_PG_PROXY_FENCE=0")
     assert build.switch_flags() == ()
+    # a list given as text (scripts/prebuild_kernels.py) instead of the environment's
+    assert build.switch_flags("MK_PG_PROXY_FENCE=1") == ("-DMK_PG_PROXY_FENCE=1",)
+    assert build.switch_flags("") == ()
     for bad in ("MK_NOPE=1", "MK_PG_PROXY_FENCE=yes", "MK_SIGNAL_FENCE=1"):   # (the last: a switch since removed)
         monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", bad)
         with pytest.raises(build.BuildError, match="MEGAKERNEL_KERNEL_DEFINES"):

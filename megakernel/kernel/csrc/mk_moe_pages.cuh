@@ -114,6 +114,15 @@
 #ifndef MK_PG_DECODE_EARLY
 #define MK_PG_DECODE_EARLY 0
 #endif
+// MK_PG_MULTI_ISSUE: an item's pages issued by the loader's lanes at once, lane i page base + i in rounds of at most
+// pg_n pages (distinct ring slots), each lane waiting for its own slot, the claim before the first round (1); or one
+// page after another, each waiting for its slot (0). One page's issue is ~0.1-0.2 us of the loader's serial work
+// (page stats, H200, session 34: 1.44 us inside the issues of an 8-page gate/up item); a round costs about one. With
+// holes possible in a failed round (an abort), each ring page records the sequence number of its last issue (`seq`)
+// and the closing drain waits for that one. Its page stats' ring-slot waits sum the lanes' parallel waits.
+#ifndef MK_PG_MULTI_ISSUE
+#define MK_PG_MULTI_ISSUE 0
+#endif
 // MK_PAGE_SLOTS (a build switch; its default, opcodes.PAGE_SLOTS = 3, in the generated header): items in flight,
 // each slot with its description, barriers, input buffer and outputs; the plan lays out the build's count
 // (build.page_slots) and the library reports it (mk_page_slots, checked against the plans). With items of pg_n / 3
@@ -146,6 +155,9 @@ struct PgState {
     int done[MK_PAGE_SLOTS];                   // pages of the slot's item counted (atomics: elects the epilogue's warp)
     int stop;                                  // a wait failed (aborted step): every warp leaves
     int issued;                                // pages (and end markers) the loader issued
+#if MK_PG_MULTI_ISSUE
+    int seq[MK_PAGE_MAX];                      // the ring page's last issued sequence number (-1: none)
+#endif
     const bf16* o_bias;                        // the layer's O-projection bias or null (the loader writes it before
                                                // its first item: O epilogues read no table after their wait)
 };
@@ -385,6 +397,9 @@ __device__ __noinline__ void pg_setup(const Params& P) {
         for (int i = warp; i < npg; i += NW) {
             mbar_init(&G.full[i], 1);
             mbar_init(&G.empty[i], 1);
+#if MK_PG_MULTI_ISSUE
+            G.seq[i] = -1;
+#endif
         }
         for (int q = warp; q < MK_PAGE_SLOTS; q += NW) {
             mbar_init(&G.desc[q], 1);
@@ -425,7 +440,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
         // the ring's first lap has no `empty` wait: its pages overlap what earlier tasks of this block wrote and read
         // by generic accesses (the GEMV scratch at offset 0, tiles, attention chunks), ordered before this lane by
         // the block barriers; one proxy fence orders them before every copy it issues, as issue_weights_w0 does
-        if (lane == 0) fence_proxy_async();
+        if (lane == 0 || MK_PG_MULTI_ISSUE) fence_proxy_async();   // (MULTI_ISSUE: every lane issues copies)
 #endif
         int item = first_item, j = 0, s = 0;
 #if MK_PG_LANE0_ISSUE
@@ -521,6 +536,51 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             }
             const bool late = PI(pg_claim_late) != 0;
             const int pages0 = (n0 + rpp - 1) / rpp;   // the first half's pages (gate rows, or all)
+#if MK_PG_MULTI_ISSUE
+            // this lane's page p, sequence number sq, into ring page sq % npg once its previous lap is free; false if
+            // the wait failed (nothing issued)
+            const auto issue_lane = [&](int p, int sq) -> bool {
+                const int h = p < pages0 ? 0 : 1, r = (h ? p - pages0 : p) * rpp;
+                const int nr = min(rpp, (h ? n1 : n0) - r);
+                const bf16* src = h ? it.T.w1 : it.T.w0;
+                const int slot = sq % npg;
+#if PG_STATS
+                const long long t_ready = prof_now();
+#endif
+                if (sq >= npg && !pg_wait_lane(P, G, ticket, &G.empty[slot], ((sq / npg) - 1) & 1, STALL_EMPTY, sq))
+                    return false;
+#if PG_STATS
+                const long long t_issue = prof_now();
+                atomicAdd(&G.pstat[q][3], (unsigned long long)(t_issue - t_ready));
+#endif
+#if MK_PROFILE
+                if (p == 0) G.stamp[q][1] = prof_now();   // (before the arrive that releases it)
+#endif
+                G.page[slot][0] = q;
+                G.page[slot][1] = (h * n0 + r) | (nr << 16);
+                G.seq[slot] = sq;
+#if PG_STATS
+                G.pissue[slot] = prof_now();
+#endif
+#if MK_PG_PROXY_FENCE
+                fence_proxy_async();
+#endif
+                mbar_expect_tx(&G.full[slot], (unsigned)(nr * K * 2));
+                bulk_load(smem + (size_t)slot * MK_PAGE_BYTES, src + (size_t)r * K, (unsigned)(nr * K * 2),
+                          &G.full[slot], pol);
+#if PG_STATS
+                atomicAdd(&G.pstat[q][2], (unsigned long long)(prof_now() - t_issue) << 32);
+#endif
+                return true;
+            };
+            if (!late && lane == 0) claim = atomicAdd(work, 1);   // (read after the item's pages: `take`)
+            for (int base = 0; base < pages && !stop; base += npg) {
+                bool ok = true;
+                if (lane < npg && base + lane < pages) ok = issue_lane(base + lane, s + base + lane);
+                stop = __any_sync(0xffffffffu, !ok);
+            }
+            s += pages;
+#else
             // page p of the item: rows r.. of half h into the next ring slot, once its previous lap is free
             const auto issue_page = [&](int p) {
                 const int h = p < pages0 ? 0 : 1, r = (h ? p - pages0 : p) * rpp;
@@ -590,6 +650,7 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             if (!late && !stop && lane == 0) claim = atomicAdd(work, 1);
             for (int p = claim_at; p < pages && !stop; p++) issue_page(p);
 #endif
+#endif
             if (late && !stop) {              // claim_late: once this item's inputs are loaded (its dependency met)
                 if (!pg_wait(P, G, ticket, &G.inp[q], slot_parity(j), STALL_CLAIM, j)) {
                     stop = true;
@@ -610,7 +671,18 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             take(nxt);
         }
         // One end marker per computing warp, each into its own page (the npg sequence numbers after the last page)
-#if MK_PG_LANE0_ISSUE
+#if MK_PG_MULTI_ISSUE
+        if (!stop) {                          // (lane i the marker of sequence number s + i, in one round)
+            bool ok = true;
+            const int sq = s + lane, slot = sq % npg;
+            if (lane < npg) {
+                ok = sq < npg || pg_wait_lane(P, G, ticket, &G.empty[slot], ((sq / npg) - 1) & 1, STALL_EMPTY, sq);
+                if (ok) { G.page[slot][0] = -1; G.seq[slot] = sq; mbar_arrive(&G.full[slot]); }
+            }
+            stop = __any_sync(0xffffffffu, !ok);
+            s += npg;
+        }
+#elif MK_PG_LANE0_ISSUE
         // (lane 0 alone, whose s and stop the lines after it read)
         for (int i = 0; i < npg && !stop && lane == 0; i++) {
             if (ring_lap > 0 && !pg_wait_lane(P, G, ticket, &G.empty[ring_slot], (unsigned)(ring_lap - 1) & 1u,
@@ -742,10 +814,16 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
     if (lane == 0) {                          // (each page's last phase, then its barriers, by the warp that set them up)
         const int S = G.issued;
         for (int i = warp; i < npg; i += NW) {
+#if MK_PG_MULTI_ISSUE
+            const int s = G.seq[i];           // (a failed round may leave holes: each page's own last issue)
+            if (s >= 0) mbar_wait(&G.full[i], (s / npg) & 1);
+            (void)S;
+#else
             if (S > i) {                      // page i's last sequence number: the largest s < S with s % npg == i
                 const int s = i + npg * ((S - 1 - i) / npg);
                 mbar_wait(&G.full[i], (s / npg) & 1);
             }
+#endif
             mbar_inval(&G.full[i]);
             mbar_inval(&G.empty[i]);
         }

@@ -72,6 +72,9 @@ class World:
     nwc: int = 0                  # computing warps (0: npg, the kernel's rule); more: warp w takes pages w, w + nwc, ...
     slots: int = 3
     claim_late: bool = False      # pg_claim_late: the loader goes on to the next item once this one's inputs are in
+    multi_issue: bool = False     # MK_PG_MULTI_ISSUE: an item's pages in rounds of <= npg, each page issued when its
+                                  # own ring page frees (any order within a round)
+    rng: random.Random = field(default_factory=lambda: random.Random(0))   # (the round's issue order)
     full: list[Mbar] = field(default_factory=list)
     empty: list[Mbar] = field(default_factory=list)
     desc: list[Mbar] = field(default_factory=list)
@@ -88,6 +91,7 @@ class World:
     done: list[int] = field(default_factory=list)
     stop: bool = False                                            # an aborted step: every wait gives up
     issued: int = 0                                               # sequence numbers the loader used
+    seq: list[int] = field(default_factory=list)                  # each page's last issued sequence (MULTI_ISSUE)
     computed: dict[int, int] = field(default_factory=dict)        # (item) -> pages computed
     finished: set[int] = field(default_factory=set)
 
@@ -106,6 +110,7 @@ class World:
         self.inputs_of = [-1] * self.slots
         self.in_readers = [0] * self.slots
         self.done = [0] * self.slots
+        self.seq = [-1] * self.npg
 
     def parity(self, j: int) -> int:
         """Item j's phase parity of its slot's barriers (items q, q + slots, ... complete phases 0, 1, ...)."""
@@ -128,6 +133,38 @@ def _ring_page(w: World, s: int):
     return (yield from until(w, lambda: s < w.npg or w.empty[slot].done((s // w.npg - 1) & 1)))
 
 
+def _ring_free(w: World, s: int) -> bool:
+    return s < w.npg or w.empty[s % w.npg].done((s // w.npg - 1) & 1)
+
+
+def _issue(w: World, s: int, q: int, p: int) -> None:
+    """Sequence s (page p of the item in slot q) into its ring page, once the page is free: the entry, the copy."""
+    slot = s % w.npg
+    assert w.reading[slot] == 0, "the loader reuses a page a warp is reading"
+    w.page[slot] = (q, p)
+    w.full[slot].pending_tx = True
+    w.full[slot].arrive()                              # (arrive.expect_tx: completes once the copy lands)
+    w.in_flight.append(s)
+    w.seq[slot] = s
+
+
+def _rounds(w: World, s: int, n: int, issue):
+    """MULTI_ISSUE: sequences s .. s + n - 1 in rounds of at most npg (distinct ring pages), each issued by its own
+    lane once its ring page is free, in any order within the round; False on an abort."""
+    for base in range(0, n, w.npg):
+        todo = list(range(base, min(n, base + w.npg)))
+        while todo:
+            ready = [i for i in todo if _ring_free(w, s + i)]
+            if ready:
+                i = w.rng.choice(ready)
+                issue(s + i, i)
+                todo.remove(i)
+            elif w.stop:
+                return False
+            yield
+    return True
+
+
 def loader(w: World):
     s = 0
     for j in range(len(w.items) + 1):
@@ -142,20 +179,28 @@ def loader(w: World):
         w.item_of[q] = j
         w.outs[q].arrive(OUT_ARRIVALS - LANES * it.pages)
         w.desc[q].arrive()
-        for p in range(it.pages):
+        if w.multi_issue:
+            if not (yield from _rounds(w, s, it.pages, lambda sq, p: _issue(w, sq, q, p))):
+                return
+            s += it.pages
+        for p in range(0 if not w.multi_issue else it.pages, it.pages):
             slot = s % w.npg
             if not (yield from _ring_page(w, s)):
                 return
-            assert w.reading[slot] == 0, "the loader reuses a page a warp is reading"
-            w.page[slot] = (q, p)
-            w.full[slot].pending_tx = True
-            w.full[slot].arrive()                      # (arrive.expect_tx: completes once the copy lands)
-            w.in_flight.append(s)
+            _issue(w, s, q, p)
             s += 1
             w.issued = s
             yield
         if w.claim_late and not (yield from until(w, lambda: w.inp[q].done(w.parity(j)))):
             return
+    def end_marker(sq: int, _i: int) -> None:
+        w.page[sq % w.npg] = (-1, 0)
+        w.full[sq % w.npg].arrive()                    # an end marker: a plain arrive
+        w.seq[sq % w.npg] = sq
+
+    if w.multi_issue:                                  # (one round: lane i the marker of s + i)
+        yield from _rounds(w, s, w.nwc, end_marker)
+        return
     for _ in range(w.nwc):                             # an end marker per computing warp (one per page)
         slot = s % w.npg
         if not (yield from _ring_page(w, s)):
@@ -277,8 +322,12 @@ def run(w: World, rng: random.Random, max_steps: int = 200_000, stop_at: int | N
     else:
         raise Deadlock("step limit")
     if w.stop:
-        # the drain waits for the last phase of every page: every copy still in flight is in one
-        assert all(s >= w.issued - w.npg for s in w.in_flight)
+        # the drain waits for the last phase of every page: every copy still in flight is in one (MULTI_ISSUE: each
+        # page's recorded last issue, since a failed round may leave holes)
+        if w.multi_issue:
+            assert all(w.seq[s % w.npg] == s for s in w.in_flight)
+        else:
+            assert all(s >= w.issued - w.npg for s in w.in_flight)
         return
     assert w.finished == set(range(len(w.items)))
     assert all(w.computed[j] == it.pages for j, it in enumerate(w.items))
@@ -357,3 +406,15 @@ def test_the_model_finds_the_parity_ambiguity():
             run(World(items, 6, nwc=14), random.Random(trial))
     for trial in range(50):
         run(World(items, 6), random.Random(trial))
+
+
+@pytest.mark.parametrize("npg", [4, 9, 12])
+def test_paged_worker_protocol_with_multi_lane_issue(npg):
+    """MK_PG_MULTI_ISSUE: a round's pages issued in any order as their ring pages free (items of more pages than the
+    ring in several rounds), and aborted at random points: the invariants hold and every role returns."""
+    rng = random.Random(31 + npg)
+    for trial in range(60):
+        items = random_items(rng, rng.randint(0, 12))
+        run(World(items, npg, multi_issue=True, rng=random.Random(trial)), random.Random(trial))
+        w = World(items, npg, multi_issue=True, rng=random.Random(trial))
+        run(w, random.Random(trial + 1), stop_at=rng.randint(0, 400))

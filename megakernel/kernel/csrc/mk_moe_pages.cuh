@@ -115,8 +115,9 @@
 #define MK_PG_DECODE_EARLY 0
 #endif
 // MK_PG_MULTI_ISSUE: an item's pages issued by the loader's lanes at once, lane i page base + i in rounds of at most
-// pg_n pages (distinct ring slots), each lane waiting for its own slot, the claim before the first round (1); or one
-// page after another, each waiting for its slot (0). One page's issue is ~0.1-0.2 us of the loader's serial work
+// pg_n pages (distinct ring slots), each lane polling its own slot (test_wait: a lane issues as soon as its slot is
+// free, not when the round's last is) and the claim before the first round (1); or one page after another, each
+// waiting for its slot (0). One page's issue is ~0.1-0.2 us of the loader's serial work
 // (page stats, H200, session 34: 1.44 us inside the issues of an 8-page gate/up item); a round costs about one. With
 // holes possible in a failed round (an abort), each ring page records the sequence number of its last issue (`seq`)
 // and the closing drain waits for that one. Its page stats' ring-slot waits sum the lanes' parallel waits.
@@ -537,22 +538,13 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             const bool late = PI(pg_claim_late) != 0;
             const int pages0 = (n0 + rpp - 1) / rpp;   // the first half's pages (gate rows, or all)
 #if MK_PG_MULTI_ISSUE
-            // this lane's page p, sequence number sq, into ring page sq % npg once its previous lap is free; false if
-            // the wait failed (nothing issued)
-            const auto issue_lane = [&](int p, int sq) -> bool {
+            // this lane's page p, sequence number sq, into ring page sq % npg (its previous lap free): the entry and
+            // the copy
+            const auto issue_lane = [&](int p, int sq) {
                 const int h = p < pages0 ? 0 : 1, r = (h ? p - pages0 : p) * rpp;
                 const int nr = min(rpp, (h ? n1 : n0) - r);
                 const bf16* src = h ? it.T.w1 : it.T.w0;
                 const int slot = sq % npg;
-#if PG_STATS
-                const long long t_ready = prof_now();
-#endif
-                if (sq >= npg && !pg_wait_lane(P, G, ticket, &G.empty[slot], ((sq / npg) - 1) & 1, STALL_EMPTY, sq))
-                    return false;
-#if PG_STATS
-                const long long t_issue = prof_now();
-                atomicAdd(&G.pstat[q][3], (unsigned long long)(t_issue - t_ready));
-#endif
 #if MK_PROFILE
                 if (p == 0) G.stamp[q][1] = prof_now();   // (before the arrive that releases it)
 #endif
@@ -568,16 +560,38 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                 mbar_expect_tx(&G.full[slot], (unsigned)(nr * K * 2));
                 bulk_load(smem + (size_t)slot * MK_PAGE_BYTES, src + (size_t)r * K, (unsigned)(nr * K * 2),
                           &G.full[slot], pol);
-#if PG_STATS
-                atomicAdd(&G.pstat[q][2], (unsigned long long)(prof_now() - t_issue) << 32);
-#endif
-                return true;
             };
             if (!late && lane == 0) claim = atomicAdd(work, 1);   // (read after the item's pages: `take`)
+            // each round: every lane polls its own ring page (test_wait, non-blocking) and issues as soon as it is
+            // free, the warp looping until every lane has issued (or the step stopped)
             for (int base = 0; base < pages && !stop; base += npg) {
-                bool ok = true;
-                if (lane < npg && base + lane < pages) ok = issue_lane(base + lane, s + base + lane);
-                stop = __any_sync(0xffffffffu, !ok);
+                const int p = base + lane, sq = s + p;
+                bool mine = lane < npg && p < pages, failed = false;
+                unsigned long long* eb = &G.empty[sq % npg];
+                const unsigned par = ((sq / npg) - 1) & 1;
+                PgSpin spin;
+#if PG_STATS
+                const long long t_ready = prof_now();
+#endif
+                while (__any_sync(0xffffffffu, mine)) {
+                    if (mine) {
+                        if (sq < npg || mbar_test_wait(eb, par)) {
+#if PG_STATS
+                            const long long t_issue = prof_now();
+                            atomicAdd(&G.pstat[q][3], (unsigned long long)(t_issue - t_ready));
+#endif
+                            issue_lane(p, sq);
+#if PG_STATS
+                            atomicAdd(&G.pstat[q][2], (unsigned long long)(prof_now() - t_issue) << 32);
+#endif
+                            mine = false;
+                        } else if (spin.leave(P, G, ticket, STALL_EMPTY, sq)) {
+                            failed = true;
+                            mine = false;
+                        }
+                    }
+                }
+                stop = __any_sync(0xffffffffu, failed);
             }
             s += pages;
 #else
@@ -672,14 +686,25 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
         }
         // One end marker per computing warp, each into its own page (the npg sequence numbers after the last page)
 #if MK_PG_MULTI_ISSUE
-        if (!stop) {                          // (lane i the marker of sequence number s + i, in one round)
-            bool ok = true;
-            const int sq = s + lane, slot = sq % npg;
-            if (lane < npg) {
-                ok = sq < npg || pg_wait_lane(P, G, ticket, &G.empty[slot], ((sq / npg) - 1) & 1, STALL_EMPTY, sq);
-                if (ok) { G.page[slot][0] = -1; G.seq[slot] = sq; mbar_arrive(&G.full[slot]); }
+        if (!stop) {                          // (lane i the marker of sequence number s + i, in one round, polled
+            const int sq = s + lane, slot = sq % npg;   // as the pages' rounds)
+            const unsigned par = ((sq / npg) - 1) & 1;
+            bool mine = lane < npg, failed = false;
+            PgSpin spin;
+            while (__any_sync(0xffffffffu, mine)) {
+                if (mine) {
+                    if (sq < npg || mbar_test_wait(&G.empty[slot], par)) {
+                        G.page[slot][0] = -1;
+                        G.seq[slot] = sq;
+                        mbar_arrive(&G.full[slot]);
+                        mine = false;
+                    } else if (spin.leave(P, G, ticket, STALL_EMPTY, sq)) {
+                        failed = true;
+                        mine = false;
+                    }
+                }
             }
-            stop = __any_sync(0xffffffffu, !ok);
+            stop = __any_sync(0xffffffffu, failed);
             s += npg;
         }
 #elif MK_PG_LANE0_ISSUE

@@ -91,19 +91,6 @@
 #ifndef MK_PG_PROXY_FENCE
 #define MK_PG_PROXY_FENCE 0
 #endif
-// MK_PG_LANE0_ISSUE: lane 0 of the loader alone runs an item's page loop (its ring-slot waits without a shuffle,
-// its claim, its copies) and the end markers, and keeps the ring position (slot, lap) in counters instead of a
-// division per page, while lanes 1-31 wait for it after the page loops (1); or every lane walks the loop, each page's
-// wait ending in a shuffle and an all-lane barrier wait, though only lane 0 issues (0). The page stats put the
-// loader's serial work per item on the b1 expert phase (SPEED_NOTES, thirty-fourth session); the default build's
-// SASS of a page's issue showed the division, the shuffle and every lane's wait. Measured on the H100
-// (speed_20261206s35 call 2, each build in its own process, twice): b1 8K 3.311 / 3.318 against 3.320 / 3.316 ms,
-// 1K 3.139 / 3.138 against 3.147 / 3.147, b8 11.164 / 11.167 against 11.183 / 11.187: within 0.3%, so those
-// instructions do not pace the loader. (Its stats' ring-slot waits cover lane 0's spin alone, not the shuffle and
-// the other lanes' waits: not comparable with the default build's.)
-#ifndef MK_PG_LANE0_ISSUE
-#define MK_PG_LANE0_ISSUE 0
-#endif
 // MK_PG_DECODE_EARLY: the loader decodes its next item (moe_item's table reads, its page count) before it waits for
 // the item's slot to free (1), or after (0). Where items are at most pg_n / MK_PAGE_SLOTS pages (the H100 plan's b1
 // gate/up items: 4 pages, 3 slots, a 12-page ring), every item slot is busy while the ring is full, and a slot
@@ -227,16 +214,6 @@ struct PgSpin {
     }
 };
 
-// One thread alone (lane 0 of the loader under MK_PG_LANE0_ISSUE; pg_wait's lane 0 in effect): the phase of
-// `parity`, or an abort (false). The wait's acquire orders this thread's later accesses and the copies it issues,
-// nothing of the other lanes'.
-__device__ __forceinline__ bool pg_wait_lane(const Params& P, PgState& G, int ticket, unsigned long long* bar,
-                                             unsigned parity, int what, int seq) {
-    PgSpin spin;
-    while (!mbar_try_wait(bar, parity))
-        if (spin.leave(P, G, ticket, what, seq)) return false;
-    return true;
-}
 // One warp, uniformly: lane 0 waits for the phase of `parity` (or an abort), then every lane observes it (at once:
 // the phase cannot move on before this warp acts). Lanes must not leave a wait at different times: the warp's later
 // shuffles need every lane at the same instruction.
@@ -444,11 +421,6 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
         if (lane == 0 || MK_PG_MULTI_ISSUE) fence_proxy_async();   // (MULTI_ISSUE: every lane issues copies)
 #endif
         int item = first_item, j = 0, s = 0;
-#if MK_PG_LANE0_ISSUE
-        // lane 0's ring position of sequence number s (the only lane that walks the ring): its page slot s % npg and
-        // lap s / npg, kept as s advances
-        int ring_slot = 0, ring_lap = 0;
-#endif
         int* work = PP(int*, moe_work) + m;
         bool stop = false;
         if (lane == 0) G.o_bias = obias;      // (published with the first item's description)
@@ -600,17 +572,6 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                 const int h = p < pages0 ? 0 : 1, r = (h ? p - pages0 : p) * rpp;
                 const int nr = min(rpp, (h ? n1 : n0) - r);
                 const bf16* src = h ? it.T.w1 : it.T.w0;
-#if MK_PG_LANE0_ISSUE
-                const int slot = ring_slot;
-#if PG_STATS
-                const long long t_ready = prof_now();
-#endif
-                if (ring_lap > 0
-                    && !pg_wait_lane(P, G, ticket, &G.empty[slot], (unsigned)(ring_lap - 1) & 1u, STALL_EMPTY, s)) {
-                    stop = true;
-                    return;
-                }
-#else
                 const int slot = s % npg;
 #if PG_STATS
                 const long long t_ready = prof_now();
@@ -619,7 +580,6 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                     stop = true;
                     return;
                 }
-#endif
 #if PG_STATS
                 const long long t_issue = prof_now();
                 if (lane == 0) atomicAdd(&G.pstat[q][3], (unsigned long long)(t_issue - t_ready));
@@ -644,26 +604,14 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
 #endif
                 }
                 s++;
-#if MK_PG_LANE0_ISSUE
-                if (++ring_slot == npg) { ring_slot = 0; ring_lap++; }
-#endif
             };
             // the claim MK_PG_CLAIM_LEAD pages before this item's end (its round trip under those pages' waits: the
             // loader reads the result after the item's last page, or an item later)
             const int claim_at = MK_PG_CLAIM_LEAD == 0 ? pages / 2
                                  : pages > MK_PG_CLAIM_LEAD ? pages - MK_PG_CLAIM_LEAD : 0;
-#if MK_PG_LANE0_ISSUE
-            if (lane == 0) {                  // (lanes 1-31 wait at the shuffle below)
-                for (int p = 0; p < claim_at && !stop; p++) issue_page(p);
-                if (!late && !stop) claim = atomicAdd(work, 1);
-                for (int p = claim_at; p < pages && !stop; p++) issue_page(p);
-            }
-            stop = __shfl_sync(0xffffffffu, stop ? 1 : 0, 0) != 0;
-#else
             for (int p = 0; p < claim_at && !stop; p++) issue_page(p);
             if (!late && !stop && lane == 0) claim = atomicAdd(work, 1);
             for (int p = claim_at; p < pages && !stop; p++) issue_page(p);
-#endif
 #endif
             if (late && !stop) {              // claim_late: once this item's inputs are loaded (its dependency met)
                 if (!pg_wait(P, G, ticket, &G.inp[q], slot_parity(j), STALL_CLAIM, j)) {
@@ -706,19 +654,6 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             }
             stop = __any_sync(0xffffffffu, failed);
             s += npg;
-        }
-#elif MK_PG_LANE0_ISSUE
-        // (lane 0 alone, whose s and stop the lines after it read)
-        for (int i = 0; i < npg && !stop && lane == 0; i++) {
-            if (ring_lap > 0 && !pg_wait_lane(P, G, ticket, &G.empty[ring_slot], (unsigned)(ring_lap - 1) & 1u,
-                                              STALL_EMPTY, s)) {
-                stop = true;
-                break;
-            }
-            G.page[ring_slot][0] = -1;
-            mbar_arrive(&G.full[ring_slot]);
-            s++;
-            if (++ring_slot == npg) { ring_slot = 0; ring_lap++; }
         }
 #else
         for (int i = 0; i < npg && !stop; i++) {

@@ -59,7 +59,7 @@ def check_build_log(log: str, spills_allowed: bool = False) -> None:
                                      "MK_EARLY_TABLES=0", "MK_ATTN_BULK=0,MK_ATTN_Q_ASYNC=0", "MK_CLAIM_FIRST=0",
                                      "MK_ATTN_Q_ASYNC=2", "MK_ATTN_PAD=0", "MK_ATTN_ISSUE=0", "MK_ATTN_MATH=0",
                                      "MK_LOADX_ASYNC=0", "MK_LATE_WEIGHTS=1", "MK_FUSED_TABLES_EARLY=1",
-                                     "MK_PG_DECODE_EARLY=1",
+                                     "MK_PG_DECODE_EARLY=0",
                                      "MK_PAGE_SLOTS=4", "MK_PG_MULTI_ISSUE=1"])
 def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     """The builds the switches select besides the default (MK_MOE_LOCAL=0: the MoE worker's routing read from L2 per
@@ -77,8 +77,8 @@ def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     MK_CLAIM_FIRST=0: a task's next claim by thread 0 after its signal's release; MK_ATTN_PAD=0, MK_ATTN_ISSUE=0,
     MK_ATTN_MATH=0: each of session 27's attention defaults off; MK_LOADX_ASYNC=0: GEMV input rows through registers,
     four loads in flight per thread; MK_LATE_WEIGHTS=1: records with FLAG_LATE_WEIGHTS issue their weights after their
-    input rows; MK_FUSED_TABLES_EARLY=1: a fused tile's norm tables read before its wait; MK_PG_DECODE_EARLY=1: the
-    paged loader's item decode before the item slot's wait; MK_PAGE_SLOTS=4: four item slots; MK_PG_MULTI_ISSUE=1: an
+    input rows; MK_FUSED_TABLES_EARLY=1: a fused tile's norm tables read before its wait; MK_PG_DECODE_EARLY=0: the
+    paged loader's item decode after the item slot's wait (the default before session 36); MK_PAGE_SLOTS=4: four item slots; MK_PG_MULTI_ISSUE=1: an
     item's pages issued by the loader's lanes at once): each compiles, its entry function does not spill, its static
     shared memory fits the reserve, and it reports the item slots the plans lay out."""
     if build.find_nvcc() is None:

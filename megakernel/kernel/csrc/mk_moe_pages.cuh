@@ -95,11 +95,13 @@
 // the item's slot to free (1), or after (0). Where items are at most pg_n / MK_PAGE_SLOTS pages (the H100 plan's b1
 // gate/up items: 4 pages, 3 slots, a 12-page ring), every item slot is busy while the ring is full, and a slot
 // frees only after its item's epilogue: the loader's next item then waits for the epilogue MK_PAGE_SLOTS items back
-// and for its own decode (0.7 us in the page stats) before its first page can issue. Not yet measured or run on a
-// GPU (session 35's device time ran out). Its page stats' decode field spans the decode and the slot's wait (from
-// the decode's start to the publish).
+// and for its own decode (0.7 us in the page stats) before its first page can issue. 1 since session 36: on the
+// H100 (speed_20261207s36 calls 1 and 2, each build in its own process, twice per call) b1 8K 3.315 / 3.317 and
+// 3.306 / 3.309 ms against 3.327 / 3.319 and 3.322 / 3.318 (-0.2 to -0.4%), 1K -0.8 to -1.0%, b8 +0.1%;
+// `tests/kernel -m gpu` passes under it (37). Not yet measured on the H200. Its page stats' decode field spans the
+// decode and the slot's wait (from the decode's start to the publish).
 #ifndef MK_PG_DECODE_EARLY
-#define MK_PG_DECODE_EARLY 0
+#define MK_PG_DECODE_EARLY 1
 #endif
 // MK_PG_MULTI_ISSUE: an item's pages issued by the loader's lanes at once, lane i page base + i in rounds of at most
 // pg_n pages (distinct ring slots), each lane polling its own slot (test_wait: a lane issues as soon as its slot is

@@ -105,11 +105,13 @@
 #endif
 // MK_PG_MULTI_ISSUE: an item's pages issued by the loader's lanes at once, lane i page base + i in rounds of at most
 // pg_n pages (distinct ring slots), each lane polling its own slot (test_wait: a lane issues as soon as its slot is
-// free, not when the round's last is) and the claim before the first round (1); or one page after another, each
-// waiting for its slot (0). One page's issue is ~0.1-0.2 us of the loader's serial work
-// (page stats, H200, session 34: 1.44 us inside the issues of an 8-page gate/up item); a round costs about one. With
-// holes possible in a failed round (an abort), each ring page records the sequence number of its last issue (`seq`)
-// and the closing drain waits for that one. Its page stats' ring-slot waits sum the lanes' parallel waits.
+// free, not when the round's last is), the claim MK_PG_CLAIM_LEAD pages before the item's end as in the page loop
+// (the round split there) (1); or one page after another, each waiting for its slot (0). One page's issue is
+// ~0.1-0.2 us of the loader's serial work (page stats, H200, session 34: 1.44 us inside the issues of an 8-page
+// gate/up item); a round costs about one. With holes possible in a failed round (an abort), each ring page records
+// the sequence number of its last issue (`seq`) and the closing drain waits for that one. Its page stats' ring-slot
+// waits sum the lanes' parallel waits. On the H100 (speed_20261207s36 call 2, the claim then at the item's start)
+// b1 8K even, 1K +0.8%, b8 -0.2%; not yet measured on the H200, where the loader paces the one-row workers.
 #ifndef MK_PG_MULTI_ISSUE
 #define MK_PG_MULTI_ISSUE 0
 #endif
@@ -535,12 +537,12 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                 bulk_load(smem + (size_t)slot * MK_PAGE_BYTES, src + (size_t)r * K, (unsigned)(nr * K * 2),
                           &G.full[slot], pol);
             };
-            if (!late && lane == 0) claim = atomicAdd(work, 1);   // (read after the item's pages: `take`)
-            // each round: every lane polls its own ring page (test_wait, non-blocking) and issues as soon as it is
-            // free, the warp looping until every lane has issued (or the step stopped)
-            for (int base = 0; base < pages && !stop; base += npg) {
-                const int p = base + lane, sq = s + p;
-                bool mine = lane < npg && p < pages, failed = false;
+            // pages lo .. hi - 1 (at most npg: distinct ring pages), lane i page lo + i: every lane polls its own ring
+            // page (test_wait, non-blocking) and issues as soon as it is free, the warp looping until every lane has
+            // issued (or the step stopped)
+            const auto poll = [&](int lo, int hi) {
+                const int p = lo + lane, sq = s + p;
+                bool mine = p < hi, failed = false;
                 unsigned long long* eb = &G.empty[sq % npg];
                 const unsigned par = ((sq / npg) - 1) & 1;
                 PgSpin spin;
@@ -566,6 +568,20 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                     }
                 }
                 stop = __any_sync(0xffffffffu, failed);
+            };
+            // rounds of npg pages; the claim MK_PG_CLAIM_LEAD pages before the item's end, as the one-page loop makes
+            // it, once every page before that is issued (the round split there: its pages free in order anyway)
+            const int claim_at = MK_PG_CLAIM_LEAD == 0 ? pages / 2
+                                 : pages > MK_PG_CLAIM_LEAD ? pages - MK_PG_CLAIM_LEAD : 0;
+            for (int base = 0; base < pages && !stop; base += npg) {
+                const int end = min(pages, base + npg);
+                if (!late && claim_at >= base && claim_at < end) {
+                    poll(base, claim_at);
+                    if (!stop && lane == 0) claim = atomicAdd(work, 1);   // (read after the item's pages: `take`)
+                    if (!stop) poll(claim_at, end);
+                } else {
+                    poll(base, end);
+                }
             }
             s += pages;
 #else

@@ -1,27 +1,25 @@
 // Microbenchmark: the paged MoE worker's protocol alone (csrc/mk_moe_pages.cuh), to rank what caps its delivery.
-// Why: in the b1 8K trace every paged worker streams 23-26 GB/s (~3.3 TB/s over 132 SMs) and its computing warps
-// wait ~5 us for each page, while each page lands ~1.2 us after its copy is issued: the loader issues late, ~3.3 us
-// per item outside its ring waits (SPEED_NOTES, twenty-first session). sm_stream.cu's bare queue of the same 128 KB
-// items reaches 33-49 GB/s per SM. The candidates are build switches, each a full kernel build and an A/B on the
-// device; this kernel has the worker's shape with each candidate as a runtime knob, so one run ranks them all (the
-// kernel switches named below were measured in session 24 and the losing ones removed in session 26; the modes stay;
-// `kernel_now` below is the default build's worker as of session 35):
-//   - one loader lane (warp 15) claims 128 KB gate/up items by atomicAdd on a global head, `lead` pages before the
-//     current item's end (inside the page loop, or between two loops: `split`), with `ahead` (1 or 2) claims, publishes each in one of 3 item slots once the
-//     slot's previous item is freed, and streams its 8 pages (4 gate + 4 up pages of 4 rows of 2048) by 16 KB bulk
-//     copies, evict-first, into a ring of `npg` pages (a proxy fence before each copy where `fence`);
+// Why: in the b1 8K traces every paged worker streams 22-24 GB/s on the H200 (whose HBM needs ~30 per SM) while its
+// computing warps wait ~5.8 us for each page and each page lands ~1 us after its copy is issued: the loader issues
+// late (SPEED_NOTES, thirty-fourth session). This kernel has the worker's shape with each candidate as a runtime knob,
+// so one run ranks them all; below HBM's limit (the smaller grids, on an H100 too) it shows each form's per-SM cap:
+//   - the loader warp (warp 15) claims 128 KB gate/up items by atomicAdd on a global head, `lead` pages before the
+//     current item's end (between two page loops, as the kernel), spends `decode_ns` on each item (the kernel's
+//     moe_item decode, ~0.75 us in the H200 page stats) before or after (`decode_early`: MK_PG_DECODE_EARLY) the
+//     wait for the item's slot (3 slots, each freed by its item's epilogue), and streams its 8 pages (4 gate + 4 up
+//     pages of 4 rows of 2048) by 16 KB bulk copies, evict-first, into a ring of `npg` pages, lane 0 one page after
+//     another, or (`multi`: MK_PG_MULTI_ISSUE) lane i page i, each lane polling its own ring page (a proxy fence
+//     before each copy where `fence`);
 //   - computing warp w owns ring page w: waits for it, multiplies its 4 rows by an x row (the kernel's pg_rows,
 //     mk_page_math.cuh; skipped where math = 0), frees the page and counts it; the warp that counts an item's last
 //     page writes its epilogue (SiLU(gate) * up, 16 bf16 stores), frees its slot and signals the expert's counter by
 //     red.release.gpu (where `release`), the signal before the free (the kernel's order) or after it (`free_early`,
 //     MK_PG_FREE_EARLY);
-//   - the ring starts `offset` bytes past a 1024-aligned shared address (0: mk_decode's ring since MK_SMEM_ALIGN=128
-//     became the default in session 24; 32: before, when its dynamic base 3616 was 32 past a 128-byte line).
+//   - the ring starts `offset` bytes past a 1024-aligned shared address (0: mk_decode's ring since MK_SMEM_ALIGN=128).
 // Not modelled: the input warp (a gate/up item with shared x rows has no inputs to load), down and O items, other
 // task kinds' traffic on the SMs that do not stream. Items lie expert by expert (48 per expert, 8 experts a "layer"),
 // each expert at a random 6 MB slot of a 24 GB buffer, as the step's routed experts are spread over its weights.
-// Prints GB/s (best of 3 launches after a warm-up, configurations interleaved) over all SMs and over 88 (the MoE
-// phase's streaming SMs in earlier traces).
+// Prints GB/s (best of 3 launches after a warm-up, configurations interleaved) over all SMs, 88, 64 and 32.
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a benchmarks/pg_stream.cu -o /tmp/pg_stream
 //   /tmp/pg_stream
 #include <cstdio>
@@ -47,8 +45,14 @@ constexpr int PAD = 2048;
     fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); exit(1); } } while (0)
 
 struct Knobs {
-    int sms, npg, lead, ahead, free_early, release, fence, offset, math, split;
+    int sms, npg, lead, free_early, release, fence, offset, math, multi, decode_ns, decode_early;
 };
+
+__device__ __forceinline__ unsigned long long gtimer() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
 
 extern __shared__ __align__(16) unsigned char smem[];
 
@@ -89,72 +93,80 @@ __global__ void __launch_bounds__(NTHREADS, 1) worker(const __nv_bfloat16* w, co
     }
     __syncthreads();
     if (warp == LOADER) {
-        if (lane == 0) {
-            const unsigned long long pol = l2_evict_first();
-            // (head + 0 through a thread-dependent offset: with a uniform address ptxas aggregates the atomic over
-            // the warp and shuffles its result at once, so the claim would wait where it is made; the kernel's
-            // claim is a plain ATOM whose result is first read after the item's last page)
-            int* const hd = head + (threadIdx.x >> 9);
-            int item = atomicAdd(hd, 1), j = 0, s = 0;
-            const int claim_at = kn.lead == 0 ? ITEM_PAGES / 2 : kn.lead >= ITEM_PAGES ? 0 : ITEM_PAGES - kn.lead;
-            // item j into slot j % SLOTS once free, its pages into the ring; the claim into `claim` on the way.
-            // False at the end of the queue.
-            const auto run_item = [&](int& claim) -> bool {
-                const int q = j % SLOTS;
-                if (j >= SLOTS) lane_wait(&free_[q], (unsigned)((j / SLOTS) - 1) & 1u);
-                if (item >= N_ITEMS) return false;
-                slot_item[q] = item;
-                const __nv_bfloat16* e = w + (size_t)s_slots[item / ITEMS_PER_EXPERT] * (EXPERT_BYTES / 2);
-                const int r0 = (item % ITEMS_PER_EXPERT) * ITEM_ROWS;
-                // page p; the claim inside the page loop (the kernel today: ptxas makes each page's branch around
-                // the atomic wait for it, so the claim stalls the next page) or between two loops (split,
-                // MK_PG_CLAIM_SPLIT=1)
-                const auto page = [&](int p) {
-                    const int rs = s % npg;
-                    if (s >= npg) lane_wait(&empty[rs], (unsigned)((s / npg) - 1) & 1u);
-                    page_q[rs] = q;
-                    page_p[rs] = p;
-                    // pages 0-3: gate rows r0.., 4-7: up rows (EXPERT_ROWS on) r0..
-                    const __nv_bfloat16* src = e + (size_t)((p < 4 ? 0 : EXPERT_ROWS) + r0 + (p & 3) * ROWS) * K;
-                    if (kn.fence) fence_proxy_async();
-                    mbar_expect_tx(&full[rs], PAGE);
-                    bulk_load(ring + (size_t)rs * PAGE, src, PAGE, &full[rs], pol);
-                    s++;
-                };
-                if (kn.split) {
-                    for (int p = 0; p < claim_at; p++) page(p);
-                    claim = atomicAdd(hd, 1);
-                    for (int p = claim_at; p < ITEM_PAGES; p++) page(p);
-                } else {
-                    for (int p = 0; p < ITEM_PAGES; p++) {
-                        if (p == claim_at) claim = atomicAdd(hd, 1);
-                        page(p);
-                    }
-                }
-                return true;
+        const unsigned long long pol = l2_evict_first();
+        // (head + 0 through a thread-dependent offset: with a uniform address ptxas aggregates the atomic over the
+        // warp and shuffles its result at once, so the claim would wait where it is made; the kernel's claim is a
+        // plain ATOM whose result is first read after the item's last page)
+        int* const hd = head + (threadIdx.x >> 9);
+        int item = 0, j = 0, s = 0;
+        if (lane == 0) item = atomicAdd(hd, 1);
+        item = __shfl_sync(0xffffffffu, item, 0);
+        const int claim_at = kn.lead == 0 ? ITEM_PAGES / 2 : kn.lead >= ITEM_PAGES ? 0 : ITEM_PAGES - kn.lead;
+        // the kernel's item decode (moe_item: the queue's divisions, the tables' reads; ~0.75 us an item in the H200
+        // page stats), modelled as a spin of decode_ns, after the item slot's wait or before it (MK_PG_DECODE_EARLY)
+        const auto decode = [&]() {
+            if (kn.decode_ns <= 0) return;
+            const unsigned long long t0 = gtimer();
+            while (gtimer() - t0 < (unsigned long long)kn.decode_ns) {}
+        };
+        while (true) {                                    // item j into slot j % SLOTS once free, then its pages
+            const int q = j % SLOTS;
+            if (kn.decode_early) decode();
+            if (j >= SLOTS) warp_wait(&free_[q], (unsigned)((j / SLOTS) - 1) & 1u);
+            if (item >= N_ITEMS) break;
+            if (!kn.decode_early) decode();
+            if (lane == 0) slot_item[q] = item;
+            const __nv_bfloat16* e = w + (size_t)s_slots[item / ITEMS_PER_EXPERT] * (EXPERT_BYTES / 2);
+            const int r0 = (item % ITEMS_PER_EXPERT) * ITEM_ROWS;
+            // page p (sequence sq): pages 0-3 gate rows r0.., 4-7 up rows (EXPERT_ROWS on) r0..
+            const auto issue = [&](int p, int sq) {
+                const int rs = sq % npg;
+                page_q[rs] = q;
+                page_p[rs] = p;
+                const __nv_bfloat16* src = e + (size_t)((p < 4 ? 0 : EXPERT_ROWS) + r0 + (p & 3) * ROWS) * K;
+                if (kn.fence) fence_proxy_async();
+                mbar_expect_tx(&full[rs], PAGE);
+                bulk_load(ring + (size_t)rs * PAGE, src, PAGE, &full[rs], pol);
             };
-            if (kn.ahead == 2) {       // the kernel's MK_PG_CLAIM_AHEAD=2: item j + 2's claim made during item j,
-                int ca = atomicAdd(hd, 1), cb = 0;   // into the register read one item later
-                while (true) {
-                    if (!run_item(cb)) break;
-                    item = ca; j++;
-                    if (!run_item(ca)) break;
-                    item = cb; j++;
-                }
-            } else {
-                while (true) {
-                    int nxt = 0;
-                    if (!run_item(nxt)) break;
-                    item = nxt; j++;
-                }
+            int claim = 0;
+            if (kn.multi) {
+                // MK_PG_MULTI_ISSUE: lane i page lo + i, each lane polling its own ring page and issuing once free
+                const auto poll = [&](int lo, int hi) {
+                    const int p = lo + lane, sq = s + p;
+                    bool mine = p < hi;
+                    const long long t0 = clock64();
+                    while (__any_sync(0xffffffffu, mine)) {
+                        if (mine && (sq < npg || mbar_test_wait(&empty[sq % npg], (unsigned)((sq / npg) - 1) & 1u))) {
+                            issue(p, sq);
+                            mine = false;
+                        }
+                        if (clock64() - t0 > 4000000000ll) __trap();
+                    }
+                };
+                poll(0, claim_at);
+                if (lane == 0) claim = atomicAdd(hd, 1);
+                poll(claim_at, ITEM_PAGES);
+            } else if (lane == 0) {                       // the kernel's page loop, the claim between two loops
+                const auto page = [&](int p) {
+                    const int sq = s + p;
+                    if (sq >= npg) lane_wait(&empty[sq % npg], (unsigned)((sq / npg) - 1) & 1u);
+                    issue(p, sq);
+                };
+                for (int p = 0; p < claim_at; p++) page(p);
+                claim = atomicAdd(hd, 1);
+                for (int p = claim_at; p < ITEM_PAGES; p++) page(p);
             }
-            for (int i = 0; i < npg; i++, s++) {       // an end marker into every computing warp's page
+            s += ITEM_PAGES;
+            item = __shfl_sync(0xffffffffu, claim, 0);
+            j++;
+        }
+        if (lane == 0)
+            for (int i = 0; i < npg; i++, s++) {          // an end marker into every computing warp's page
                 const int rs = s % npg;
                 if (s >= npg) lane_wait(&empty[rs], (unsigned)((s / npg) - 1) & 1u);
                 page_q[rs] = -1;
                 mbar_arrive(&full[rs]);
             }
-        }
         __syncwarp();
     } else if (warp < npg) {
         const __nv_bfloat16* page = reinterpret_cast<const __nv_bfloat16*>(ring + (size_t)warp * PAGE);
@@ -230,34 +242,35 @@ int main() {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    //                      sms npg lead ahead free_early release fence offset math split
-    const Knobs kernel_now = {0, 12, 4, 1, 0, 1, 0, 0, 1, 1};   // the default build's worker at b1 (session 35)
+    //                      sms npg lead free_early release fence offset math multi decode_ns decode_early
+    const Knobs kernel_now = {0, 12, 4, 0, 1, 0, 0, 1, 0, 750, 1};   // the default build's worker at b1 (session 36)
     struct Config { const char* name; Knobs k; };
     std::vector<Config> configs;
     auto with = [&](const char* name, auto f) { Knobs k = kernel_now; f(k); configs.push_back({name, k}); };
-    with("kernel today (offset 0, split claim, no per-page fence)", [](Knobs&) {});
-    with("offset 32 (before MK_SMEM_ALIGN=128)", [](Knobs& k) { k.offset = 32; });
+    with("kernel today (decode 0.75 us before the slot wait)", [](Knobs&) {});
+    with("decode after the slot wait (DECODE_EARLY=0)", [](Knobs& k) { k.decode_early = 0; });
+    with("no decode (the protocol alone)", [](Knobs& k) { k.decode_ns = 0; });
+    with("decode 1.5 us", [](Knobs& k) { k.decode_ns = 1500; });
+    with("multi-lane issue (MK_PG_MULTI_ISSUE=1)", [](Knobs& k) { k.multi = 1; });
+    with("multi-lane issue, no decode", [](Knobs& k) { k.multi = 1; k.decode_ns = 0; });
     with("a proxy fence per page (MK_PG_PROXY_FENCE=1)", [](Knobs& k) { k.fence = 1; });
-    with("claim inside the page loop (before session 26)", [](Knobs& k) { k.split = 0; });
-    with("ahead 2 (MK_PG_CLAIM_AHEAD=2, removed)", [](Knobs& k) { k.ahead = 2; });
     with("free_early (MK_PG_FREE_EARLY=1, removed)", [](Knobs& k) { k.free_early = 1; });
-    with("lead 1", [](Knobs& k) { k.lead = 1; });
     with("lead 8 (the claim at the item's start)", [](Knobs& k) { k.lead = 8; });
     with("no release", [](Knobs& k) { k.release = 0; });
     with("no math", [](Knobs& k) { k.math = 0; });
     with("8 pages (128 KB in flight at most)", [](Knobs& k) { k.npg = 8; });
-    with("ahead 2 + free_early", [](Knobs& k) { k.ahead = 2; k.free_early = 1; });
-    with("loads only (no math, no release)", [](Knobs& k) { k.math = 0; k.release = 0; });
+    with("loads only (no math, no release, no decode)", [](Knobs& k) { k.math = 0; k.release = 0; k.decode_ns = 0; });
     for (const Config& c : configs)
         if (c.k.npg < 1 || c.k.npg > MAXPG || c.k.offset < 0 || c.k.offset % 16 || c.k.offset + 1024 > PAD
-            || c.k.lead < 0 || c.k.ahead < 1 || c.k.ahead > 2) {
+            || c.k.lead < 0 || c.k.decode_ns < 0) {
             fprintf(stderr, "bad knobs in %s\n", c.name);
             return 1;
         }
     const size_t bytes = (size_t)N_ITEMS * ITEM_PAGES * PAGE;
     printf("# %s; %d items of 128 KB (%.2f GB) per launch from a %zu GB buffer; GB/s best of 3 launches after a "
            "warm-up, configurations interleaved\n", prop.name, N_ITEMS, bytes / 1e9, BUFFER >> 30);
-    const int grids[] = {prop.multiProcessorCount, 88};
+    // (all SMs: HBM-bound on either card; 88, 64 and 32: below HBM on an H100 too, so the per-SM cap shows)
+    const int grids[] = {prop.multiProcessorCount, 88, 64, 32};
     for (int grid : grids) {
         std::vector<float> best(configs.size(), 1e30f);
         for (int rep = 0; rep < 4; rep++)

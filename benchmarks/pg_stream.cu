@@ -37,15 +37,15 @@ constexpr int ITEMS_PER_EXPERT = EXPERT_ROWS / ITEM_ROWS;                       
 constexpr size_t EXPERT_BYTES = 2ull * EXPERT_ROWS * K * 2;                     // 6 MB of gate/up weights
 constexpr size_t BUFFER = 24ull << 30;
 constexpr int SLOTS_IN_BUFFER = (int)(BUFFER / EXPERT_BYTES);
-constexpr int LAYERS = 48, EXPERTS_PER_LAYER = 8;
-constexpr int N_ITEMS = LAYERS * EXPERTS_PER_LAYER * ITEMS_PER_EXPERT;         // 18432 items, 2.42 GB per launch
+constexpr int LAYERS = 12, EXPERTS_PER_LAYER = 8;
+constexpr int N_ITEMS = LAYERS * EXPERTS_PER_LAYER * ITEMS_PER_EXPERT;         // 4608 items, 0.6 GB at most
 constexpr int PAD = 2048;
 
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
     fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); exit(1); } } while (0)
 
 struct Knobs {
-    int sms, npg, lead, free_early, release, fence, offset, math, multi, decode_ns, decode_early;
+    int sms, npg, lead, free_early, release, fence, offset, math, multi, decode_ns, decode_early, n_items;
 };
 
 __device__ __forceinline__ unsigned long long gtimer() {
@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) worker(const __nv_bfloat16* w, co
             const int q = j % SLOTS;
             if (kn.decode_early) decode();
             if (j >= SLOTS) warp_wait(&free_[q], (unsigned)((j / SLOTS) - 1) & 1u);
-            if (item >= N_ITEMS) break;
+            if (item >= kn.n_items) break;
             if (!kn.decode_early) decode();
             if (lane == 0) slot_item[q] = item;
             const __nv_bfloat16* e = w + (size_t)s_slots[item / ITEMS_PER_EXPERT] * (EXPERT_BYTES / 2);
@@ -266,17 +266,19 @@ int main() {
             fprintf(stderr, "bad knobs in %s\n", c.name);
             return 1;
         }
-    const size_t bytes = (size_t)N_ITEMS * ITEM_PAGES * PAGE;
-    printf("# %s; %d items of 128 KB (%.2f GB) per launch from a %zu GB buffer; GB/s best of 3 launches after a "
-           "warm-up, configurations interleaved\n", prop.name, N_ITEMS, bytes / 1e9, BUFFER >> 30);
+    printf("# %s; items of 128 KB from a %zu GB buffer, %d per launch on all SMs and as many per SM on fewer; GB/s "
+           "best of 3 launches after a warm-up, configurations interleaved\n", prop.name, BUFFER >> 30, N_ITEMS);
     // (all SMs: HBM-bound on either card; 88, 64 and 32: below HBM on an H100 too, so the per-SM cap shows)
     const int grids[] = {prop.multiProcessorCount, 88, 64, 32};
     for (int grid : grids) {
+        const int n_items = (int)((long long)N_ITEMS * grid / prop.multiProcessorCount);   // (a launch's length
+        const size_t bytes = (size_t)n_items * ITEM_PAGES * PAGE;                         // the same per SM)
         std::vector<float> best(configs.size(), 1e30f);
         for (int rep = 0; rep < 4; rep++)
             for (size_t c = 0; c < configs.size(); c++) {
                 Knobs k = configs[c].k;
                 k.sms = grid;
+                k.n_items = n_items;
                 CK(cudaMemset(head, 0, sizeof(int)));
                 CK(cudaEventRecord(e0));
                 worker<<<grid, NTHREADS, smem_bytes>>>(w, d_slots, head, counters, eact, k);

@@ -4,7 +4,7 @@ measuring instead of nvcc (~25 s a build there, as here).
     python scripts/prebuild_kernels.py [--cache .mkcache] SPEC ...
 
 SPEC: a switch list as $MEGAKERNEL_KERNEL_DEFINES takes it ("default" for none), with "+profile" for the profiling
-build, e.g. `default MK_PG_DECODE_EARLY=1 MK_PG_PAGE_STATS=1+profile`. The cache key is build.load's (the switch order
+build, e.g. `default MK_PG_MULTI_ISSUE=1 MK_PG_PAGE_STATS=1+profile`. The cache key is build.load's (the switch order
 as written, the nvcc version): the device's nvcc must print the same version line, or it compiles again (harmless).
 The device script copies the folder into its cache only after a build from it loads there (scripts/carried_cache.sh).
 """

@@ -78,9 +78,10 @@ def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     MK_ATTN_MATH=0: each of session 27's attention defaults off; MK_LOADX_ASYNC=0: GEMV input rows through registers,
     four loads in flight per thread; MK_LATE_WEIGHTS=1: records with FLAG_LATE_WEIGHTS issue their weights after their
     input rows; MK_FUSED_TABLES_EARLY=1: a fused tile's norm tables read before its wait; MK_PG_DECODE_EARLY=0: the
-    paged loader's item decode after the item slot's wait (the default before session 36); MK_PAGE_SLOTS=4: four item slots; MK_PG_MULTI_ISSUE=1: an
-    item's pages issued by the loader's lanes at once): each compiles, its entry function does not spill, its static
-    shared memory fits the reserve, and it reports the item slots the plans lay out."""
+    paged loader's item decode after the item slot's wait (the default before session 36); MK_PAGE_SLOTS=4: four
+    item slots; MK_PG_MULTI_ISSUE=1: an item's pages issued by the loader's lanes at once): each compiles, its entry
+    function does not spill, its static shared memory fits the reserve, and it reports the item slots the plans lay
+    out."""
     if build.find_nvcc() is None:
         pytest.skip("nvcc not installed")
     monkeypatch.setenv("MEGAKERNEL_CACHE_DIR", str(tmp_path))

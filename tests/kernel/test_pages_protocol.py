@@ -326,6 +326,17 @@ def run(w: World, rng: random.Random, max_steps: int = 200_000, stop_at: int | N
         # page's recorded last issue, since a failed round may leave holes)
         if w.multi_issue:
             assert all(w.seq[s % w.npg] == s for s in w.in_flight)
+            # the drain itself: each page waits for the phase of its recorded last issue; once every copy in flight
+            # has landed, each of those waits completes (a wait on a phase never issued, as a count with holes would
+            # give, hangs)
+            for s in w.in_flight:
+                assert not w.full[s % w.npg].done((s // w.npg) & 1), "a copy in flight in a completed phase"
+                w.data[s % w.npg] = s
+                w.full[s % w.npg].land()
+            w.in_flight.clear()
+            for page, s in enumerate(w.seq):
+                if s >= 0:
+                    assert w.full[page].done((s // w.npg) & 1), f"the drain waits on page {page}'s unissued phase"
         else:
             assert all(s >= w.issued - w.npg for s in w.in_flight)
         return
@@ -411,7 +422,9 @@ def test_the_model_finds_the_parity_ambiguity():
 @pytest.mark.parametrize("npg", [4, 9, 12])
 def test_paged_worker_protocol_with_multi_lane_issue(npg):
     """MK_PG_MULTI_ISSUE: a round's pages issued in any order as their ring pages free (items of more pages than the
-    ring in several rounds), and aborted at random points: the invariants hold and every role returns."""
+    ring in several rounds), and aborted at random points: the invariants hold, every role returns, and the closing
+    drain's wait on each page's last issue completes. (The kernel splits a round at the claim: that only narrows the
+    issue orders modelled here.)"""
     rng = random.Random(31 + npg)
     for trial in range(60):
         items = random_items(rng, rng.randint(0, 12))

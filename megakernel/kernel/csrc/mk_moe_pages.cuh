@@ -105,15 +105,19 @@
 #endif
 // MK_PG_MULTI_ISSUE: an item's pages issued by the loader's lanes at once, lane i page base + i in rounds of at most
 // pg_n pages (distinct ring slots), each lane polling its own slot (test_wait: a lane issues as soon as its slot is
-// free, not when the round's last is), the claim MK_PG_CLAIM_LEAD pages before the item's end as in the page loop
-// (the round split there) (1); or one page after another, each waiting for its slot (0). One page's issue is
-// ~0.1-0.2 us of the loader's serial work (page stats, H200, session 34: 1.44 us inside the issues of an 8-page
-// gate/up item); a round costs about one. With holes possible in a failed round (an abort), each ring page records
-// the sequence number of its last issue (`seq`) and the closing drain waits for that one. Its page stats' ring-slot
-// waits sum the lanes' parallel waits. On the H100 (speed_20261207s36 call 2, the claim then at the item's start)
-// b1 8K even, 1K +0.8%, b8 -0.2%; not yet measured on the H200, where the loader paces the one-row workers.
+// free, not when the round's last is), the claim MK_PG_CLAIM_LEAD pages before the item's end as in the page loop (the
+// round split there) (1); or one page after another, each waiting for its slot (0). One page's issue is ~0.1-0.2 us of
+// the loader's serial work (page stats, H200, session 34: 1.44 us inside the issues of an 8-page gate/up item, an upper
+// bound: that build's own timers and atomics are inside); a round costs about one. With holes possible in a failed
+// round (an abort), each ring page records the sequence number of its last issue (`seq`) and the closing drain waits
+// for that one. Its page stats' ring-slot waits sum the lanes' parallel waits. On the H100 (speed_20261207s36 calls 1
+// and 2, the claim then at the item's start) b1 8K -0.3% / even, 1K +0.5% / +0.8%, b8 -0.2%; this form not yet run; not
+// measured on the H200, where the loader paces the one-row workers.
 #ifndef MK_PG_MULTI_ISSUE
 #define MK_PG_MULTI_ISSUE 0
+#endif
+#if MK_PG_MULTI_ISSUE
+static_assert(MK_PAGE_MAX <= 32, "MK_PG_MULTI_ISSUE: a loader lane per ring page of a round");
 #endif
 // MK_PAGE_SLOTS (a build switch; its default, opcodes.PAGE_SLOTS = 3, in the generated header): items in flight,
 // each slot with its description, barriers, input buffer and outputs; the plan lays out the build's count
@@ -514,6 +518,10 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             const bool late = PI(pg_claim_late) != 0;
             const int pages0 = (n0 + rpp - 1) / rpp;   // the first half's pages (gate rows, or all)
 #if MK_PG_MULTI_ISSUE
+            // lane 0's description (and stats resets) before any lane's page release: the computing warps read the
+            // item's fields after acquiring a page's `full`, which lane i now arrives on (vote and shuffle order no
+            // memory; __syncwarp does)
+            __syncwarp();
             // this lane's page p, sequence number sq, into ring page sq % npg (its previous lap free): the entry and
             // the copy
             const auto issue_lane = [&](int p, int sq) {
@@ -684,7 +692,9 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             s++;
         }
 #endif
-        if (lane == 0) G.issued = s;          // (also after a failed wait: what has been issued must land)
+        // (also after a failed wait: what has been issued must land; under MULTI_ISSUE the count of sequence numbers
+        // used, holes included, which the drain does not read: it waits on each page's `seq`)
+        if (lane == 0) G.issued = s;
         if (stop && lane == 0) ((volatile int*)&G.stop)[0] = 1;
         __syncwarp();                         // (each role's warp meets the block barrier below converged)
     } else if (warp == PG_INPUT_WARP) {       // ---- the input warp ----

@@ -127,14 +127,14 @@ def until(w: World, cond):
     return True
 
 
-def _ring_page(w: World, s: int):
-    """The loader's wait for sequence s's ring page: its previous lap's page freed."""
-    slot = s % w.npg
-    return (yield from until(w, lambda: s < w.npg or w.empty[slot].done((s // w.npg - 1) & 1)))
-
-
 def _ring_free(w: World, s: int) -> bool:
+    """Sequence s's ring page is free: its previous lap's page freed (the first lap waits on nothing)."""
     return s < w.npg or w.empty[s % w.npg].done((s // w.npg - 1) & 1)
+
+
+def _ring_page(w: World, s: int):
+    """The loader's wait for sequence s's ring page."""
+    return (yield from until(w, lambda: _ring_free(w, s)))
 
 
 def _issue(w: World, s: int, q: int, p: int) -> None:
@@ -165,6 +165,13 @@ def _rounds(w: World, s: int, n: int, issue):
     return True
 
 
+def _end_marker(w: World, s: int) -> None:
+    """Sequence s's end marker into its ring page, once the page is free: a plain arrive."""
+    w.page[s % w.npg] = (-1, 0)
+    w.full[s % w.npg].arrive()
+    w.seq[s % w.npg] = s
+
+
 def loader(w: World):
     s = 0
     for j in range(len(w.items) + 1):
@@ -183,30 +190,23 @@ def loader(w: World):
             if not (yield from _rounds(w, s, it.pages, lambda sq, p: _issue(w, sq, q, p))):
                 return
             s += it.pages
-        for p in range(0 if not w.multi_issue else it.pages, it.pages):
-            slot = s % w.npg
-            if not (yield from _ring_page(w, s)):
-                return
-            _issue(w, s, q, p)
-            s += 1
-            w.issued = s
-            yield
+        else:
+            for p in range(it.pages):
+                if not (yield from _ring_page(w, s)):
+                    return
+                _issue(w, s, q, p)
+                s += 1
+                w.issued = s
+                yield
         if w.claim_late and not (yield from until(w, lambda: w.inp[q].done(w.parity(j)))):
             return
-    def end_marker(sq: int, _i: int) -> None:
-        w.page[sq % w.npg] = (-1, 0)
-        w.full[sq % w.npg].arrive()                    # an end marker: a plain arrive
-        w.seq[sq % w.npg] = sq
-
     if w.multi_issue:                                  # (one round: lane i the marker of s + i)
-        yield from _rounds(w, s, w.nwc, end_marker)
+        yield from _rounds(w, s, w.nwc, lambda sq, _i: _end_marker(w, sq))
         return
     for _ in range(w.nwc):                             # an end marker per computing warp (one per page)
-        slot = s % w.npg
         if not (yield from _ring_page(w, s)):
             return
-        w.page[slot] = (-1, 0)
-        w.full[slot].arrive()                          # an end marker: a plain arrive
+        _end_marker(w, s)
         s += 1
         w.issued = s
         yield

@@ -124,7 +124,8 @@ static_assert(MK_PAGE_MAX <= 32, "MK_PG_MULTI_ISSUE: a loader lane per ring page
 // (build.page_slots) and the library reports it (mk_page_slots, checked against the plans). With items of pg_n / 3
 // pages or fewer (the H100's b1 gate/up items: 4 of a 12-page ring) three slots hold no more than the ring, and each
 // frees only after its item's epilogue. 4 slots cost the one-row North plan a ring page (an 8 KB input buffer
-// each). Not yet measured (session 35).
+// each). On the H100 (speed_20261207s36) even alone; with MK_PG_DECODE_EARLY b1 8K -0.3 to -0.4% and 1K -0.6 to
+// -0.9% against that switch alone, b8 +0.1%. Not measured on the H200, whose one-row ring it shortens.
 #define PG_END (-1)                     // an item description's kind: no more items (the input warp stops)
 
 // The worker's barriers and bookkeeping: in the plan's dynamic shared memory (at pg_state_off, PAGE_STATE_BYTES of
@@ -237,6 +238,32 @@ __device__ __forceinline__ bool pg_wait(const Params& P, PgState& G, int ticket,
     if (ok) mbar_wait(bar, parity);
     return ok != 0;
 }
+#if MK_PG_MULTI_ISSUE
+// The loader warp, uniformly (MK_PG_MULTI_ISSUE): lane i < n takes sequence number s0 + i (n <= npg: distinct ring
+// pages), polls that ring page's previous lap with test_wait (non-blocking, so a lane whose page is free goes on at
+// once) and runs act(sq) on it; the warp loops until every lane has. False (every lane) if a lane's spin gave up.
+template <class Act>
+__device__ __forceinline__ bool pg_poll_lanes(const Params& P, PgState& G, int ticket, int s0, int n, int npg,
+                                              Act&& act) {
+    const int sq = s0 + (threadIdx.x & 31);
+    bool mine = (threadIdx.x & 31) < n, failed = false;
+    unsigned long long* eb = &G.empty[sq % npg];
+    const unsigned par = ((sq / npg) - 1) & 1;
+    PgSpin spin;
+    while (__any_sync(0xffffffffu, mine)) {
+        if (mine) {
+            if (sq < npg || mbar_test_wait(eb, par)) {
+                act(sq);
+                mine = false;
+            } else if (spin.leave(P, G, ticket, STALL_EMPTY, sq)) {
+                failed = true;
+                mine = false;
+            }
+        }
+    }
+    return !__any_sync(0xffffffffu, failed);
+}
+#endif
 
 __device__ __forceinline__ void pg_compute(const bf16* W, const bf16* x, int nr, int K, float* out) {
 #if MK_PG_SEG_TC
@@ -522,9 +549,10 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             // item's fields after acquiring a page's `full`, which lane i now arrives on (vote and shuffle order no
             // memory; __syncwarp does)
             __syncwarp();
-            // this lane's page p, sequence number sq, into ring page sq % npg (its previous lap free): the entry and
-            // the copy
-            const auto issue_lane = [&](int p, int sq) {
+            // this lane's sequence number sq (the item's page p = sq - s) into ring page sq % npg (its previous lap
+            // free): the entry and the copy
+            const auto issue_lane = [&](int sq) {
+                const int p = sq - s;
                 const int h = p < pages0 ? 0 : 1, r = (h ? p - pages0 : p) * rpp;
                 const int nr = min(rpp, (h ? n1 : n0) - r);
                 const bf16* src = h ? it.T.w1 : it.T.w0;
@@ -545,37 +573,21 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                 bulk_load(smem + (size_t)slot * MK_PAGE_BYTES, src + (size_t)r * K, (unsigned)(nr * K * 2),
                           &G.full[slot], pol);
             };
-            // pages lo .. hi - 1 (at most npg: distinct ring pages), lane i page lo + i: every lane polls its own ring
-            // page (test_wait, non-blocking) and issues as soon as it is free, the warp looping until every lane has
-            // issued (or the step stopped)
+            // pages lo .. hi - 1 (at most npg), lane i page lo + i, each issued as soon as its ring page is free
             const auto poll = [&](int lo, int hi) {
-                const int p = lo + lane, sq = s + p;
-                bool mine = p < hi, failed = false;
-                unsigned long long* eb = &G.empty[sq % npg];
-                const unsigned par = ((sq / npg) - 1) & 1;
-                PgSpin spin;
 #if PG_STATS
                 const long long t_ready = prof_now();
 #endif
-                while (__any_sync(0xffffffffu, mine)) {
-                    if (mine) {
-                        if (sq < npg || mbar_test_wait(eb, par)) {
+                stop = !pg_poll_lanes(P, G, ticket, s + lo, hi - lo, npg, [&](int sq) {
 #if PG_STATS
-                            const long long t_issue = prof_now();
-                            atomicAdd(&G.pstat[q][3], (unsigned long long)(t_issue - t_ready));
+                    const long long t_issue = prof_now();
+                    atomicAdd(&G.pstat[q][3], (unsigned long long)(t_issue - t_ready));
 #endif
-                            issue_lane(p, sq);
+                    issue_lane(sq);
 #if PG_STATS
-                            atomicAdd(&G.pstat[q][2], (unsigned long long)(prof_now() - t_issue) << 32);
+                    atomicAdd(&G.pstat[q][2], (unsigned long long)(prof_now() - t_issue) << 32);
 #endif
-                            mine = false;
-                        } else if (spin.leave(P, G, ticket, STALL_EMPTY, sq)) {
-                            failed = true;
-                            mine = false;
-                        }
-                    }
-                }
-                stop = __any_sync(0xffffffffu, failed);
+                });
             };
             // rounds of npg pages; the claim MK_PG_CLAIM_LEAD pages before the item's end, as the one-page loop makes
             // it, once every page before that is issued (the round split there: its pages free in order anyway)
@@ -660,25 +672,12 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
         }
         // One end marker per computing warp, each into its own page (the npg sequence numbers after the last page)
 #if MK_PG_MULTI_ISSUE
-        if (!stop) {                          // (lane i the marker of sequence number s + i, in one round, polled
-            const int sq = s + lane, slot = sq % npg;   // as the pages' rounds)
-            const unsigned par = ((sq / npg) - 1) & 1;
-            bool mine = lane < npg, failed = false;
-            PgSpin spin;
-            while (__any_sync(0xffffffffu, mine)) {
-                if (mine) {
-                    if (sq < npg || mbar_test_wait(&G.empty[slot], par)) {
-                        G.page[slot][0] = -1;
-                        G.seq[slot] = sq;
-                        mbar_arrive(&G.full[slot]);
-                        mine = false;
-                    } else if (spin.leave(P, G, ticket, STALL_EMPTY, sq)) {
-                        failed = true;
-                        mine = false;
-                    }
-                }
-            }
-            stop = __any_sync(0xffffffffu, failed);
+        if (!stop) {                          // (lane i the marker of sequence number s + i, in one round)
+            stop = !pg_poll_lanes(P, G, ticket, s, npg, npg, [&](int sq) {
+                G.page[sq % npg][0] = -1;
+                G.seq[sq % npg] = sq;
+                mbar_arrive(&G.full[sq % npg]);
+            });
             s += npg;
         }
 #else
@@ -800,12 +799,13 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
     const bool ok = !G.stop;
     __syncthreads();
     if (lane == 0) {                          // (each page's last phase, then its barriers, by the warp that set them up)
+#if !MK_PG_MULTI_ISSUE
         const int S = G.issued;
+#endif
         for (int i = warp; i < npg; i += NW) {
 #if MK_PG_MULTI_ISSUE
             const int s = G.seq[i];           // (a failed round may leave holes: each page's own last issue)
             if (s >= 0) mbar_wait(&G.full[i], (s / npg) & 1);
-            (void)S;
 #else
             if (S > i) {                      // page i's last sequence number: the largest s < S with s % npg == i
                 const int s = i + npg * ((S - 1 - i) / npg);

@@ -242,6 +242,14 @@ __device__ __forceinline__ bool pg_wait(const Params& P, PgState& G, int ticket,
 // The loader warp, uniformly (MK_PG_MULTI_ISSUE): lane i < n takes sequence number s0 + i (n <= npg: distinct ring
 // pages), polls that ring page's previous lap with test_wait (non-blocking, so a lane whose page is free goes on at
 // once) and runs act(sq) on it; the warp loops until every lane has. False (every lane) if a lane's spin gave up.
+// A polling lane asks PgSpin whether to leave only every MK_PG_POLL_CHECK-th failed poll: each ask reads G.stop from
+// shared memory, and up to 32 lanes spinning on test_wait (which never suspends, unlike pg_wait's try_wait) asked at
+// every poll, loads beside the computing warps' reads of their pages. (The H100's step was 2-3% slower at one row
+// under MULTI_ISSUE while pg_stream.cu's multi-lane loop, which polls without such loads, was not: session 37.)
+#ifndef MK_PG_POLL_CHECK
+#define MK_PG_POLL_CHECK 32
+#endif
+static_assert(MK_PG_POLL_CHECK >= 1 && (MK_PG_POLL_CHECK & (MK_PG_POLL_CHECK - 1)) == 0, "a power of two");
 template <class Act>
 __device__ __forceinline__ bool pg_poll_lanes(const Params& P, PgState& G, int ticket, int s0, int n, int npg,
                                               Act&& act) {
@@ -250,12 +258,13 @@ __device__ __forceinline__ bool pg_poll_lanes(const Params& P, PgState& G, int t
     unsigned long long* eb = &G.empty[sq % npg];
     const unsigned par = ((sq / npg) - 1) & 1;
     PgSpin spin;
+    unsigned polls = 0;
     while (__any_sync(0xffffffffu, mine)) {
         if (mine) {
             if (sq < npg || mbar_test_wait(eb, par)) {
                 act(sq);
                 mine = false;
-            } else if (spin.leave(P, G, ticket, STALL_EMPTY, sq)) {
+            } else if ((++polls & (MK_PG_POLL_CHECK - 1)) == 0 && spin.leave(P, G, ticket, STALL_EMPTY, sq)) {
                 failed = true;
                 mine = false;
             }

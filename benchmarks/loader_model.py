@@ -5,12 +5,14 @@ prediction can be written down before the device time (SPEED_NOTES).
     python benchmarks/loader_model.py                       # the H200 one-row figures (session 34), and each cost's share
     python benchmarks/loader_model.py --pages 4 --decode 0.70 --issue 0.16 --flight 1.14 --math 1.45   # the H100's
 
-What it models, in the kernel's order: the loader decodes item j (before its item slot's wait: MK_PG_DECODE_EARLY),
-waits for the slot (freed by item j - slots' epilogue) and for its claim's result, publishes it, then issues its pages
-one after another, each once its ring page is free (ring page s % npg, computed by warp s % npg), paying `issue`
-per page; it claims the next item `lead` pages before the item's end (the result back `claim_rt` later). A page lands
-`flight` after its issue; its warp computes it in `math` (once the warp is idle), then frees it; the warp that
-computes an item's last page writes the epilogue (`epilogue`, the counter's release included) and frees the slot.
+What it models, in the kernel's order: the loader takes item j's index (its claim's result, back `claim_rt` after
+the claim), decodes it (before the item slot's wait: MK_PG_DECODE_EARLY; else after), waits for the slot (freed by
+item j - slots' epilogue), publishes it, then issues its pages one after another, each once its ring page is free (ring
+page s % npg, computed by warp s % npg), paying `issue` per page; it claims the next item once the pages before
+`claim_at` (`lead` pages before the end; half the item at lead 0) are issued, before page claim_at's ring wait. A page
+lands `flight` after its issue; its warp computes it in `math` once idle, then frees the page; the warp that computes
+an item's last page then writes the epilogue (`epilogue`, the counter's release included: the warp stays busy, the
+page is already free) and frees the slot.
 Not modelled: the input warp (gate/up items share the layer's x rows), HBM contention (the flight is a constant), the
 layer's ramp and tail (a worker's first item starts from an empty ring; a b1 layer gives each worker ~5 items).
 """
@@ -42,36 +44,38 @@ class Costs:
 def rate_gb_per_s(c: Costs, n_items: int = 400) -> float:
     """Steady-state GB/s of one worker (the first quarter of the items left out as warm-up)."""
     t = 0.0                                     # the loader's clock
-    warp_free = [0.0] * c.npg                   # ring page w is free (and warp w idle) from then on
+    page_free = [0.0] * c.npg                   # ring page w is free from then on
+    warp_idle = [0.0] * c.npg                   # warp w (ring page w's) is idle from then on
     slot_free = [0.0] * c.slots
     claim_ready = 0.0
+    claim_at = c.pages // 2 if c.lead == 0 else max(c.pages - c.lead, 0)
     ends: list[float] = []
     s = 0
     for j in range(n_items):
         q = j % c.slots
+        t = max(t, claim_ready)                 # `take`: the claim's result, before the item's decode
         if c.decode_early:
             t += c.decode
         if j >= c.slots:
             t = max(t, slot_free[q])
-        t = max(t, claim_ready)
         if not c.decode_early:
             t += c.decode
         t += c.publish
         last_fin, last_warp = 0.0, 0
         for p in range(c.pages):
             w = s % c.npg
+            if p == claim_at:
+                claim_ready = t + c.claim_rt    # (after the pages before claim_at, before this page's ring wait)
             if s >= c.npg:
-                t = max(t, warp_free[w])
+                t = max(t, page_free[w])
             t += c.issue
-            if p == max(c.pages - c.lead, 0):
-                claim_ready = t + c.claim_rt
-            fin = max(t + c.flight, warp_free[w]) + c.math
-            warp_free[w] = fin
+            fin = max(t + c.flight, warp_idle[w]) + c.math
+            page_free[w] = warp_idle[w] = fin
             if fin >= last_fin:
                 last_fin, last_warp = fin, w
             s += 1
         end = last_fin + c.epilogue
-        warp_free[last_warp] = end
+        warp_idle[last_warp] = end
         slot_free[q] = end
         ends.append(end)
     k = n_items // 4

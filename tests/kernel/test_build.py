@@ -60,7 +60,8 @@ def check_build_log(log: str, spills_allowed: bool = False) -> None:
                                      "MK_ATTN_Q_ASYNC=2", "MK_ATTN_PAD=0", "MK_ATTN_ISSUE=0", "MK_ATTN_MATH=0",
                                      "MK_LOADX_ASYNC=0", "MK_LATE_WEIGHTS=1", "MK_FUSED_TABLES_EARLY=1",
                                      "MK_PG_DECODE_EARLY=0",
-                                     "MK_PAGE_SLOTS=4", "MK_PG_MULTI_ISSUE=1"])
+                                     "MK_PAGE_SLOTS=4", "MK_PG_MULTI_ISSUE=1",
+                                     "MK_PG_MULTI_ISSUE=1,MK_PG_POLL_CHECK=1"])
 def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     """The builds the switches select besides the default (MK_MOE_LOCAL=0: the MoE worker's routing read from L2 per
     item; MK_SMALL_VEC=1: NORM in three or four waves of loads; MK_SMALL_VEC=3: the combine in one round trip;
@@ -79,7 +80,8 @@ def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     four loads in flight per thread; MK_LATE_WEIGHTS=1: records with FLAG_LATE_WEIGHTS issue their weights after their
     input rows; MK_FUSED_TABLES_EARLY=1: a fused tile's norm tables read before its wait; MK_PG_DECODE_EARLY=0: the
     paged loader's item decode after the item slot's wait (the default before session 36); MK_PAGE_SLOTS=4: four
-    item slots; MK_PG_MULTI_ISSUE=1: an item's pages issued by the loader's lanes at once): each compiles, its entry
+    item slots; MK_PG_MULTI_ISSUE=1: an item's pages issued by the loader's lanes at once, with MK_PG_POLL_CHECK=1
+    as measured in session 37): each compiles, its entry
     function does not spill, its static shared memory fits the reserve, and it reports the item slots the plans lay
     out."""
     if build.find_nvcc() is None:

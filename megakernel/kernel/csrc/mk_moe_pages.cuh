@@ -200,7 +200,7 @@ __device__ __forceinline__ void pg_mark(int k) {
 }
 
 // Lane 0 of a spinning warp: whether to leave its spin. Every wait in the worker is on another warp of this block or
-// on a copy, so a protocol bug would spin forever where a counter wait times out: every 1024 polls the spin also reads
+// on a copy, so a protocol bug would spin forever where a counter wait times out: every 1024 asks the spin also reads
 // the step's abort flag (another block's watchdog) and its clock, and past the watchdog it records ERR_STALL (which
 // wait: STALL_*, and its sequence number) and aborts the step, so the host reports the stall instead of waiting on a
 // kernel that never ends. G.stop (set here or by a failed counter wait) makes every role leave.
@@ -238,18 +238,21 @@ __device__ __forceinline__ bool pg_wait(const Params& P, PgState& G, int ticket,
     if (ok) mbar_wait(bar, parity);
     return ok != 0;
 }
+// MK_PG_POLL_CHECK (MK_PG_MULTI_ISSUE builds): a polling lane asks PgSpin whether to leave only every this-many-th
+// failed poll (so the abort flag and the watchdog are read every MK_PG_POLL_CHECK * 1024 polls there, ~1 ms, against
+// a watchdog of seconds). Each ask reads G.stop from shared memory beside the lanes' test_wait, which never suspends
+// (unlike pg_wait's try_wait). A hypothesis, not a measured cause: the H100's step was 2-3% slower at one row under
+// MULTI_ISSUE (asking at every poll, the form MK_PG_POLL_CHECK=1 builds) while pg_stream.cu's multi-lane loop, which
+// polls without that load, was even with the lane-0 loop (session 37).
+#ifndef MK_PG_POLL_CHECK
+#define MK_PG_POLL_CHECK 32
+#endif
+static_assert(MK_PG_POLL_CHECK >= 1 && (MK_PG_POLL_CHECK & (MK_PG_POLL_CHECK - 1)) == 0,
+              "MK_PG_POLL_CHECK: a power of two");
 #if MK_PG_MULTI_ISSUE
 // The loader warp, uniformly (MK_PG_MULTI_ISSUE): lane i < n takes sequence number s0 + i (n <= npg: distinct ring
 // pages), polls that ring page's previous lap with test_wait (non-blocking, so a lane whose page is free goes on at
 // once) and runs act(sq) on it; the warp loops until every lane has. False (every lane) if a lane's spin gave up.
-// A polling lane asks PgSpin whether to leave only every MK_PG_POLL_CHECK-th failed poll: each ask reads G.stop from
-// shared memory, and up to 32 lanes spinning on test_wait (which never suspends, unlike pg_wait's try_wait) asked at
-// every poll, loads beside the computing warps' reads of their pages. (The H100's step was 2-3% slower at one row
-// under MULTI_ISSUE while pg_stream.cu's multi-lane loop, which polls without such loads, was not: session 37.)
-#ifndef MK_PG_POLL_CHECK
-#define MK_PG_POLL_CHECK 32
-#endif
-static_assert(MK_PG_POLL_CHECK >= 1 && (MK_PG_POLL_CHECK & (MK_PG_POLL_CHECK - 1)) == 0, "a power of two");
 template <class Act>
 __device__ __forceinline__ bool pg_poll_lanes(const Params& P, PgState& G, int ticket, int s0, int n, int npg,
                                               Act&& act) {

@@ -85,11 +85,10 @@ def rate_gb_per_s(c: Costs, n_items: int = 400) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     base = Costs()
-    for name, value in vars(base).items():
-        ap.add_argument("--" + name.replace("_", "-"), type=type(value) if not isinstance(value, bool) else int,
-                        default=value)
-    args = ap.parse_args()
-    c = Costs(**{k: (bool(v) if isinstance(getattr(base, k), bool) else v) for k, v in vars(args).items()})
+    for name, value in vars(base).items():     # (a bool switch as 0 / 1)
+        kind = (lambda text: bool(int(text))) if isinstance(value, bool) else type(value)
+        ap.add_argument("--" + name.replace("_", "-"), type=kind, default=value)
+    c = Costs(**vars(ap.parse_args()))
     r = rate_gb_per_s(c)
     print(f"model: {r:.1f} GB/s per worker ({c.pages}-page items, ring {c.npg}, {c.slots} slots)")
     print("one cost changed at a time:")

@@ -106,13 +106,13 @@
 // MK_PG_MULTI_ISSUE: an item's pages issued by the loader's lanes at once, lane i page base + i in rounds of at most
 // pg_n pages (distinct ring slots), each lane polling its own slot (test_wait: a lane issues as soon as its slot is
 // free, not when the round's last is), the claim MK_PG_CLAIM_LEAD pages before the item's end as in the page loop (the
-// round split there) (1); or one page after another, each waiting for its slot (0). One page's issue is ~0.1-0.2 us of
-// the loader's serial work (page stats, H200, session 34: 1.44 us inside the issues of an 8-page gate/up item, an upper
-// bound: that build's own timers and atomics are inside); a round costs about one. With holes possible in a failed
-// round (an abort), each ring page records the sequence number of its last issue (`seq`) and the closing drain waits
-// for that one. Its page stats' ring-slot waits sum the lanes' parallel waits. On the H100 (speed_20261207s36 calls 1
-// and 2, the claim then at the item's start) b1 8K -0.3% / even, 1K +0.5% / +0.8%, b8 -0.2%; this form not yet run; not
-// measured on the H200, where the loader paces the one-row workers.
+// round split there) (1); or one page after another, each waiting for its slot (0). benchmarks/pg_stream.cu (H100,
+// speed_20261207s37) puts the one-lane page loop's cap at ~30 GB/s per SM below HBM's limit (~0.4 us a page with
+// nothing else to do), the multi-lane rounds' at ~50. With holes possible in a failed round (an abort), each ring page
+// records the sequence number of its last issue (`seq`) and the closing drain waits for that one. Its page stats'
+// ring-slot waits sum the lanes' parallel waits. In the step on the H100: speed_20261207s36 (the claim then at the
+// item's start) b1 8K -0.3% / even, 1K +0.5% / +0.8%, b8 -0.2%; speed_20261207s37 (this form, MK_PG_POLL_CHECK=1)
+// b1 8K +2.0%, 1K +3 to +6%, b8 even. Not measured on the H200, where the loader paces the one-row workers.
 #ifndef MK_PG_MULTI_ISSUE
 #define MK_PG_MULTI_ISSUE 0
 #endif

@@ -249,10 +249,20 @@ __device__ __forceinline__ bool pg_wait(const Params& P, PgState& G, int ticket,
 #endif
 static_assert(MK_PG_POLL_CHECK >= 1 && (MK_PG_POLL_CHECK & (MK_PG_POLL_CHECK - 1)) == 0,
               "MK_PG_POLL_CHECK: a power of two");
+// MK_PG_POLL_SUSPEND (MK_PG_MULTI_ISSUE builds): after a sweep of the polling lanes in which no ring page was free,
+// the lowest lane still waiting suspends in try_wait on its page (ring pages free in sequence order, so it is the
+// next to free; the warp waits with it) before the next sweep (1); or the lanes sweep with test_wait without pause
+// (0). Why: in the H100's page stats (speed_20261207s38 call 1, b1 8K) the computing warps' math per down item grew
+// from 13.2 to 17.4 us (median page sum; p90 14.6 to 35.4) under the busy sweeps, whose test_waits are shared-memory
+// operations beside the warps' page reads, and MULTI_ISSUE's step was +1.3% (8K) / +2.5% (1K) against the default.
+#ifndef MK_PG_POLL_SUSPEND
+#define MK_PG_POLL_SUSPEND 1
+#endif
 #if MK_PG_MULTI_ISSUE
 // The loader warp, uniformly (MK_PG_MULTI_ISSUE): lane i < n takes sequence number s0 + i (n <= npg: distinct ring
 // pages), polls that ring page's previous lap with test_wait (non-blocking, so a lane whose page is free goes on at
-// once) and runs act(sq) on it; the warp loops until every lane has. False (every lane) if a lane's spin gave up.
+// once) and runs act(sq) on it; the warp loops until every lane has (MK_PG_POLL_SUSPEND: a sweep that freed nothing
+// suspends on the lowest waiting lane's page). False (every lane) if a lane's spin gave up.
 template <class Act>
 __device__ __forceinline__ bool pg_poll_lanes(const Params& P, PgState& G, int ticket, int s0, int n, int npg,
                                               Act&& act) {
@@ -263,15 +273,24 @@ __device__ __forceinline__ bool pg_poll_lanes(const Params& P, PgState& G, int t
     PgSpin spin;
     unsigned polls = 0;
     while (__any_sync(0xffffffffu, mine)) {
+        bool issued = false;
         if (mine) {
             if (sq < npg || mbar_test_wait(eb, par)) {
                 act(sq);
                 mine = false;
+                issued = true;
             } else if ((++polls & (MK_PG_POLL_CHECK - 1)) == 0 && spin.leave(P, G, ticket, STALL_EMPTY, sq)) {
                 failed = true;
                 mine = false;
             }
         }
+#if MK_PG_POLL_SUSPEND
+        const unsigned waiting = __ballot_sync(0xffffffffu, mine);
+        // (the try_wait's result is not used: the next sweep's test_wait acts on it, and a lane that gives up does so
+        // there, after at most the hardware's suspend limit)
+        if (!__any_sync(0xffffffffu, issued) && waiting && (threadIdx.x & 31) == __ffs(waiting) - 1)
+            (void)mbar_try_wait(eb, par);
+#endif
     }
     return !__any_sync(0xffffffffu, failed);
 }

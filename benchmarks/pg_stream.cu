@@ -16,6 +16,8 @@
 //     red.release.gpu (where `release`), the signal before the free (the kernel's order) or after it (`free_early`,
 //     MK_PG_FREE_EARLY);
 //   - the ring starts `offset` bytes past a 1024-aligned shared address (0: mk_decode's ring since MK_SMEM_ALIGN=128).
+//   - `page`: the bytes of a ring page and of each bulk copy (16 KB as the kernel; 8 and 32 KB without the math, the
+//     ring's 192 KB kept): whether the lane-0 loop's cap is a cost per copy issued (then 32 KB pages double it).
 // Not modelled: the input warp (a gate/up item with shared x rows has no inputs to load), down and O items, other
 // task kinds' traffic on the SMs that do not stream. Items lie expert by expert (48 per expert, 8 experts a "layer"),
 // each expert at a random 6 MB slot of a 24 GB buffer, as the step's routed experts are spread over its weights.
@@ -46,6 +48,7 @@ constexpr int PAD = 2048;
 
 struct Knobs {
     int sms, npg, lead, free_early, release, fence, offset, math, multi, decode_ns, decode_early, n_items;
+    int page;   // bytes per ring page and per bulk copy (PAGE, or 8 / 32 KB with math = 0: what one copy's issue costs)
 };
 
 __device__ __forceinline__ unsigned long long gtimer() {
@@ -101,7 +104,9 @@ __global__ void __launch_bounds__(NTHREADS, 1) worker(const __nv_bfloat16* w, co
         int item = 0, j = 0, s = 0;
         if (lane == 0) item = atomicAdd(hd, 1);
         item = __shfl_sync(0xffffffffu, item, 0);
-        const int claim_at = kn.lead == 0 ? ITEM_PAGES / 2 : kn.lead >= ITEM_PAGES ? 0 : ITEM_PAGES - kn.lead;
+        const int ip = ITEM_PAGES * PAGE / kn.page, hp = ip / 2;      // an item's pages, per half (gate, up)
+        const int prow = kn.page / (2 * K);                            // rows per page
+        const int claim_at = kn.lead == 0 ? ip / 2 : kn.lead >= ip ? 0 : ip - kn.lead;
         // the kernel's item decode (moe_item: the queue's divisions, the tables' reads; ~0.75 us an item in the H200
         // page stats), modelled as a spin of decode_ns, after the item slot's wait or before it (MK_PG_DECODE_EARLY)
         const auto decode = [&]() {
@@ -118,15 +123,15 @@ __global__ void __launch_bounds__(NTHREADS, 1) worker(const __nv_bfloat16* w, co
             if (lane == 0) slot_item[q] = item;
             const __nv_bfloat16* e = w + (size_t)s_slots[item / ITEMS_PER_EXPERT] * (EXPERT_BYTES / 2);
             const int r0 = (item % ITEMS_PER_EXPERT) * ITEM_ROWS;
-            // page p (sequence sq): pages 0-3 gate rows r0.., 4-7 up rows (EXPERT_ROWS on) r0..
+            // page p (sequence sq): pages 0 .. hp - 1 gate rows r0.., hp .. ip - 1 up rows (EXPERT_ROWS on) r0..
             const auto issue = [&](int p, int sq) {
                 const int rs = sq % npg;
                 page_q[rs] = q;
                 page_p[rs] = p;
-                const __nv_bfloat16* src = e + (size_t)((p < 4 ? 0 : EXPERT_ROWS) + r0 + (p & 3) * ROWS) * K;
+                const __nv_bfloat16* src = e + (size_t)((p < hp ? 0 : EXPERT_ROWS) + r0 + (p % hp) * prow) * K;
                 if (kn.fence) fence_proxy_async();
-                mbar_expect_tx(&full[rs], PAGE);
-                bulk_load(ring + (size_t)rs * PAGE, src, PAGE, &full[rs], pol);
+                mbar_expect_tx(&full[rs], kn.page);
+                bulk_load(ring + (size_t)rs * kn.page, src, kn.page, &full[rs], pol);
             };
             int claim = 0;
             if (kn.multi) {
@@ -145,7 +150,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) worker(const __nv_bfloat16* w, co
                 };
                 poll(0, claim_at);
                 if (lane == 0) claim = atomicAdd(hd, 1);
-                poll(claim_at, ITEM_PAGES);
+                poll(claim_at, ip);
             } else if (lane == 0) {                       // the kernel's page loop, the claim between two loops
                 const auto page = [&](int p) {
                     const int sq = s + p;
@@ -154,9 +159,9 @@ __global__ void __launch_bounds__(NTHREADS, 1) worker(const __nv_bfloat16* w, co
                 };
                 for (int p = 0; p < claim_at; p++) page(p);
                 claim = atomicAdd(hd, 1);
-                for (int p = claim_at; p < ITEM_PAGES; p++) page(p);
+                for (int p = claim_at; p < ip; p++) page(p);
             }
-            s += ITEM_PAGES;
+            s += ip;
             item = __shfl_sync(0xffffffffu, claim, 0);
             j++;
         }
@@ -169,7 +174,8 @@ __global__ void __launch_bounds__(NTHREADS, 1) worker(const __nv_bfloat16* w, co
             }
         __syncwarp();
     } else if (warp < npg) {
-        const __nv_bfloat16* page = reinterpret_cast<const __nv_bfloat16*>(ring + (size_t)warp * PAGE);
+        const __nv_bfloat16* page = reinterpret_cast<const __nv_bfloat16*>(ring + (size_t)warp * kn.page);
+        const int ip = ITEM_PAGES * PAGE / kn.page;
         for (int k = 0;; k++) {
             warp_wait(&full[warp], (unsigned)k & 1u);
             const int q = page_q[warp], p = page_p[warp];
@@ -183,7 +189,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) worker(const __nv_bfloat16* w, co
             if (lane == 0) {
                 mbar_arrive(&empty[warp]);
                 __threadfence_block();                 // this page's outputs before the count
-                last = atomicAdd(&done[q], 1) == ITEM_PAGES - 1;
+                last = atomicAdd(&done[q], 1) == ip - 1;
             }
             last = __shfl_sync(0xffffffffu, last, 0);
             if (!last) continue;
@@ -237,13 +243,13 @@ int main() {
     CK(cudaMalloc(&head, sizeof(int)));
     CK(cudaMalloc(&counters, slots.size() * sizeof(int)));
     CK(cudaMalloc(&eact, (size_t)N_ITEMS * ITEM_ROWS * 2));
-    const int smem_bytes = MAXPG * PAGE + PAD;
+    const int smem_bytes = MAXPG * PAGE + PAD;      // (a ring of at most 192 KB: npg * page)
     CK(cudaFuncSetAttribute(worker, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     //                      sms npg lead free_early release fence offset math multi decode_ns decode_early
-    const Knobs kernel_now = {0, 12, 4, 0, 1, 0, 0, 1, 0, 750, 1};   // the default build's worker at b1 (session 36)
+    const Knobs kernel_now = {0, 12, 4, 0, 1, 0, 0, 1, 0, 750, 1, 0, PAGE};   // the default build's worker at b1
     struct Config { const char* name; Knobs k; };
     std::vector<Config> configs;
     auto with = [&](const char* name, auto f) { Knobs k = kernel_now; f(k); configs.push_back({name, k}); };
@@ -260,9 +266,17 @@ int main() {
     with("no math", [](Knobs& k) { k.math = 0; });
     with("8 pages (128 KB in flight at most)", [](Knobs& k) { k.npg = 8; });
     with("loads only (no math, no release, no decode)", [](Knobs& k) { k.math = 0; k.release = 0; k.decode_ns = 0; });
+    // what one copy's issue costs: the same loop with 8 KB and 32 KB copies (pages), so 16 and 4 per item (the 32 KB
+    // ring: 6 pages, the same 192 KB)
+    with("loads only, 8 KB pages (16 per item)", [](Knobs& k) { k.math = 0; k.release = 0; k.decode_ns = 0; k.page = PAGE / 2; });
+    with("loads only, 32 KB pages (4 per item)", [](Knobs& k) { k.math = 0; k.release = 0; k.decode_ns = 0; k.page = 2 * PAGE; k.npg = MAXPG / 2; });
+    with("32 KB pages, no math (decode, release)", [](Knobs& k) { k.math = 0; k.page = 2 * PAGE; k.npg = MAXPG / 2; });
+    with("16 KB pages, no math (decode, release)", [](Knobs& k) { k.math = 0; });
+    with("multi-lane, loads only", [](Knobs& k) { k.multi = 1; k.math = 0; k.release = 0; k.decode_ns = 0; });
     for (const Config& c : configs)
         if (c.k.npg < 1 || c.k.npg > MAXPG || c.k.offset < 0 || c.k.offset % 16 || c.k.offset + 1024 > PAD
-            || c.k.lead < 0 || c.k.decode_ns < 0) {
+            || c.k.lead < 0 || c.k.decode_ns < 0 || (c.k.page != PAGE && c.k.math)
+            || (c.k.page != PAGE / 2 && c.k.page != PAGE && c.k.page != 2 * PAGE) || c.k.npg * c.k.page > MAXPG * PAGE) {
             fprintf(stderr, "bad knobs in %s\n", c.name);
             return 1;
         }

@@ -119,8 +119,11 @@ KERNEL_SWITCHES = {"MK_GEMV_TC": 1, "MK_GEMV_B1": 1, "MK_SMALL_VEC": 2, "MK_MOE_
                    "MK_SMEM_ALIGN": 128, "MK_PG_TC_ACC": 1, "MK_ATTN_STATS": 0, "MK_EARLY_TABLES": 1,
                    "MK_ATTN_Q_ASYNC": 1, "MK_CLAIM_FIRST": 1, "MK_ATTN_PAD": 1, "MK_ATTN_ISSUE": 1,
                    "MK_ATTN_MATH": 1, "MK_LOADX_ASYNC": 1, "MK_LATE_WEIGHTS": 0,
-                   "MK_FUSED_SERIAL": 0, "MK_FUSED_TABLES_EARLY": 0, "MK_PAGE_SLOTS": opcodes.PAGE_SLOTS}
+                   "MK_FUSED_SERIAL": 0, "MK_FUSED_TABLES_EARLY": 0, "MK_PAGE_SLOTS": opcodes.PAGE_SLOTS,
+                   "MK_PAGE_BYTES": opcodes.PAGE_BYTES}
 PAGE_SLOTS_RANGE = (2, 5)     # MK_PAGE_SLOTS: 5 slots' PgState still fits opcodes.PAGE_STATE_BYTES in the stats build
+PAGE_BYTES_CHOICES = (16384, 32768)   # MK_PAGE_BYTES: a ring page holds a row of every item kind (8 KB at North's
+                                      # q width) and the ring at least 4 pages
 # switches whose default follows another's value: (switch, value of the other) -> this switch's default there
 # (MK_MOE_LOCAL=0's persistent loop spills 24 bytes beside attention's second variant; MK_CONST_TABLES=1's 8 bytes
 # beside attention's block table in shared memory, and 4 beside the bulk-copy attention: a CI run at f62e198)
@@ -149,6 +152,15 @@ def page_slots() -> int:
     n = switch_value("MK_PAGE_SLOTS")
     if not PAGE_SLOTS_RANGE[0] <= n <= PAGE_SLOTS_RANGE[1]:
         raise BuildError(f"MK_PAGE_SLOTS={n}: want {PAGE_SLOTS_RANGE[0]}..{PAGE_SLOTS_RANGE[1]}")
+    return n
+
+
+def page_bytes() -> int:
+    """Bytes of a ring page (and of each of the paged loader's bulk copies) in the selected build (MK_PAGE_BYTES): its
+    plan lays out the ring in pages of this size."""
+    n = switch_value("MK_PAGE_BYTES")
+    if n not in PAGE_BYTES_CHOICES:
+        raise BuildError(f"MK_PAGE_BYTES={n}: want one of {', '.join(map(str, PAGE_BYTES_CHOICES))}")
     return n
 
 
@@ -188,6 +200,7 @@ def load(arch: str = "sm_90a", profile: bool = False) -> ctypes.CDLL:
         lib.mk_launch.restype = ctypes.c_int
         lib.mk_num_params.restype = ctypes.c_int
         lib.mk_page_slots.restype = ctypes.c_int
+        lib.mk_page_bytes.restype = ctypes.c_int
         lib.mk_error_string.argtypes = [ctypes.c_int]
         lib.mk_error_string.restype = ctypes.c_char_p
         lib.mk_device_info.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]

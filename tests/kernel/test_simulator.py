@@ -917,10 +917,10 @@ def test_paged_layout_follows_the_builds_item_slots(monkeypatch):
     """MK_PAGE_SLOTS (a build switch): the paged plans lay out that many items' input and output buffers, so with 4
     item slots the one-row North plan's ring keeps one page less (an 8 KB input buffer per slot) and still fits; a
     count outside PAGE_SLOTS_RANGE is refused, and a plan whose count differs from the loaded library's
-    (mk_page_slots) is refused (check_page_slots) instead of overrunning its shared memory."""
+    (mk_page_slots) is refused (check_page_layout) instead of overrunning its shared memory."""
     from megakernel.config import north_mini_code_config
     from megakernel.kernel import build
-    from megakernel.kernel.backend import check_page_slots
+    from megakernel.kernel.backend import check_page_layout
     from megakernel.kv.cache import KVLayout
 
     monkeypatch.delenv("MEGAKERNEL_KERNEL_DEFINES", raising=False)
@@ -935,13 +935,41 @@ def test_paged_layout_follows_the_builds_item_slots(monkeypatch):
     assert four.pg_out_off == four.pg_in_off + 4 * four.pg_in_bytes
     assert four.pg_x_off >= four.pg_out_off + 4 * four.pg_rows * four.pg_out_rows * 4
     assert four.pages_smem_bytes() <= four.smem_bytes() <= O.SMEM_LIMIT - O.SMEM_RESERVE
-    check_page_slots([four], 4)
+    check_page_layout([four], 4, O.PAGE_BYTES)
     with pytest.raises(ValueError, match="MK_PAGE_SLOTS=4"):
-        check_page_slots([three], 4)
-    with pytest.raises(ValueError, match="MK_PAGE_SLOTS=3"):
-        check_page_slots([three, four], 3)
+        check_page_layout([three], 4, O.PAGE_BYTES)
+    with pytest.raises(ValueError, match="library has MK_PAGE_SLOTS=3"):
+        check_page_layout([three, four], 3, O.PAGE_BYTES)
     monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_PAGE_SLOTS=9")
     with pytest.raises(build.BuildError, match="MK_PAGE_SLOTS=9"):
+        make()
+
+
+def test_paged_layout_follows_the_builds_page_bytes(monkeypatch):
+    """MK_PAGE_BYTES (a build switch): 32 KB ring pages halve the one-row North plan's ring page count (12 -> 6, the
+    same bytes), the input buffers start after them, each page holds half as many... twice as many rows (8 of 2048
+    instead of 4); a size outside PAGE_BYTES_CHOICES is refused, and a plan laid out for another size than the
+    loaded library's (mk_page_bytes) is refused (check_page_layout)."""
+    from megakernel.config import north_mini_code_config
+    from megakernel.kernel import build
+    from megakernel.kernel.backend import check_page_layout
+    from megakernel.kv.cache import KVLayout
+
+    monkeypatch.delenv("MEGAKERNEL_KERNEL_DEFINES", raising=False)
+    cfg = north_mini_code_config()
+    layout = KVLayout.for_model(cfg, 64)
+    make = lambda: ModelPlan(cfg, layout, max_batch=1, n_workers=132)   # noqa: E731
+    small = make()
+    assert small.pg_page_bytes == O.PAGE_BYTES == 16384 and small.pg_n == 12
+    monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_PAGE_BYTES=32768")
+    big = make()
+    assert big.pg_page_bytes == 32768 and big.pg_n == 6 and big.pg_in_off == 6 * 32768
+    assert big.pages_smem_bytes() <= big.smem_bytes() <= O.SMEM_LIMIT - O.SMEM_RESERVE
+    check_page_layout([big], O.PAGE_SLOTS, 32768)
+    with pytest.raises(ValueError, match="library has MK_PAGE_BYTES=16384"):
+        check_page_layout([small, big], O.PAGE_SLOTS, 16384)
+    monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_PAGE_BYTES=8192")
+    with pytest.raises(build.BuildError, match="MK_PAGE_BYTES=8192"):
         make()
 
 

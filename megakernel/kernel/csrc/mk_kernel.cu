@@ -119,6 +119,8 @@ extern "C" __global__ void __launch_bounds__(NT, MK_BLOCKS_PER_SM) mk_decode(con
 extern "C" int mk_num_params() { return MK_NUM_PARAMS; }
 // the paged worker's item slots this library was built with (the plan must lay out as many: backend.check_page_slots)
 extern "C" int mk_page_slots() { return MK_PAGE_SLOTS; }
+// and its ring pages' bytes (MK_PAGE_BYTES: the plan's ring layout must use the same)
+extern "C" int mk_page_bytes() { return MK_PAGE_BYTES; }
 
 extern "C" const char* mk_error_string(int e) { return cudaGetErrorString((cudaError_t)e); }
 

@@ -115,7 +115,7 @@ PROFILE_FLAGS = ("-DMK_PROFILE=1",)     # the profiling build: every task stampe
 KERNEL_SWITCHES = {"MK_GEMV_TC": 1, "MK_GEMV_B1": 1, "MK_SMALL_VEC": 2, "MK_MOE_LOCAL": 1, "MK_REPEAT_SMALL": 1,
                    "MK_ATTN_BULK": 1, "MK_CONST_TABLES": 0, "MK_ATTN_DSPLIT": 1, "MK_ATTN_TABLE": 1,
                    "MK_PG_PAGE_STATS": 0, "MK_PG_SEG_TC": 0, "MK_PG_CLAIM_LEAD": 4, "MK_PG_PROXY_FENCE": 0,
-                   "MK_PG_DECODE_EARLY": 1, "MK_PG_MULTI_ISSUE": 0, "MK_PG_POLL_CHECK": 32, "MK_PG_POLL_SUSPEND": 1,
+                   "MK_PG_DECODE_EARLY": 1, "MK_PG_MULTI_ISSUE": 0, "MK_PG_POLL_CHECK": 32, "MK_PG_POLL_SUSPEND": 0,
                    "MK_SMEM_ALIGN": 128, "MK_PG_TC_ACC": 1, "MK_ATTN_STATS": 0, "MK_EARLY_TABLES": 1,
                    "MK_ATTN_Q_ASYNC": 1, "MK_CLAIM_FIRST": 1, "MK_ATTN_PAD": 1, "MK_ATTN_ISSUE": 1,
                    "MK_ATTN_MATH": 1, "MK_LOADX_ASYNC": 1, "MK_LATE_WEIGHTS": 0,

@@ -61,7 +61,8 @@ def check_build_log(log: str, spills_allowed: bool = False) -> None:
                                      "MK_LOADX_ASYNC=0", "MK_LATE_WEIGHTS=1", "MK_FUSED_TABLES_EARLY=1",
                                      "MK_PG_DECODE_EARLY=0",
                                      "MK_PAGE_SLOTS=4", "MK_PG_MULTI_ISSUE=1",
-                                     "MK_PG_MULTI_ISSUE=1,MK_PG_POLL_CHECK=1"])
+                                     "MK_PG_MULTI_ISSUE=1,MK_PG_POLL_CHECK=1", "MK_PG_MULTI_ISSUE=1,MK_PG_POLL_SUSPEND=1",
+                                     "MK_PAGE_BYTES=32768"])
 def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     """The builds the switches select besides the default (MK_MOE_LOCAL=0: the MoE worker's routing read from L2 per
     item; MK_SMALL_VEC=1: NORM in three or four waves of loads; MK_SMALL_VEC=3: the combine in one round trip;
@@ -81,9 +82,9 @@ def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     input rows; MK_FUSED_TABLES_EARLY=1: a fused tile's norm tables read before its wait; MK_PG_DECODE_EARLY=0: the
     paged loader's item decode after the item slot's wait (the default before session 36); MK_PAGE_SLOTS=4: four
     item slots; MK_PG_MULTI_ISSUE=1: an item's pages issued by the loader's lanes at once, with MK_PG_POLL_CHECK=1
-    as measured in session 37): each compiles, its entry
-    function does not spill, its static shared memory fits the reserve, and it reports the item slots the plans lay
-    out."""
+    as measured in session 37, and with MK_PG_POLL_SUSPEND=1 as in session 38; MK_PAGE_BYTES=32768: 32 KB ring pages
+    and copies): each compiles, its entry function does not spill, its static shared memory fits the reserve, and it
+    reports the item slots and page size the plans lay out."""
     if build.find_nvcc() is None:
         pytest.skip("nvcc not installed")
     monkeypatch.setenv("MEGAKERNEL_CACHE_DIR", str(tmp_path))
@@ -93,6 +94,7 @@ def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     # the library reports the item slots its paged worker was built with, as the plans lay them out (loads without a
     # GPU: no CUDA call runs)
     assert ctypes.CDLL(str(lib)).mk_page_slots() == build.page_slots()
+    assert ctypes.CDLL(str(lib)).mk_page_bytes() == build.page_bytes()
     # dynamic shared memory starts where each kernel's static section ends (1 KB reserved + its own): MK_SMEM_ALIGN
     # pads that section to a multiple of the alignment
     align = build.switch_value("MK_SMEM_ALIGN")

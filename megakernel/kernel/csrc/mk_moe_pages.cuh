@@ -112,7 +112,10 @@
 // records the sequence number of its last issue (`seq`) and the closing drain waits for that one. Its page stats'
 // ring-slot waits sum the lanes' parallel waits. In the step on the H100: speed_20261207s36 (the claim then at the
 // item's start) b1 8K -0.3% / even, 1K +0.5% / +0.8%, b8 -0.2%; speed_20261207s37 (this form, MK_PG_POLL_CHECK=1)
-// b1 8K +2.0%, 1K +3 to +6%, b8 even. Not measured on the H200, where the loader paces the one-row workers.
+// b1 8K +2.0%, 1K +3 to +6%, b8 even; speed_20261207s38 (two calls, each build in its own process, twice) with
+// MK_PG_POLL_CHECK=32: b1 8K +1.2 / +1.3%, 1K +2.5 / +2.6%, b8 even, b16 -0.1 to -0.3%. Its page-stats build is
+// faster than the default's (3.45 against 3.53 ms profiled) because the stats' timers and atomics sit in the lane-0
+// loop's serial path: compare normal builds. Not measured on the H200, where the loader paces the one-row workers.
 #ifndef MK_PG_MULTI_ISSUE
 #define MK_PG_MULTI_ISSUE 0
 #endif
@@ -126,6 +129,15 @@ static_assert(MK_PAGE_MAX <= 32, "MK_PG_MULTI_ISSUE: a loader lane per ring page
 // frees only after its item's epilogue. 4 slots cost the one-row North plan a ring page (an 8 KB input buffer
 // each). On the H100 (speed_20261207s36) even alone; with MK_PG_DECODE_EARLY b1 8K -0.3 to -0.4% and 1K -0.6 to
 // -0.9% against that switch alone, b8 +0.1%. Not measured on the H200, whose one-row ring it shortens.
+// MK_PAGE_BYTES (a build switch; its default, opcodes.PAGE_BYTES = 16384, in the generated header; 32768 allowed):
+// a ring page and each of the loader's bulk copies; the plan lays out the ring in pages of the build's size
+// (build.page_bytes) and the library reports it (mk_page_bytes, checked against the plans). pg_stream.cu (H100,
+// speed_20261207s38 call 3) puts the lane-0 loop's per-SM cap on a cost per copy issued: loads only 19.4 / 34.7 /
+// 55.3 GB/s per SM at 32 SMs with 8 / 16 / 32 KB copies, with the decode and the release 28.7 / 41.4 at 16 / 32 KB.
+// 32 KB pages halve the copies but also the computing warps (6 pages, each of twice the rows). In the step on the H100
+// (call 4, each build in its own process, twice): b1 8K 3.430 / 3.420 against 3.290 / 3.277 ms (+4.3%), 1K +5.0%,
+// b8 +1.0%, b16 +0.4%; GPU tests pass under it (33). Not measured on the H200, whose one-row workers the loader
+// paces.
 #define PG_END (-1)                     // an item description's kind: no more items (the input warp stops)
 
 // The worker's barriers and bookkeeping: in the plan's dynamic shared memory (at pg_state_off, PAGE_STATE_BYTES of
@@ -241,9 +253,9 @@ __device__ __forceinline__ bool pg_wait(const Params& P, PgState& G, int ticket,
 // MK_PG_POLL_CHECK (MK_PG_MULTI_ISSUE builds): a polling lane asks PgSpin whether to leave only every this-many-th
 // failed poll (so the abort flag and the watchdog are read every MK_PG_POLL_CHECK * 1024 polls there, ~1 ms, against
 // a watchdog of seconds). Each ask reads G.stop from shared memory beside the lanes' test_wait, which never suspends
-// (unlike pg_wait's try_wait). A hypothesis, not a measured cause: the H100's step was 2-3% slower at one row under
-// MULTI_ISSUE (asking at every poll, the form MK_PG_POLL_CHECK=1 builds) while pg_stream.cu's multi-lane loop, which
-// polls without that load, was even with the lane-0 loop (session 37).
+// (unlike pg_wait's try_wait). On the H100 (speed_20261207s38 call 1, each build in its own process, twice) 32
+// against 1: b1 8K 3.325 / 3.322 against 3.352 / 3.348 ms, 1K 3.169 / 3.169 against 3.199 / 3.188 (-0.6 to -0.9%),
+// b8 and b16 even: a part of MULTI_ISSUE's one-row loss there (the default build: 3.286 / 3.277, 3.095 / 3.090).
 #ifndef MK_PG_POLL_CHECK
 #define MK_PG_POLL_CHECK 32
 #endif
@@ -252,11 +264,13 @@ static_assert(MK_PG_POLL_CHECK >= 1 && (MK_PG_POLL_CHECK & (MK_PG_POLL_CHECK - 1
 // MK_PG_POLL_SUSPEND (MK_PG_MULTI_ISSUE builds): after a sweep of the polling lanes in which no ring page was free,
 // the lowest lane still waiting suspends in try_wait on its page (ring pages free in sequence order, so it is the
 // next to free; the warp waits with it) before the next sweep (1); or the lanes sweep with test_wait without pause
-// (0). Why: in the H100's page stats (speed_20261207s38 call 1, b1 8K) the computing warps' math per down item grew
-// from 13.2 to 17.4 us (median page sum; p90 14.6 to 35.4) under the busy sweeps, whose test_waits are shared-memory
-// operations beside the warps' page reads, and MULTI_ISSUE's step was +1.3% (8K) / +2.5% (1K) against the default.
+// (0). Tried because in the H100's page stats (speed_20261207s38 call 1, b1 8K) the computing warps' math per down
+// item grew from 13.2 to 17.4 us (median page sum) under MULTI_ISSUE's busy sweeps. Measured on the H100 (call 2, each
+// build in its own process, twice): b1 8K 3.367 / 3.361 against 3.325 / 3.322 ms without it, 1K 3.206 / 3.208
+// against 3.175 / 3.180 (+1.0 to +1.2%), b8 and b16 even; the math sums did not shrink (30.99 against 29.86 us per O
+// item), so the sweeps were not what slowed the math (more pages land together, so more warps compute at once). 0.
 #ifndef MK_PG_POLL_SUSPEND
-#define MK_PG_POLL_SUSPEND 1
+#define MK_PG_POLL_SUSPEND 0
 #endif
 #if MK_PG_MULTI_ISSUE
 // The loader warp, uniformly (MK_PG_MULTI_ISSUE): lane i < n takes sequence number s0 + i (n <= npg: distinct ring

@@ -98,16 +98,18 @@ def check_build_runs(plans: list[ModelPlan]) -> None:
                          "the residual in registers; the plan leaves no shared memory for it)")
 
 
-def check_page_layout(plans: list[ModelPlan], lib_slots: int, lib_page_bytes: int) -> None:
-    """ValueError if a paged plan lays out another count of item slots or another ring page size than the loaded
-    library was built with (its mk_page_slots and mk_page_bytes: MK_PAGE_SLOTS, MK_PAGE_BYTES): the kernel would index
-    shared memory the plan gave to something else. (The plan reads both from $MEGAKERNEL_KERNEL_DEFINES when it is
-    made, the library when it was loaded.)"""
+def check_page_layout(plans: list[ModelPlan], lib_slots: int, lib_page_bytes: int, lib_page_warps: int = 1) -> None:
+    """ValueError if a paged plan lays out another count of item slots, another ring page size or another count of
+    computing warps per page than the loaded library was built with (its mk_page_slots, mk_page_bytes and
+    mk_page_warps: MK_PAGE_SLOTS, MK_PAGE_BYTES, MK_PG_PAGE_WARPS): the kernel would index shared memory the plan gave
+    to something else, or refuse the ring. (The plan reads them from $MEGAKERNEL_KERNEL_DEFINES when it is made, the
+    library when it was loaded.)"""
     for p in plans:
         if not p.pg_n:
             continue
         for name, planned, built in (("MK_PAGE_SLOTS", p.pg_slots, lib_slots),
-                                     ("MK_PAGE_BYTES", p.pg_page_bytes, lib_page_bytes)):
+                                     ("MK_PAGE_BYTES", p.pg_page_bytes, lib_page_bytes),
+                                     ("MK_PG_PAGE_WARPS", p.pg_page_warps, lib_page_warps)):
             if planned != built:
                 raise ValueError(f"the paged plan for {p.max_batch} rows lays out {name}={planned}; the loaded "
                                  f"kernel library has {name}={built} (make the plans and load the library under the "
@@ -251,7 +253,7 @@ class MegakernelBackend(DecodeBackend):
         check_build_runs(plans)
         for lib in (self.lib, self._lib_prof):
             if lib is not None:
-                check_page_layout(plans, lib.mk_page_slots(), lib.mk_page_bytes())
+                check_page_layout(plans, lib.mk_page_slots(), lib.mk_page_bytes(), lib.mk_page_warps())
         per_block = min(self.smem_optin, O.SMEM_LIMIT)
         for p in plans:
             need = p.smem_bytes()
@@ -304,7 +306,7 @@ class MegakernelBackend(DecodeBackend):
         once that launch's completion check has run. The launches after it use the normal build again."""
         if self._lib_prof is None:
             lib = build.load(self.arch, profile=True)
-            check_page_layout(self.plans, lib.mk_page_slots(), lib.mk_page_bytes())
+            check_page_layout(self.plans, lib.mk_page_slots(), lib.mk_page_bytes(), lib.mk_page_warps())
             self._lib_prof = lib
         self._profile_next = True
 

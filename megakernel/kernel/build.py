@@ -120,7 +120,7 @@ KERNEL_SWITCHES = {"MK_GEMV_TC": 1, "MK_GEMV_B1": 1, "MK_SMALL_VEC": 2, "MK_MOE_
                    "MK_ATTN_Q_ASYNC": 1, "MK_CLAIM_FIRST": 1, "MK_ATTN_PAD": 1, "MK_ATTN_ISSUE": 1,
                    "MK_ATTN_MATH": 1, "MK_LOADX_ASYNC": 1, "MK_LATE_WEIGHTS": 0,
                    "MK_FUSED_SERIAL": 0, "MK_FUSED_TABLES_EARLY": 0, "MK_PAGE_SLOTS": opcodes.PAGE_SLOTS,
-                   "MK_PAGE_BYTES": opcodes.PAGE_BYTES}
+                   "MK_PAGE_BYTES": opcodes.PAGE_BYTES, "MK_PG_PAGE_WARPS": 1}
 PAGE_SLOTS_RANGE = (2, 5)     # MK_PAGE_SLOTS: 5 slots' PgState still fits opcodes.PAGE_STATE_BYTES in the stats build
 PAGE_BYTES_CHOICES = (16384, 32768)   # MK_PAGE_BYTES: a ring page holds a row of every item kind (8 KB at North's
                                       # q width) and the ring at least 4 pages
@@ -164,6 +164,15 @@ def page_bytes() -> int:
     return n
 
 
+def page_warps() -> int:
+    """Computing warps per ring page in the selected build (MK_PG_PAGE_WARPS, 1 or 2): the plan keeps its ring pages
+    times this within the block's computing warps."""
+    n = switch_value("MK_PG_PAGE_WARPS")
+    if n not in (1, 2):
+        raise BuildError(f"MK_PG_PAGE_WARPS={n}: want 1 or 2")
+    return n
+
+
 def switch_flags(text: str | None = None) -> tuple[str, ...]:
     """-D flags for the switches that `text` (a switch list; None: $MEGAKERNEL_KERNEL_DEFINES) sets away from their
     defaults."""
@@ -201,6 +210,7 @@ def load(arch: str = "sm_90a", profile: bool = False) -> ctypes.CDLL:
         lib.mk_num_params.restype = ctypes.c_int
         lib.mk_page_slots.restype = ctypes.c_int
         lib.mk_page_bytes.restype = ctypes.c_int
+        lib.mk_page_warps.restype = ctypes.c_int
         lib.mk_error_string.argtypes = [ctypes.c_int]
         lib.mk_error_string.restype = ctypes.c_char_p
         lib.mk_device_info.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]

@@ -13,7 +13,7 @@ import torch
 
 from megakernel.config import ModelConfig
 from megakernel.kernel import opcodes as O
-from megakernel.kernel.build import page_bytes, page_slots
+from megakernel.kernel.build import page_bytes, page_slots, page_warps
 from megakernel.kv.cache import KVLayout
 
 
@@ -610,12 +610,13 @@ class ModelPlan:
         moe_pages_max where that is set), then its barriers and bookkeeping (PAGE_STATE_BYTES). pg_x_item where
         moe_pages_x_item and the per-item rows leave more pages than the shared x buffer."""
         self.pg_n = self.pg_in_off = self.pg_in_bytes = self.pg_out_off = self.pg_out_rows = self.pg_state_off = 0
-        self.pg_rows = self.pg_x_off = self.pg_x_item = self.pg_slots = self.pg_page_bytes = 0
+        self.pg_rows = self.pg_x_off = self.pg_x_item = self.pg_slots = self.pg_page_bytes = self.pg_page_warps = 0
         if not (self.moe_pages and self.moe_pages_from <= self.tb <= self.moe_pages and self.Lm and not self.wbuf
                 and not self.moe_wbuf):
             return
         slots = page_slots()                 # (the build's item slots: MK_PAGE_SLOTS)
         pb = page_bytes()                    # (the build's page size: MK_PAGE_BYTES)
+        wpp = page_warps()                   # (the build's computing warps per page: MK_PG_PAGE_WARPS)
         R = self.tb if o_in_queue or not self.slot_pairs else min(self.tb, self.slot_pairs)   # rows per item
         out_rows = max(2 * self.gu_rows, self.dn_rows, self.o_rows if o_in_queue else 0)
 
@@ -625,8 +626,8 @@ class ModelPlan:
             in_bytes = (R * k_in * 2 + 15) // 16 * 16
             x_bytes = 0 if x_item else (self.tb * self.H * 2 + 15) // 16 * 16   # (every row of the launch)
             fixed = slots * (in_bytes + R * out_rows * 4) + x_bytes + 32 + O.PAGE_STATE_BYTES
-            # at most one page per computing warp (warps 0 .. NUM_WARPS - 3: each owns a ring page, mk_moe_pages.cuh)
-            n = min(O.PAGE_MAX, O.NUM_WARPS - 2, self.moe_pages_max or O.PAGE_MAX,
+            # wpp computing warps per page (warps 0 .. NUM_WARPS - 3: each owns a ring page's rows, mk_moe_pages.cuh)
+            n = min(O.PAGE_MAX, (O.NUM_WARPS - 2) // wpp, self.moe_pages_max or O.PAGE_MAX,
                     (O.SMEM_LIMIT - O.SMEM_RESERVE - fixed) // pb)
             return n, in_bytes, x_bytes
         n, in_bytes, x_bytes = layout(0)
@@ -639,9 +640,10 @@ class ModelPlan:
         rows_per_page = lambda K: min(pb // (2 * K), O.PAGE_ROWS_MAX)   # noqa: E731
         most = max(2 * math.ceil(self.gu_rows / rows_per_page(self.H)), math.ceil(self.dn_rows / rows_per_page(self.I)),
                    math.ceil(self.o_rows / rows_per_page(self.Q)) if o_in_queue else 0)
-        if most > O.PAGE_ITEM_PAGES_MAX:     # (an item slot's `outs` barrier counts 32 arrivals per page)
+        if most * wpp > O.PAGE_ITEM_PAGES_MAX:   # (an item slot's `outs` barrier counts 32 arrivals per page warp)
             return
         self.pg_n, self.pg_rows, self.pg_x_item, self.pg_slots, self.pg_page_bytes = n, R, x_item, slots, pb
+        self.pg_page_warps = wpp
         self.pg_in_off = n * pb
         self.pg_in_bytes = in_bytes
         self.pg_out_off = self.pg_in_off + slots * in_bytes

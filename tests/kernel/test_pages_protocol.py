@@ -74,6 +74,8 @@ class World:
     claim_late: bool = False      # pg_claim_late: the loader goes on to the next item once this one's inputs are in
     multi_issue: bool = False     # MK_PG_MULTI_ISSUE: an item's pages in rounds of <= npg, each page issued when its
                                   # own ring page frees (any order within a round)
+    page_warps: int = 1           # MK_PG_PAGE_WARPS: computing warps per ring page (2: warps w and w + npg share page
+                                  # w, each half its rows; `empty` counts both, each arrives on `outs` and counts)
     rng: random.Random = field(default_factory=lambda: random.Random(0))   # (the round's issue order)
     full: list[Mbar] = field(default_factory=list)
     empty: list[Mbar] = field(default_factory=list)
@@ -98,7 +100,7 @@ class World:
     def __post_init__(self) -> None:
         self.nwc = self.nwc or self.npg
         self.full = [Mbar() for _ in range(self.npg)]
-        self.empty = [Mbar() for _ in range(self.npg)]
+        self.empty = [Mbar(self.page_warps) for _ in range(self.npg)]
         self.desc = [Mbar() for _ in range(self.slots)]
         self.inp = [Mbar() for _ in range(self.slots)]
         self.outs = [Mbar(OUT_ARRIVALS) for _ in range(self.slots)]
@@ -184,7 +186,7 @@ def loader(w: World):
             break
         it = w.items[j]
         w.item_of[q] = j
-        w.outs[q].arrive(OUT_ARRIVALS - LANES * it.pages)
+        w.outs[q].arrive(OUT_ARRIVALS - LANES * it.pages * w.page_warps)
         w.desc[q].arrive()
         if w.multi_issue:
             if not (yield from _rounds(w, s, it.pages, lambda sq, p: _issue(w, sq, q, p))):
@@ -239,6 +241,9 @@ def input_warp(w: World):
 
 def computing_warp(w: World, warp: int):
     k = 0
+    if w.page_warps > 1:
+        assert w.nwc == w.npg, "shared pages: one warp group per page"
+        warp %= w.npg                                  # (its page's other warp: the same sequence numbers)
     while True:
         s = warp + k * w.nwc
         slot = s % w.npg
@@ -262,7 +267,7 @@ def computing_warp(w: World, warp: int):
         w.outs[q].arrive(LANES)
         w.empty[slot].arrive()
         w.done[q] += 1
-        if w.done[q] == w.items[j].pages:              # elected (the atomic count): the epilogue
+        if w.done[q] == w.items[j].pages * w.page_warps:   # elected (the atomic count): the epilogue
             if not (yield from until(w, lambda: w.outs[q].done(w.parity(j)))):
                 return
             yield from _epilogue_and_free(w, j, q, lambda: w.done.__setitem__(q, 0))
@@ -272,7 +277,7 @@ def computing_warp(w: World, warp: int):
 def _epilogue(w: World, j: int, q: int) -> None:
     """Item j's epilogue stores (slot q), once its `outs` phase completed: every page computed, its dependencies
     done, and the slot still item j's (its outputs and fields are read here)."""
-    assert w.computed[j] == w.items[j].pages and j not in w.finished
+    assert w.computed[j] == w.items[j].pages * w.page_warps and j not in w.finished
     assert w.item_of[q] == j, "an epilogue read a slot already handed to another item"
     for d in w.items[j].deps:
         assert d in w.finished, "a down item ran before its gate/up item"
@@ -291,7 +296,7 @@ def _epilogue_and_free(w: World, j: int, q: int, reset=lambda: None):
 def run(w: World, rng: random.Random, max_steps: int = 200_000, stop_at: int | None = None) -> None:
     """Random schedules until every role returned; stop_at: the step at which the step is aborted (then every role
     must still return, and every copy issued still lands before the worker's memory is released)."""
-    roles = [loader(w), input_warp(w)] + [computing_warp(w, k) for k in range(w.nwc)]
+    roles = [loader(w), input_warp(w)] + [computing_warp(w, k) for k in range(w.nwc * w.page_warps)]
     alive = list(range(len(roles)))
     stalled = 0
     for step in range(max_steps):
@@ -341,7 +346,7 @@ def run(w: World, rng: random.Random, max_steps: int = 200_000, stop_at: int | N
             assert all(s >= w.issued - w.npg for s in w.in_flight)
         return
     assert w.finished == set(range(len(w.items)))
-    assert all(w.computed[j] == it.pages for j, it in enumerate(w.items))
+    assert all(w.computed[j] == it.pages * w.page_warps for j, it in enumerate(w.items))
 
 
 def _snapshot(w: World) -> tuple:
@@ -430,4 +435,18 @@ def test_paged_worker_protocol_with_multi_lane_issue(npg):
         items = random_items(rng, rng.randint(0, 12))
         run(World(items, npg, multi_issue=True, rng=random.Random(trial)), random.Random(trial))
         w = World(items, npg, multi_issue=True, rng=random.Random(trial))
+        run(w, random.Random(trial + 1), stop_at=rng.randint(0, 400))
+
+
+@pytest.mark.parametrize("multi_issue", [False, True])
+@pytest.mark.parametrize("npg", [4, 6, 7])
+def test_paged_worker_protocol_with_two_warps_per_page(npg, multi_issue):
+    """MK_PG_PAGE_WARPS=2 (with 32 KB pages, 6 of them): two computing warps per ring page, both waiting on its `full`
+    phase and both freeing it (`empty` counts two), each counted in its item's pages: the loader never reuses a page
+    either warp still reads, the epilogue runs once after every page warp, and aborts still let every role return."""
+    rng = random.Random(53 + npg)
+    for trial in range(60):
+        items = random_items(rng, rng.randint(0, 12))
+        run(World(items, npg, multi_issue=multi_issue, page_warps=2, rng=random.Random(trial)), random.Random(trial))
+        w = World(items, npg, multi_issue=multi_issue, page_warps=2, rng=random.Random(trial))
         run(w, random.Random(trial + 1), stop_at=rng.randint(0, 400))

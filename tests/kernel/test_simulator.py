@@ -971,6 +971,19 @@ def test_paged_layout_follows_the_builds_page_bytes(monkeypatch):
     monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_PAGE_BYTES=8192")
     with pytest.raises(build.BuildError, match="MK_PAGE_BYTES=8192"):
         make()
+    # two computing warps per page (MK_PG_PAGE_WARPS=2): the same 6 pages of 32 KB keep 12 computing warps; 16 KB
+    # pages are capped at 7 (14 computing warps); a library with one warp per page refuses such plans
+    monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_PAGE_BYTES=32768,MK_PG_PAGE_WARPS=2")
+    shared = make()
+    assert shared.pg_n == 6 and shared.pg_page_warps == 2 and shared.pg_n * 2 <= O.NUM_WARPS - 2
+    check_page_layout([shared], O.PAGE_SLOTS, 32768, 2)
+    with pytest.raises(ValueError, match="library has MK_PG_PAGE_WARPS=1"):
+        check_page_layout([shared], O.PAGE_SLOTS, 32768, 1)
+    monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_PG_PAGE_WARPS=2")
+    assert make().pg_n == (O.NUM_WARPS - 2) // 2
+    monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_PG_PAGE_WARPS=3")
+    with pytest.raises(build.BuildError, match="MK_PG_PAGE_WARPS=3"):
+        make()
 
 
 @pytest.mark.parametrize("n_slots,lag", [(1, 1), (5, 0), (5, 1), (5, 2), (5, 4), (5, 5), (5, 9), (17, 3), (17, 8),

@@ -121,6 +121,8 @@ extern "C" int mk_num_params() { return MK_NUM_PARAMS; }
 extern "C" int mk_page_slots() { return MK_PAGE_SLOTS; }
 // and its ring pages' bytes (MK_PAGE_BYTES: the plan's ring layout must use the same)
 extern "C" int mk_page_bytes() { return MK_PAGE_BYTES; }
+// and its computing warps per ring page (MK_PG_PAGE_WARPS: the plan's ring holds at most NUM_WARPS - 2 of them)
+extern "C" int mk_page_warps() { return MK_PG_PAGE_WARPS; }
 
 extern "C" const char* mk_error_string(int e) { return cudaGetErrorString((cudaError_t)e); }
 

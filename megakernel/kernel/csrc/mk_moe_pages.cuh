@@ -138,6 +138,14 @@ static_assert(MK_PAGE_MAX <= 32, "MK_PG_MULTI_ISSUE: a loader lane per ring page
 // (call 4, each build in its own process, twice): b1 8K 3.430 / 3.420 against 3.290 / 3.277 ms (+4.3%), 1K +5.0%,
 // b8 +1.0%, b16 +0.4%; GPU tests pass under it (33). Not measured on the H200, whose one-row workers the loader
 // paces.
+// MK_PG_PAGE_WARPS (a build switch, 1 or 2; the plan reads it, build.page_warps): computing warps per ring page. 2:
+// warps w and w + pg_n share ring page w, each multiplying its half of the page's rows (the first (nr + 1) / 2, the
+// rest), both waiting on the page's `full` phase, both arriving on its `empty` (count 2) and on the item's `outs`,
+// each counted in the item's `done`; so 32 KB pages (MK_PAGE_BYTES=32768: half the copies) keep 12 computing warps.
+#ifndef MK_PG_PAGE_WARPS
+#define MK_PG_PAGE_WARPS 1
+#endif
+static_assert(MK_PG_PAGE_WARPS == 1 || MK_PG_PAGE_WARPS == 2, "MK_PG_PAGE_WARPS: 1 or 2");
 #define PG_END (-1)                     // an item description's kind: no more items (the input warp stops)
 
 // The worker's barriers and bookkeeping: in the plan's dynamic shared memory (at pg_state_off, PAGE_STATE_BYTES of
@@ -454,7 +462,7 @@ __device__ __noinline__ void pg_setup(const Params& P) {
     if (lane == 0) {
         for (int i = warp; i < npg; i += NW) {
             mbar_init(&G.full[i], 1);
-            mbar_init(&G.empty[i], 1);
+            mbar_init(&G.empty[i], MK_PG_PAGE_WARPS);   // (each of its warps frees it)
 #if MK_PG_MULTI_ISSUE
             G.seq[i] = -1;
 #endif
@@ -479,8 +487,9 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
     const int npg = PI(pg_n);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (!smem_fits(P, (size_t)PI(pg_state_off) + sizeof(PgState), ticket)) return false;
-    if (npg > NW - 2) {                       // (a ring page per computing warp: the plan keeps pg_n <= NW - 2)
-        if (threadIdx.x == 0) record_error(P, MK_ERR_SMEM, ticket, -1, npg, NW - 2);
+    if (npg * MK_PG_PAGE_WARPS > NW - 2) {    // (MK_PG_PAGE_WARPS computing warps per ring page: the plan keeps
+                                              // pg_n * page_warps <= NW - 2)
+        if (threadIdx.x == 0) record_error(P, MK_ERR_SMEM, ticket, -1, npg * MK_PG_PAGE_WARPS, NW - 2);
         return false;
     }
     PgState& G = pg_state(P);
@@ -551,7 +560,8 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             const int n0 = it.T.n0, n1 = it.T.n1;
             const int pages = (n0 + rpp - 1) / rpp + (n1 + rpp - 1) / rpp;
 #endif
-            if (pages < 1 || pages > MK_PAGE_ITEM_PAGES_MAX) {   // (`outs` counts 32 arrivals per page; the plan
+            if (pages < 1 || pages * MK_PG_PAGE_WARPS > MK_PAGE_ITEM_PAGES_MAX) {   // (`outs` counts 32 arrivals
+                                                                                     // per page warp; the plan
                 if (lane == 0) record_error(P, MK_ERR_SMEM, ticket, -1, pages, MK_PAGE_ITEM_PAGES_MAX);   // bounds it)
                 stop = true;
                 return false;
@@ -577,7 +587,8 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                 G.pstat[q][3] = 0;
 #endif
                 // the arrivals `outs` will not get from pages (the plan keeps an item's pages within the count)
-                if (pages < MK_PAGE_ITEM_PAGES_MAX) mbar_arrive_n(&G.outs[q], MK_PAGE_OUT_ARRIVALS - 32 * pages);
+                if (pages * MK_PG_PAGE_WARPS < MK_PAGE_ITEM_PAGES_MAX)
+                    mbar_arrive_n(&G.outs[q], MK_PAGE_OUT_ARRIVALS - 32 * MK_PG_PAGE_WARPS * pages);
                 mbar_arrive(&G.desc[q]);      // (release: the description before the input warp's reads)
                 if (next_norm && it.down) {   // (once: the first down item)
                     const unsigned long long pol = l2_policy_prefetched(pf_bits & MK_L2PF_EVICT_LAST);
@@ -763,13 +774,14 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                                               // computing warps' reads)
         }
         __syncwarp();
-    } else if (warp < npg) {                  // ---- the computing warps: warp w, ring page w ----
+    } else if (warp < npg * MK_PG_PAGE_WARPS) {   // ---- the computing warps: warp w, ring page w % pg_n ----
+        // (half: which of the page's rows under MK_PG_PAGE_WARPS = 2)
+        const int slot = MK_PG_PAGE_WARPS == 1 ? warp : warp % npg, half = MK_PG_PAGE_WARPS == 1 ? 0 : warp / npg;
         for (int k = 0;; k++) {
-            const int slot = warp;
 #if PG_STATS
             const long long t_free = prof_now();
 #endif
-            if (!pg_wait(P, G, ticket, &G.full[slot], (unsigned)k & 1u, STALL_PAGE, warp + k * npg)) break;
+            if (!pg_wait(P, G, ticket, &G.full[slot], (unsigned)k & 1u, STALL_PAGE, slot + k * npg)) break;
 #if PG_STATS
             const long long t_page = prof_now();
 #endif
@@ -785,7 +797,10 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             const int* it = G.item[q];
             // (the item's fields read now: once this warp's page is counted, another warp may finish the item and
             // the loader publish the next item in the slot)
-            const int j = it[0], K = it[7], npages = it[8], row0 = pr & 0xffff, nr = pr >> 16;
+            const int j = it[0], K = it[7], npages = it[8] * MK_PG_PAGE_WARPS;   // (page warps to count)
+            // this warp's rows of the page: all, or (MK_PG_PAGE_WARPS = 2) the first (n + 1) / 2 or the rest
+            const int pn = pr >> 16, h0 = MK_PG_PAGE_WARPS == 2 ? (pn + 1) >> 1 : pn;
+            const int row0 = (pr & 0xffff) + (half ? h0 : 0), nr = half ? pn - h0 : h0;
             const int kind = it[1], st = it[4], nc = it[11];
             if (!pg_wait(P, G, ticket, &G.inp[q], slot_parity(j), STALL_INPUT, j)) break;
 #if PG_STATS
@@ -800,9 +815,12 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
 #if MK_PROFILE
             if (lane == 0 && row0 == 0) G.stamp[q][3] = prof_now();   // (its first page landed)
 #endif
-            const bf16* W = reinterpret_cast<const bf16*>(smem + (size_t)slot * MK_PAGE_BYTES);
+            const bf16* W = reinterpret_cast<const bf16*>(smem + (size_t)slot * MK_PAGE_BYTES
+                                                          + (size_t)(half ? h0 : 0) * K * 2);
             const bool shared_x = kind == PG_GU && !PI(pg_x_item);
-            if (nc == 1) {
+            if (MK_PG_PAGE_WARPS == 2 && nr == 0) {
+                // (a one-row page's second warp: nothing to multiply; it still arrives and counts)
+            } else if (nc == 1) {
                 pg_compute(W, shared_x ? xs + (size_t)s_route_row[st] * H : xin, nr, K, out + row0);
             } else {
                 const auto xrow = [&](int i) {

@@ -16,8 +16,9 @@
 //     red.release.gpu (where `release`), the signal before the free (the kernel's order) or after it (`free_early`,
 //     MK_PG_FREE_EARLY);
 //   - the ring starts `offset` bytes past a 1024-aligned shared address (0: mk_decode's ring since MK_SMEM_ALIGN=128).
-//   - `page`: the bytes of a ring page and of each bulk copy (16 KB as the kernel; 8 and 32 KB without the math, the
-//     ring's 192 KB kept): whether the lane-0 loop's cap is a cost per copy issued (then 32 KB pages double it).
+//   - `page`: the bytes of a ring page and of each bulk copy (16 KB as the kernel; 8 and 32 KB without the math; the
+//     32 KB ring of 6 pages keeps 192 KB, the 8 KB ring of 12 pages holds 96 KB, as at most 12 computing warps own a
+//     page each): whether the lane-0 loop's cap is a cost per copy issued (then 32 KB pages double it).
 // Not modelled: the input warp (a gate/up item with shared x rows has no inputs to load), down and O items, other
 // task kinds' traffic on the SMs that do not stream. Items lie expert by expert (48 per expert, 8 experts a "layer"),
 // each expert at a random 6 MB slot of a 24 GB buffer, as the step's routed experts are spread over its weights.
@@ -248,7 +249,7 @@ int main() {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    //                      sms npg lead free_early release fence offset math multi decode_ns decode_early
+    //                      sms npg lead free_early release fence offset math multi decode_ns decode_early n_items page
     const Knobs kernel_now = {0, 12, 4, 0, 1, 0, 0, 1, 0, 750, 1, 0, PAGE};   // the default build's worker at b1
     struct Config { const char* name; Knobs k; };
     std::vector<Config> configs;
@@ -267,7 +268,7 @@ int main() {
     with("8 pages (128 KB in flight at most)", [](Knobs& k) { k.npg = 8; });
     with("loads only (no math, no release, no decode)", [](Knobs& k) { k.math = 0; k.release = 0; k.decode_ns = 0; });
     // what one copy's issue costs: the same loop with 8 KB and 32 KB copies (pages), so 16 and 4 per item (the 32 KB
-    // ring: 6 pages, the same 192 KB)
+    // ring: 6 pages, the same 192 KB; the 8 KB ring: 12 pages, 96 KB)
     with("loads only, 8 KB pages (16 per item)", [](Knobs& k) { k.math = 0; k.release = 0; k.decode_ns = 0; k.page = PAGE / 2; });
     with("loads only, 32 KB pages (4 per item)", [](Knobs& k) { k.math = 0; k.release = 0; k.decode_ns = 0; k.page = 2 * PAGE; k.npg = MAXPG / 2; });
     with("32 KB pages, no math (decode, release)", [](Knobs& k) { k.math = 0; k.page = 2 * PAGE; k.npg = MAXPG / 2; });

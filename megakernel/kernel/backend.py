@@ -98,7 +98,7 @@ def check_build_runs(plans: list[ModelPlan]) -> None:
                          "the residual in registers; the plan leaves no shared memory for it)")
 
 
-def check_page_layout(plans: list[ModelPlan], lib_slots: int, lib_page_bytes: int, lib_page_warps: int = 1) -> None:
+def check_page_layout(plans: list[ModelPlan], lib_slots: int, lib_page_bytes: int, lib_page_warps: int) -> None:
     """ValueError if a paged plan lays out another count of item slots, another ring page size or another count of
     computing warps per page than the loaded library was built with (its mk_page_slots, mk_page_bytes and
     mk_page_warps: MK_PAGE_SLOTS, MK_PAGE_BYTES, MK_PG_PAGE_WARPS): the kernel would index shared memory the plan gave

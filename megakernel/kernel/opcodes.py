@@ -35,7 +35,8 @@ GEMV_RED_FLOATS = NUM_WARPS * 16 * MAX_BATCH   # the tensor-core GEMV's per-warp
 GEMV_SCRATCH_BYTES = (GEMV_RED_FLOATS + 64 * MAX_BATCH) * 4   # partial sums and the output [64][MAX_BATCH] f32
 MAX_TILE_ROWS = 64           # rows of one GEMV tile at most (bounds the reduction scratch)
 # The paged MoE worker (ModelPlan.moe_pages, csrc/mk_moe_pages.cuh): a ring of PAGE_BYTES pages that one loader warp
-# fills with the worker's items' weight rows as pages free, and the other warps compute a page each, so the SM keeps
+# fills with the worker's items' weight rows as pages free, and the other warps compute a page each (or half a page:
+# the MK_PG_PAGE_WARPS build switch), so the SM keeps
 # loading across item boundaries. At most PAGE_MAX pages, PAGE_SLOTS items in flight (each with its input row and its
 # outputs), at most PAGE_ROWS_MAX weight rows per page (a computing warp's accumulators); its barriers and bookkeeping
 # (PgState) take PAGE_STATE_BYTES of the plan's dynamic shared memory, not static memory every plan would pay for.

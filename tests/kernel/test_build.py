@@ -83,8 +83,9 @@ def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     paged loader's item decode after the item slot's wait (the default before session 36); MK_PAGE_SLOTS=4: four
     item slots; MK_PG_MULTI_ISSUE=1: an item's pages issued by the loader's lanes at once, with MK_PG_POLL_CHECK=1
     as measured in session 37, and with MK_PG_POLL_SUSPEND=1 as in session 38; MK_PAGE_BYTES=32768: 32 KB ring pages
-    and copies, alone and with MK_PG_PAGE_WARPS=2, two computing warps per page): each compiles, its entry function does not spill, its static shared memory fits the reserve, and it
-    reports the item slots, page size and warps per page the plans lay out."""
+    and copies, alone and with MK_PG_PAGE_WARPS=2, two computing warps per page): each compiles, its entry function
+    does not spill, its static shared memory fits the reserve, and it reports the item slots, page size and warps per
+    page the plans lay out."""
     if build.find_nvcc() is None:
         pytest.skip("nvcc not installed")
     monkeypatch.setenv("MEGAKERNEL_CACHE_DIR", str(tmp_path))

@@ -794,7 +794,7 @@ def test_paged_worker_layout_on_north_dims():
         if p.tb != 1:
             assert p.pg_n == 0 and p.pages_smem_bytes() == 0 and p.smem_bytes() == q.smem_bytes()
             continue
-        assert 4 <= p.pg_n <= O.PAGE_MAX and p.pg_in_off == p.pg_n * O.PAGE_BYTES
+        assert 4 <= p.pg_n <= O.PAGE_MAX and p.pg_in_off == p.pg_n * p.pg_page_bytes
         assert p.pg_rows == 1 and p.pg_in_bytes >= 2 * max(p.I, p.Q) and p.pg_in_bytes % 16 == 0
         assert p.pg_out_rows >= max(2 * p.gu_rows, p.dn_rows, p.o_rows)
         assert p.pg_out_off == p.pg_in_off + p.pg_slots * p.pg_in_bytes
@@ -807,7 +807,7 @@ def test_paged_worker_layout_on_north_dims():
         assert p.pg_n < O.NUM_WARPS - 1
         capped = tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=1, moe_pages_from=1, moe_pages_max=5,
                               moe_pages_tile_kb=0)[0]
-        assert capped.pg_n == 5 and capped.pg_in_off == 5 * O.PAGE_BYTES
+        assert capped.pg_n == 5 and capped.pg_in_off == 5 * capped.pg_page_bytes
         # moe_tile_kb=64: gate/up items of 2 x 8 rows (4 pages of 4 rows of 2048), three times as many; down items
         # of 40 rows of 768 (60 KB, 4 pages of 10 rows); the static tiles untouched
         fine = tiling_plans(cfg, layout, 16, True, n_workers=132, moe_pages=1, moe_pages_from=1, moe_tile_kb=64,
@@ -815,7 +815,7 @@ def test_paged_worker_layout_on_north_dims():
         assert (fine.gu_rows, fine.gu_tiles, fine.dn_rows) == (8, 3 * p.gu_tiles, 40) and p.gu_rows == 24
         assert (fine.qkv_rows, fine.o_rows, fine.lm_rows) == (p.qkv_rows, p.o_rows, p.lm_rows) and fine.pg_n >= p.pg_n
         assert (p.gemv_tiles, p.gu_rows, p.dn_rows, p.o_items) == (q.gemv_tiles, q.gu_rows, q.dn_rows, q.o_items)
-        assert O.PAGE_BYTES // (2 * max(p.H, p.I, p.Q)) >= 1
+        assert p.pg_page_bytes // (2 * max(p.H, p.I, p.Q)) >= 1
 
 
 def test_paged_worker_layout_for_several_rows():
@@ -847,7 +847,7 @@ def test_paged_worker_layout_for_several_rows():
             assert p.pg_n == 0 and p.pg_rows == 0
             continue
         R = p.pg_rows
-        assert R == p.tb and 4 <= p.pg_n <= O.PAGE_MAX and p.pg_in_off == p.pg_n * O.PAGE_BYTES
+        assert R == p.tb and 4 <= p.pg_n <= O.PAGE_MAX and p.pg_in_off == p.pg_n * p.pg_page_bytes
         k_in = max(p.I, p.Q) if p.o_items else p.I
         assert p.pg_in_bytes >= 2 * R * k_in and p.pg_in_bytes % 16 == 0
         assert p.pg_out_rows >= max(2 * p.gu_rows, p.dn_rows, p.o_rows if p.o_items else 0)
@@ -935,11 +935,11 @@ def test_paged_layout_follows_the_builds_item_slots(monkeypatch):
     assert four.pg_out_off == four.pg_in_off + 4 * four.pg_in_bytes
     assert four.pg_x_off >= four.pg_out_off + 4 * four.pg_rows * four.pg_out_rows * 4
     assert four.pages_smem_bytes() <= four.smem_bytes() <= O.SMEM_LIMIT - O.SMEM_RESERVE
-    check_page_layout([four], 4, O.PAGE_BYTES)
+    check_page_layout([four], 4, O.PAGE_BYTES, 1)
     with pytest.raises(ValueError, match="MK_PAGE_SLOTS=4"):
-        check_page_layout([three], 4, O.PAGE_BYTES)
+        check_page_layout([three], 4, O.PAGE_BYTES, 1)
     with pytest.raises(ValueError, match="library has MK_PAGE_SLOTS=3"):
-        check_page_layout([three, four], 3, O.PAGE_BYTES)
+        check_page_layout([three, four], 3, O.PAGE_BYTES, 1)
     monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_PAGE_SLOTS=9")
     with pytest.raises(build.BuildError, match="MK_PAGE_SLOTS=9"):
         make()
@@ -947,8 +947,7 @@ def test_paged_layout_follows_the_builds_item_slots(monkeypatch):
 
 def test_paged_layout_follows_the_builds_page_bytes(monkeypatch):
     """MK_PAGE_BYTES (a build switch): 32 KB ring pages halve the one-row North plan's ring page count (12 -> 6, the
-    same bytes), the input buffers start after them, each page holds half as many... twice as many rows (8 of 2048
-    instead of 4); a size outside PAGE_BYTES_CHOICES is refused, and a plan laid out for another size than the
+    same bytes) and the input buffers start after them; a size outside PAGE_BYTES_CHOICES is refused, and a plan laid out for another size than the
     loaded library's (mk_page_bytes) is refused (check_page_layout)."""
     from megakernel.config import north_mini_code_config
     from megakernel.kernel import build
@@ -965,9 +964,9 @@ def test_paged_layout_follows_the_builds_page_bytes(monkeypatch):
     big = make()
     assert big.pg_page_bytes == 32768 and big.pg_n == 6 and big.pg_in_off == 6 * 32768
     assert big.pages_smem_bytes() <= big.smem_bytes() <= O.SMEM_LIMIT - O.SMEM_RESERVE
-    check_page_layout([big], O.PAGE_SLOTS, 32768)
+    check_page_layout([big], O.PAGE_SLOTS, 32768, 1)
     with pytest.raises(ValueError, match="library has MK_PAGE_BYTES=16384"):
-        check_page_layout([small, big], O.PAGE_SLOTS, 16384)
+        check_page_layout([small, big], O.PAGE_SLOTS, 16384, 1)
     monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_PAGE_BYTES=8192")
     with pytest.raises(build.BuildError, match="MK_PAGE_BYTES=8192"):
         make()

@@ -117,7 +117,7 @@ extern "C" __global__ void __launch_bounds__(NT, MK_BLOCKS_PER_SM) mk_decode(con
 
 // ---- host entry points (ctypes) ------------------------------------------------------------------------------------
 extern "C" int mk_num_params() { return MK_NUM_PARAMS; }
-// the paged worker's item slots this library was built with (the plan must lay out as many: backend.check_page_slots)
+// the paged worker's item slots this library was built with (the plan must lay out as many: backend.check_page_layout)
 extern "C" int mk_page_slots() { return MK_PAGE_SLOTS; }
 // and its ring pages' bytes (MK_PAGE_BYTES: the plan's ring layout must use the same)
 extern "C" int mk_page_bytes() { return MK_PAGE_BYTES; }

@@ -17,7 +17,8 @@
 // - the computing warps (0 .. pg_n - 1; one ring page each): warp w takes pages w, w + pg_n, w + 2 pg_n, ... of the
 //   worker's page sequence, i.e. always ring page w, so its `full` and `empty` barriers alternate between one
 //   producer and one consumer and their parity never skips a phase (with more warps than pages, the earlier
-//   protocol needed a polled sequence number per page to tell phase u from u - 2). It waits for the page and its
+//   protocol needed a polled sequence number per page to tell phase u from u - 2; MK_PG_PAGE_WARPS=2 gives each page
+//   two consumers, warps w and w + pg_n, each with half its rows and both freeing it). It waits for the page and its
 //   item's `inp`, multiplies the page's rows by the inputs, arrives on the item's `outs` and frees the page; the warp
 //   that counts an item's last page (an atomic count elects it) waits on `outs` (every page's outputs), writes the
 //   item's epilogue and frees its slot (`free_`).
@@ -39,7 +40,8 @@
 #include "mk_gemv_core.cuh"
 #include "mk_page_math.cuh"
 
-#define PG_INPUT_WARP (NW - 2)          // warp NW - 2 loads inputs, warp NW - 1 weights; warps 0 .. pg_n - 1 compute
+#define PG_INPUT_WARP (NW - 2)          // warp NW - 2 loads inputs, warp NW - 1 weights; warps 0 .. pg_n *
+                                        // MK_PG_PAGE_WARPS - 1 compute
 #define PG_LOADER_WARP (NW - 1)
 // MK_PG_PAGE_STATS=1 (with MK_PROFILE, a diagnostic build): a paged item's four marks hold sums over its pages, in ns,
 // instead of stamps: m0 its warps' waits for the page to land (starved), m1 their waits for the item's inputs (low
@@ -113,8 +115,8 @@
 // ring-slot waits sum the lanes' parallel waits. In the step on the H100: speed_20261207s36 (the claim then at the
 // item's start) b1 8K -0.3% / even, 1K +0.5% / +0.8%, b8 -0.2%; speed_20261207s37 (this form, MK_PG_POLL_CHECK=1)
 // b1 8K +2.0%, 1K +3 to +6%, b8 even; speed_20261207s38 (two calls, each build in its own process, twice) with
-// MK_PG_POLL_CHECK=32: b1 8K +1.2 / +1.3%, 1K +2.5 / +2.6%, b8 even, b16 -0.1 to -0.3%. Its page-stats build is
-// faster than the default's (3.45 against 3.53 ms profiled) because the stats' timers and atomics sit in the lane-0
+// MK_PG_POLL_CHECK=32: b1 8K +1.3 / +1.3%, 1K +2.5 / +2.7%, b8 even, b16 -0.1 to -0.3%. Its page-stats build is
+// faster than the default's (3.46 against 3.53 ms profiled) because the stats' timers and atomics sit in the lane-0
 // loop's serial path: compare normal builds. Not measured on the H200, where the loader paces the one-row workers.
 #ifndef MK_PG_MULTI_ISSUE
 #define MK_PG_MULTI_ISSUE 0
@@ -139,9 +141,12 @@ static_assert(MK_PAGE_MAX <= 32, "MK_PG_MULTI_ISSUE: a loader lane per ring page
 // b8 +1.0%, b16 +0.4%; GPU tests pass under it (33). Not measured on the H200, whose one-row workers the loader
 // paces.
 // MK_PG_PAGE_WARPS (a build switch, 1 or 2; the plan reads it, build.page_warps): computing warps per ring page. 2:
-// warps w and w + pg_n share ring page w, each multiplying its half of the page's rows (the first (nr + 1) / 2, the
-// rest), both waiting on the page's `full` phase, both arriving on its `empty` (count 2) and on the item's `outs`,
-// each counted in the item's `done`; so 32 KB pages (MK_PAGE_BYTES=32768: half the copies) keep 12 computing warps.
+// warps w and w + pg_n share ring page w, each multiplying its half of the page's n rows (the first (n + 1) / 2, the
+// rest: none for a one-row page, whose second warp still arrives and counts), both waiting on the page's `full`
+// phase, both arriving on its `empty` (count 2) and on the item's `outs`, each counted in the item's `done`; so 32 KB
+// pages (MK_PAGE_BYTES=32768: half the copies) keep 12 computing warps. Its page stats sum the math over both warps,
+// the waits and the flight over the page's first. The protocol model (test_pages_protocol.py) runs two warps per
+// page; the row split is checked only by the GPU tests (whose pages may never hold one row). Not yet run on a GPU.
 #ifndef MK_PG_PAGE_WARPS
 #define MK_PG_PAGE_WARPS 1
 #endif
@@ -270,13 +275,15 @@ __device__ __forceinline__ bool pg_wait(const Params& P, PgState& G, int ticket,
 static_assert(MK_PG_POLL_CHECK >= 1 && (MK_PG_POLL_CHECK & (MK_PG_POLL_CHECK - 1)) == 0,
               "MK_PG_POLL_CHECK: a power of two");
 // MK_PG_POLL_SUSPEND (MK_PG_MULTI_ISSUE builds): after a sweep of the polling lanes in which no ring page was free,
-// the lowest lane still waiting suspends in try_wait on its page (ring pages free in sequence order, so it is the
-// next to free; the warp waits with it) before the next sweep (1); or the lanes sweep with test_wait without pause
+// the lowest lane still waiting suspends in try_wait on its page (ring pages free roughly in sequence order, so it
+// is usually the next to free; the warp waits with it, up to the hardware's suspend limit, which also stretches the
+// time between MK_PG_POLL_CHECK's asks) before the next sweep (1); or the lanes sweep with test_wait without pause
 // (0). Tried because in the H100's page stats (speed_20261207s38 call 1, b1 8K) the computing warps' math per down
 // item grew from 13.2 to 17.4 us (median page sum) under MULTI_ISSUE's busy sweeps. Measured on the H100 (call 2, each
 // build in its own process, twice): b1 8K 3.367 / 3.361 against 3.325 / 3.322 ms without it, 1K 3.206 / 3.208
-// against 3.175 / 3.180 (+1.0 to +1.2%), b8 and b16 even; the math sums did not shrink (30.99 against 29.86 us per O
-// item), so the sweeps were not what slowed the math (more pages land together, so more warps compute at once). 0.
+// against 3.175 / 3.180 (+0.9 to +1.3%), b8 and b16 even; the math sums barely moved (down items 16.7 against 17.4
+// us, O items 31.0 against 29.9, page sums; the default's 13.2 and 24.4), so the sweeps were not what slowed the math
+// (a hypothesis: more pages land together, so more warps compute at once). 0.
 #ifndef MK_PG_POLL_SUSPEND
 #define MK_PG_POLL_SUSPEND 0
 #endif
@@ -295,7 +302,7 @@ __device__ __forceinline__ bool pg_poll_lanes(const Params& P, PgState& G, int t
     PgSpin spin;
     unsigned polls = 0;
     while (__any_sync(0xffffffffu, mine)) {
-        bool issued = false;
+        [[maybe_unused]] bool issued = false;   // (read under MK_PG_POLL_SUSPEND only)
         if (mine) {
             if (sq < npg || mbar_test_wait(eb, par)) {
                 act(sq);
@@ -562,7 +569,8 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
 #endif
             if (pages < 1 || pages * MK_PG_PAGE_WARPS > MK_PAGE_ITEM_PAGES_MAX) {   // (`outs` counts 32 arrivals
                                                                                      // per page warp; the plan
-                if (lane == 0) record_error(P, MK_ERR_SMEM, ticket, -1, pages, MK_PAGE_ITEM_PAGES_MAX);   // bounds it)
+                if (lane == 0)                                                                       // bounds it)
+                    record_error(P, MK_ERR_SMEM, ticket, -1, pages * MK_PG_PAGE_WARPS, MK_PAGE_ITEM_PAGES_MAX);
                 stop = true;
                 return false;
             }
@@ -834,10 +842,14 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                 const long long t_math = prof_now();
                 // a warp that waited for the page saw it land: its flight is issue to then
                 const bool waited = t_page - t_free > 64;
-                atomicAdd(&G.pstat[q][0], (unsigned long long)(t_page - t_free));
-                atomicAdd(&G.pstat[q][1], (unsigned long long)(t_inp - t_page) + (waited ? 1ull << 32 : 0ull));
+                // (MK_PG_PAGE_WARPS = 2: the waits and the flight from the page's first warp only, so the sums stay
+                // per page; the math from both, summed)
+                if (half == 0) {
+                    atomicAdd(&G.pstat[q][0], (unsigned long long)(t_page - t_free));
+                    atomicAdd(&G.pstat[q][1], (unsigned long long)(t_inp - t_page) + (waited ? 1ull << 32 : 0ull));
+                    if (waited) atomicAdd(&G.pstat[q][3], (unsigned long long)(t_page - G.pissue[slot]) << 32);
+                }
                 atomicAdd(&G.pstat[q][2], (unsigned long long)(t_math - t_inp));
-                if (waited) atomicAdd(&G.pstat[q][3], (unsigned long long)(t_page - G.pissue[slot]) << 32);
             }
 #endif
             mbar_arrive(&G.outs[q]);                  // every lane (release: its own output stores; the tensor-core

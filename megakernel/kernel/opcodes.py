@@ -43,6 +43,7 @@ MAX_TILE_ROWS = 64           # rows of one GEMV tile at most (bounds the reducti
 PAGE_BYTES = 16384           # a ring page and one bulk copy: the default of the MK_PAGE_BYTES build switch (build.py;
                              # the plan's layout reads the build's value, build.page_bytes)
 PAGE_MAX = 16
+PAGE_WARPS = 1               # computing warps per ring page: the default of the MK_PG_PAGE_WARPS build switch (1 or 2)
 PAGE_SLOTS = 3               # items in flight: the default of the MK_PAGE_SLOTS build switch (build.py; the plan's
                              # layout reads the build's value, build.page_slots)
 PAGE_ROWS_MAX = 16
@@ -352,6 +353,7 @@ def generate_header() -> str:
     # build switches' defaults (a -DMK_PAGE_SLOTS=N or -DMK_PAGE_BYTES=N flag sets them; the plan lays out the same)
     lines += ["#ifndef MK_PAGE_SLOTS", f"#define MK_PAGE_SLOTS {PAGE_SLOTS}", "#endif"]
     lines += ["#ifndef MK_PAGE_BYTES", f"#define MK_PAGE_BYTES {PAGE_BYTES}", "#endif"]
+    lines += ["#ifndef MK_PG_PAGE_WARPS", f"#define MK_PG_PAGE_WARPS {PAGE_WARPS}", "#endif"]
     lines.append("")
     lines += [f"#define OP_{op.name} {int(op)}" for op in Op]
     lines.append("")

@@ -140,7 +140,8 @@ static_assert(MK_PAGE_MAX <= 32, "MK_PG_MULTI_ISSUE: a loader lane per ring page
 // (call 4, each build in its own process, twice): b1 8K 3.430 / 3.420 against 3.290 / 3.277 ms (+4.3%), 1K +5.0%,
 // b8 +1.0%, b16 +0.4%; GPU tests pass under it (33). Not measured on the H200, whose one-row workers the loader
 // paces.
-// MK_PG_PAGE_WARPS (a build switch, 1 or 2; the plan reads it, build.page_warps): computing warps per ring page. 2:
+// MK_PG_PAGE_WARPS (a build switch, 1 or 2; its default, opcodes.PAGE_WARPS, in the generated header; the plan reads
+// it, build.page_warps): computing warps per ring page. 2:
 // warps w and w + pg_n share ring page w, each multiplying its half of the page's n rows (the first (n + 1) / 2, the
 // rest: none for a one-row page, whose second warp still arrives and counts), both waiting on the page's `full`
 // phase, both arriving on its `empty` (count 2) and on the item's `outs`, each counted in the item's `done`; so 32 KB
@@ -153,9 +154,6 @@ static_assert(MK_PAGE_MAX <= 32, "MK_PG_MULTI_ISSUE: a loader lane per ring page
 // same call. test_gpu.py passes (33), memcheck is clean, but **racecheck of two rows hangs** (calls 5 and 6: the
 // host's watchdog at layer 4's norm, no hazard reported) where 32 KB pages alone pass it (call 7) and the same step
 // without the sanitizer finishes: not the default until that is understood.
-#ifndef MK_PG_PAGE_WARPS
-#define MK_PG_PAGE_WARPS 1
-#endif
 static_assert(MK_PG_PAGE_WARPS == 1 || MK_PG_PAGE_WARPS == 2, "MK_PG_PAGE_WARPS: 1 or 2");
 #define PG_END (-1)                     // an item description's kind: no more items (the input warp stops)
 

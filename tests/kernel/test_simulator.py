@@ -913,20 +913,27 @@ def test_simulator_with_the_paged_worker():
     _check_step(cfg, w, st, nxt, plan, seeds=[1, 4])
 
 
-def test_paged_layout_follows_the_builds_item_slots(monkeypatch):
-    """MK_PAGE_SLOTS (a build switch): the paged plans lay out that many items' input and output buffers, so with 4
-    item slots the one-row North plan's ring keeps one page less (an 8 KB input buffer per slot) and still fits; a
-    count outside PAGE_SLOTS_RANGE is refused, and a plan whose count differs from the loaded library's
-    (mk_page_slots) is refused (check_page_layout) instead of overrunning its shared memory."""
+def _one_row_north_plans(monkeypatch):
+    """A maker of the one-row North plan (132 workers) under whatever $MEGAKERNEL_KERNEL_DEFINES the test sets after
+    this call (cleared here): the build switches that shape the paged worker's layout."""
     from megakernel.config import north_mini_code_config
-    from megakernel.kernel import build
-    from megakernel.kernel.backend import check_page_layout
     from megakernel.kv.cache import KVLayout
 
     monkeypatch.delenv("MEGAKERNEL_KERNEL_DEFINES", raising=False)
     cfg = north_mini_code_config()
     layout = KVLayout.for_model(cfg, 64)
-    make = lambda: ModelPlan(cfg, layout, max_batch=1, n_workers=132)   # noqa: E731
+    return lambda: ModelPlan(cfg, layout, max_batch=1, n_workers=132)
+
+
+def test_paged_layout_follows_the_builds_item_slots(monkeypatch):
+    """MK_PAGE_SLOTS (a build switch): the paged plans lay out that many items' input and output buffers, so with 4
+    item slots the one-row North plan's ring keeps one page less (an 8 KB input buffer per slot) and still fits; a
+    count outside PAGE_SLOTS_RANGE is refused, and a plan whose count differs from the loaded library's
+    (mk_page_slots) is refused (check_page_layout) instead of overrunning its shared memory."""
+    from megakernel.kernel import build
+    from megakernel.kernel.backend import check_page_layout
+
+    make = _one_row_north_plans(monkeypatch)
     three = make()
     assert three.pg_slots == O.PAGE_SLOTS == 3 and three.pg_n == 12
     monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_PAGE_SLOTS=4")
@@ -949,15 +956,10 @@ def test_paged_layout_follows_the_builds_page_bytes(monkeypatch):
     """MK_PAGE_BYTES (a build switch): 32 KB ring pages halve the one-row North plan's ring page count (12 -> 6, the
     same bytes) and the input buffers start after them; a size outside PAGE_BYTES_CHOICES is refused, and a plan laid out for another size than the
     loaded library's (mk_page_bytes) is refused (check_page_layout)."""
-    from megakernel.config import north_mini_code_config
     from megakernel.kernel import build
     from megakernel.kernel.backend import check_page_layout
-    from megakernel.kv.cache import KVLayout
 
-    monkeypatch.delenv("MEGAKERNEL_KERNEL_DEFINES", raising=False)
-    cfg = north_mini_code_config()
-    layout = KVLayout.for_model(cfg, 64)
-    make = lambda: ModelPlan(cfg, layout, max_batch=1, n_workers=132)   # noqa: E731
+    make = _one_row_north_plans(monkeypatch)
     small = make()
     assert small.pg_page_bytes == O.PAGE_BYTES == 16384 and small.pg_n == 12
     monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_PAGE_BYTES=32768")

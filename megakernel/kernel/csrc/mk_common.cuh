@@ -271,6 +271,14 @@ __device__ __forceinline__ void prof_phase(int k) {
 #endif
 }
 
+// MK_STALL_PRINT (a diagnostic build, 0 by default): every wait that leaves because the step was aborted or its
+// watchdog fired prints where it was (block, task, and the counter or the paged worker's wait and sequence number), so
+// a hang's every stuck block shows, not only the first to time out (the control block records one). For hangs that
+// appear under compute-sanitizer only, where a profile cannot run.
+#ifndef MK_STALL_PRINT
+#define MK_STALL_PRINT 0
+#endif
+
 // One thread: the first error of the step wins the control block (code, task, block and the code's counter / value /
 // target), then every block is told to stop.
 __device__ __forceinline__ void record_error(const Params& P, int code, int task, int counter = -1, int value = 0,
@@ -301,8 +309,17 @@ __device__ __noinline__ bool wait_counter(const Params& P, int c, int target, in
         if (ns < 200) ns += ns;
         int v = ld_acquire(counters + c);
         if (v >= target) return true;
-        if (ld_volatile(ctrl + CTRL_ABORT)) return false;
+        if (ld_volatile(ctrl + CTRL_ABORT)) {
+#if MK_STALL_PRINT
+            printf("mk stall: block %d task %d left its wait on counter %d at %d of %d (abort)\n", blockIdx.x, task,
+                   c, v, target);
+#endif
+            return false;
+        }
         if (globaltimer() - t0 > limit) {
+#if MK_STALL_PRINT
+            printf("mk stall: block %d task %d watchdog on counter %d at %d of %d\n", blockIdx.x, task, c, v, target);
+#endif
             record_error(P, MK_ERR_WATCHDOG, task, c, v, target);
             return false;
         }

@@ -237,13 +237,30 @@ struct PgSpin {
     unsigned long long t0 = 0;
     unsigned n = 0;
     __device__ __forceinline__ bool leave(const Params& P, PgState& G, int ticket, int what, int seq) {
-        if (pg_ld(G.stop)) return true;
+        if (pg_ld(G.stop)) {
+#if MK_STALL_PRINT
+            printf("mk stall: block %d task %d warp %d left paged wait %d (sequence %d): the worker stopped\n",
+                   blockIdx.x, ticket, (int)(threadIdx.x >> 5), what, seq);
+#endif
+            return true;
+        }
         if ((++n & 1023u) != 0) return false;
-        if (ld_volatile(PP(const int*, ctrl) + CTRL_ABORT)) { ((volatile int*)&G.stop)[0] = 1; return true; }
+        if (ld_volatile(PP(const int*, ctrl) + CTRL_ABORT)) {
+#if MK_STALL_PRINT
+            printf("mk stall: block %d task %d warp %d left paged wait %d (sequence %d): abort\n", blockIdx.x,
+                   ticket, (int)(threadIdx.x >> 5), what, seq);
+#endif
+            ((volatile int*)&G.stop)[0] = 1;
+            return true;
+        }
         const unsigned long long now = globaltimer();
         if (t0 == 0) {
             t0 = now;
         } else if (now - t0 > (unsigned long long)PL(watchdog_ns)) {
+#if MK_STALL_PRINT
+            printf("mk stall: block %d task %d warp %d watchdog in paged wait %d (sequence %d)\n", blockIdx.x, ticket,
+                   (int)(threadIdx.x >> 5), what, seq);
+#endif
             record_error(P, MK_ERR_STALL, ticket, -1, what, seq);
             ((volatile int*)&G.stop)[0] = 1;
             return true;

@@ -2,6 +2,8 @@
 path, copied to the GPU, and the only GPU kernel of interest is one megakernel step (tiny config).
 
     PYTHONPATH=tests compute-sanitizer --tool racecheck --kernel-name kns=mk_decode python3 benchmarks/mk_racecheck.py [B]
+    PYTHONPATH=tests python3 benchmarks/mk_racecheck.py B STEPS      (the same step STEPS times, no sanitizer: a stress
+                                                                      run for hangs that need a rare schedule)
 
 (the tiny configs are the tests' own helpers, tests/kernel_helpers.py)
 """
@@ -9,6 +11,7 @@ path, copied to the GPU, and the only GPU kernel of interest is one megakernel s
 from __future__ import annotations
 
 import sys
+import time
 
 import torch
 
@@ -29,7 +32,12 @@ def main() -> None:
     cache.kv = [t.to("cuda") for t in cache.kv]
     batch.input_ids, batch.positions = batch.input_ids.cuda(), batch.positions.cuda()
     be = MegakernelBackend(cfg, wg, st.layout, max_batch=16, split_tokens=3)
-    out = be.decode(batch, cache).cpu()
+    steps = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+    t0 = time.monotonic()
+    for i in range(steps):              # (the same step again: it rewrites the same cache positions)
+        out = be.decode(batch, cache).cpu()
+        if steps > 1 and (i + 1) % max(1, steps // 10) == 0:
+            print(f"{i + 1} of {steps} steps ({time.monotonic() - t0:.1f} s)", flush=True)
     cos = torch.nn.functional.cosine_similarity(out, ref.float(), dim=-1)
     print(f"B={B} finite={bool(torch.isfinite(out).all())} cos vs CPU torch: {cos.tolist()}")
 

@@ -279,6 +279,16 @@ __device__ __forceinline__ bool pg_wait(const Params& P, PgState& G, int ticket,
         PgSpin spin;
         while (!mbar_try_wait(bar, parity))
             if (spin.leave(P, G, ticket, what, seq)) { ok = 0; break; }
+#if MK_STALL_PRINT
+        if (!ok) {                            // the barrier's raw word (its phase bit and counts), the loader's end
+            const int sl = seq % PI(pg_n);    // count (G.issued: set once its end markers are out), and for a page
+            printf("mk stall:   block %d warp %d wait %d sequence %d parity %u: barrier %016llx, issued %d; page %d: "
+                   "full %016llx empty %016llx entry %d %08x\n", blockIdx.x, (int)(threadIdx.x >> 5), what, seq,
+                   parity, *(volatile unsigned long long*)bar, pg_ld(G.issued), sl,
+                   *(volatile unsigned long long*)&G.full[sl], *(volatile unsigned long long*)&G.empty[sl],
+                   pg_ld(G.page[sl][0]), (unsigned)pg_ld(G.page[sl][1]));
+        }
+#endif
     }
     ok = __shfl_sync(0xffffffffu, ok, 0);
     if (ok) mbar_wait(bar, parity);

@@ -146,31 +146,32 @@ def switch_value(name: str) -> int:
     return KERNEL_SWITCHES[name]
 
 
+def _checked_switch(name: str, allowed: tuple[int, ...], want: str) -> int:
+    """The selected build's value of switch `name`, refused (BuildError) unless it is one of `allowed`."""
+    n = switch_value(name)
+    if n not in allowed:
+        raise BuildError(f"{name}={n}: want {want}")
+    return n
+
+
 def page_slots() -> int:
     """Item slots of the paged MoE worker in the selected build (MK_PAGE_SLOTS): its plan's shared-memory layout holds
     this many items' inputs and outputs."""
-    n = switch_value("MK_PAGE_SLOTS")
-    if not PAGE_SLOTS_RANGE[0] <= n <= PAGE_SLOTS_RANGE[1]:
-        raise BuildError(f"MK_PAGE_SLOTS={n}: want {PAGE_SLOTS_RANGE[0]}..{PAGE_SLOTS_RANGE[1]}")
-    return n
+    lo, hi = PAGE_SLOTS_RANGE
+    return _checked_switch("MK_PAGE_SLOTS", tuple(range(lo, hi + 1)), f"{lo}..{hi}")
 
 
 def page_bytes() -> int:
     """Bytes of a ring page (and of each of the paged loader's bulk copies) in the selected build (MK_PAGE_BYTES): its
     plan lays out the ring in pages of this size."""
-    n = switch_value("MK_PAGE_BYTES")
-    if n not in PAGE_BYTES_CHOICES:
-        raise BuildError(f"MK_PAGE_BYTES={n}: want one of {', '.join(map(str, PAGE_BYTES_CHOICES))}")
-    return n
+    return _checked_switch("MK_PAGE_BYTES", tuple(PAGE_BYTES_CHOICES),
+                           f"one of {', '.join(map(str, PAGE_BYTES_CHOICES))}")
 
 
 def page_warps() -> int:
     """Computing warps per ring page in the selected build (MK_PG_PAGE_WARPS, 1 or 2): the plan keeps its ring pages
     times this within the block's computing warps."""
-    n = switch_value("MK_PG_PAGE_WARPS")
-    if n not in (1, 2):
-        raise BuildError(f"MK_PG_PAGE_WARPS={n}: want 1 or 2")
-    return n
+    return _checked_switch("MK_PG_PAGE_WARPS", (1, 2), "1 or 2")
 
 
 def switch_flags(text: str | None = None) -> tuple[str, ...]:

@@ -228,6 +228,15 @@ __device__ __forceinline__ void pg_mark(int k) {
 #endif
 }
 
+#if MK_STALL_PRINT
+// (MK_STALL_PRINT) a paged wait left: why (0: the worker stopped, 1: the step was aborted, 2: this wait's watchdog).
+// Not inlined, as pg_stall_report.
+__device__ __noinline__ void pg_spin_report(int ticket, int what, int seq, int why) {
+    printf("mk stall: block %d task %d warp %d left paged wait %d (sequence %d): %s\n", blockIdx.x, ticket,
+           (int)(threadIdx.x >> 5), what, seq, why == 0 ? "the worker stopped" : why == 1 ? "abort" : "watchdog");
+}
+#endif
+
 // Lane 0 of a spinning warp: whether to leave its spin. Every wait in the worker is on another warp of this block or
 // on a copy, so a protocol bug would spin forever where a counter wait times out: every 1024 asks the spin also reads
 // the step's abort flag (another block's watchdog) and its clock, and past the watchdog it records ERR_STALL (which
@@ -239,16 +248,14 @@ struct PgSpin {
     __device__ __forceinline__ bool leave(const Params& P, PgState& G, int ticket, int what, int seq) {
         if (pg_ld(G.stop)) {
 #if MK_STALL_PRINT
-            printf("mk stall: block %d task %d warp %d left paged wait %d (sequence %d): the worker stopped\n",
-                   blockIdx.x, ticket, (int)(threadIdx.x >> 5), what, seq);
+            pg_spin_report(ticket, what, seq, 0);
 #endif
             return true;
         }
         if ((++n & 1023u) != 0) return false;
         if (ld_volatile(PP(const int*, ctrl) + CTRL_ABORT)) {
 #if MK_STALL_PRINT
-            printf("mk stall: block %d task %d warp %d left paged wait %d (sequence %d): abort\n", blockIdx.x,
-                   ticket, (int)(threadIdx.x >> 5), what, seq);
+            pg_spin_report(ticket, what, seq, 1);
 #endif
             ((volatile int*)&G.stop)[0] = 1;
             return true;
@@ -258,8 +265,7 @@ struct PgSpin {
             t0 = now;
         } else if (now - t0 > (unsigned long long)PL(watchdog_ns)) {
 #if MK_STALL_PRINT
-            printf("mk stall: block %d task %d warp %d watchdog in paged wait %d (sequence %d)\n", blockIdx.x, ticket,
-                   (int)(threadIdx.x >> 5), what, seq);
+            pg_spin_report(ticket, what, seq, 2);
 #endif
             record_error(P, MK_ERR_STALL, ticket, -1, what, seq);
             ((volatile int*)&G.stop)[0] = 1;
@@ -268,6 +274,20 @@ struct PgSpin {
         return false;
     }
 };
+
+#if MK_STALL_PRINT
+// Lane 0 of a warp that left a paged wait (MK_STALL_PRINT): the barrier's raw word (its phase bit and counts), the
+// loader's end count (G.issued: set once its end markers are out) and, for the ring page the sequence number maps to,
+// both its barriers and its entry. Not inlined: the printf's arguments stay out of the waits' registers.
+__device__ __noinline__ void pg_stall_report(const Params& P, PgState& G, unsigned long long* bar, unsigned parity,
+                                             int what, int seq) {
+    const int sl = seq % PI(pg_n);
+    printf("mk stall:   block %d warp %d wait %d sequence %d parity %u: barrier %016llx, issued %d; page %d: full "
+           "%016llx empty %016llx entry %d %08x\n", blockIdx.x, (int)(threadIdx.x >> 5), what, seq, parity,
+           *(volatile unsigned long long*)bar, pg_ld(G.issued), sl, *(volatile unsigned long long*)&G.full[sl],
+           *(volatile unsigned long long*)&G.empty[sl], pg_ld(G.page[sl][0]), (unsigned)pg_ld(G.page[sl][1]));
+}
+#endif
 
 // One warp, uniformly: lane 0 waits for the phase of `parity` (or an abort), then every lane observes it (at once:
 // the phase cannot move on before this warp acts). Lanes must not leave a wait at different times: the warp's later
@@ -280,14 +300,7 @@ __device__ __forceinline__ bool pg_wait(const Params& P, PgState& G, int ticket,
         while (!mbar_try_wait(bar, parity))
             if (spin.leave(P, G, ticket, what, seq)) { ok = 0; break; }
 #if MK_STALL_PRINT
-        if (!ok) {                            // the barrier's raw word (its phase bit and counts), the loader's end
-            const int sl = seq % PI(pg_n);    // count (G.issued: set once its end markers are out), and for a page
-            printf("mk stall:   block %d warp %d wait %d sequence %d parity %u: barrier %016llx, issued %d; page %d: "
-                   "full %016llx empty %016llx entry %d %08x\n", blockIdx.x, (int)(threadIdx.x >> 5), what, seq,
-                   parity, *(volatile unsigned long long*)bar, pg_ld(G.issued), sl,
-                   *(volatile unsigned long long*)&G.full[sl], *(volatile unsigned long long*)&G.empty[sl],
-                   pg_ld(G.page[sl][0]), (unsigned)pg_ld(G.page[sl][1]));
-        }
+        if (!ok) pg_stall_report(P, G, bar, parity, what, seq);
 #endif
     }
     ok = __shfl_sync(0xffffffffu, ok, 0);

@@ -161,6 +161,10 @@ static_assert(MK_PG_PAGE_WARPS == 1 || MK_PG_PAGE_WARPS == 2, "MK_PG_PAGE_WARPS:
 // opcodes.py), so plans without the paged worker do not pay for them in every block's static shared memory. Set up at
 // each call, invalidated before the call returns (other task kinds reuse the memory between layers).
 struct PgState {
+#if MK_STALL_PRINT
+    int canary[4];                             // (MK_STALL_PRINT) written at set-up, printed with a stall: whether the
+                                               // barriers' memory was overwritten, or only their state is wrong
+#endif
     unsigned long long full[MK_PAGE_MAX];      // a page landed (tx) or an end marker
     unsigned long long empty[MK_PAGE_MAX];     // its warp is done reading it (an end marker's too)
     unsigned long long desc[MK_PAGE_SLOTS];    // an item's description is written (the loader)
@@ -282,10 +286,13 @@ struct PgSpin {
 __device__ __noinline__ void pg_stall_report(const Params& P, PgState& G, unsigned long long* bar, unsigned parity,
                                              int what, int seq) {
     const int sl = seq % PI(pg_n);
+    const int* before = reinterpret_cast<const int*>(&G) - 2;   // (the last 8 bytes before PgState: the x buffer's)
     printf("mk stall:   block %d warp %d wait %d sequence %d parity %u: barrier %016llx, issued %d; page %d: full "
-           "%016llx empty %016llx entry %d %08x\n", blockIdx.x, (int)(threadIdx.x >> 5), what, seq, parity,
-           *(volatile unsigned long long*)bar, pg_ld(G.issued), sl, *(volatile unsigned long long*)&G.full[sl],
-           *(volatile unsigned long long*)&G.empty[sl], pg_ld(G.page[sl][0]), (unsigned)pg_ld(G.page[sl][1]));
+           "%016llx empty %016llx entry %d %08x; canary %08x %08x, before %08x %08x, state at %d\n", blockIdx.x,
+           (int)(threadIdx.x >> 5), what, seq, parity, *(volatile unsigned long long*)bar, pg_ld(G.issued), sl,
+           *(volatile unsigned long long*)&G.full[sl], *(volatile unsigned long long*)&G.empty[sl],
+           pg_ld(G.page[sl][0]), (unsigned)pg_ld(G.page[sl][1]), (unsigned)pg_ld(G.canary[0]),
+           (unsigned)pg_ld(G.canary[3]), (unsigned)pg_ld(before[0]), (unsigned)pg_ld(before[1]), PI(pg_state_off));
 }
 #endif
 
@@ -526,6 +533,9 @@ __device__ __noinline__ void pg_setup(const Params& P) {
             G.done[q] = 0;
         }
         if (warp == 0) { G.stop = 0; G.issued = 0; }
+#if MK_STALL_PRINT
+        if (warp == 0) for (int i = 0; i < 4; i++) G.canary[i] = 0x5a5a0000 + i;
+#endif
         fence_mbar_init();
     }
 }

@@ -241,6 +241,15 @@ __device__ __noinline__ void pg_spin_report(int ticket, int what, int seq, int w
 }
 #endif
 
+#if MK_STALL_PRINT
+// (MK_STALL_PRINT) an aborted worker's closing drain: whether page i's last phase (sequence s) was complete at the
+// drain's first try, and the barrier's raw word then.
+__device__ __noinline__ void pg_drain_report(PgState& G, int i, int s, bool done) {
+    printf("mk stall:   block %d drain page %d sequence %d: %s at the first try, full %016llx\n", blockIdx.x, i, s,
+           done ? "complete" : "not complete", *(volatile unsigned long long*)&G.full[i]);
+}
+#endif
+
 // Lane 0 of a spinning warp: whether to leave its spin. Every wait in the worker is on another warp of this block or
 // on a copy, so a protocol bug would spin forever where a counter wait times out: every 1024 asks the spin also reads
 // the step's abort flag (another block's watchdog) and its clock, and past the watchdog it records ERR_STALL (which
@@ -938,6 +947,10 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
 #else
             if (S > i) {                      // page i's last sequence number: the largest s < S with s % npg == i
                 const int s = i + npg * ((S - 1 - i) / npg);
+#if MK_STALL_PRINT
+                // (an aborted worker: whether the page's last phase, which a stuck wait gave up on, is complete now)
+                if (!ok) pg_drain_report(G, i, s, mbar_try_wait(&G.full[i], (s / npg) & 1));
+#endif
                 mbar_wait(&G.full[i], (s / npg) & 1);
             }
 #endif

@@ -304,9 +304,10 @@ def test_mem_latency_microbenchmark_compiles(tmp_path):
 def test_sm_stream_and_page_math_microbenchmarks_compile(tmp_path):
     """benchmarks/sm_stream.cu (HBM bandwidth by streaming SMs and depth), benchmarks/page_math.cu (the paged
     worker's page product, CUDA cores against tensor cores), benchmarks/smem_align.cu (bulk copies by the
-    shared-memory offset they land at) and benchmarks/pg_stream.cu (the paged worker's protocol alone, its
-    candidates as knobs) compile for sm_90a without spills (running them needs an sm_90 GPU)."""
-    for name in ("sm_stream", "page_math", "smem_align", "pg_stream"):
+    shared-memory offset they land at), benchmarks/pg_stream.cu (the paged worker's protocol alone, its
+    candidates as knobs) and benchmarks/mbar_probe.cu (mbarrier words and a one- or two-consumer ping-pong, for the
+    racecheck-only stall) compile for sm_90a without spills (running them needs an sm_90 GPU)."""
+    for name in ("sm_stream", "page_math", "smem_align", "pg_stream", "mbar_probe"):
         spills = compile_microbenchmark(name, tmp_path)
         assert spills and not any(spills), (name, spills)
 

@@ -151,9 +151,14 @@ static_assert(MK_PAGE_MAX <= 32, "MK_PG_MULTI_ISSUE: a loader lane per ring page
 // MK_PAGE_BYTES=32768 (speed_20261207s38 call 5, each build in its own process, twice): b1 8K 3.283 / 3.319 against
 // 3.289 / 3.285 ms, 1K 3.137 / 3.139 against 3.106 / 3.103 (+1.0%), b8 10.992 / 10.994 against 11.065 / 11.061
 // (-0.6%), b16 17.274 / 17.280 against 17.362 / 17.364 (-0.5%); 32 KB pages with one warp each were +4% at b1 in the
-// same call. test_gpu.py passes (33), memcheck is clean, but **racecheck of two rows hangs** (calls 5 and 6: the
-// host's watchdog at layer 4's norm, no hazard reported) where 32 KB pages alone pass it (call 7) and the same step
-// without the sanitizer finishes: not the default until that is understood.
+// same call. test_gpu.py passes (33), memcheck is clean, but **racecheck hangs in ~1 run of 3** (one row or two;
+// sessions 38-39) where 32 KB pages with one warp passed the one run tried, and 6000 steps of the same tiny plan
+// without the sanitizer never hang (speed_20261207s39). MK_STALL_PRINT's reports of a hung run (call 3 there): a
+// worker whose one item was done, its loader waiting on a page's `empty` both its warps had arrived on, its warps on
+// `full` phases the loader had completed (an end marker's entry already -1), every barrier word reading 0; yet the
+// step returned, so its closing drain passed waits on those same phases. Leading hypothesis, not yet shown: the
+// sanitizer's handling of mbarrier arrivals and try_wait spins (benchmarks/mbar_probe.cu, not yet run, tests it).
+// Not the default until that is settled.
 static_assert(MK_PG_PAGE_WARPS == 1 || MK_PG_PAGE_WARPS == 2, "MK_PG_PAGE_WARPS: 1 or 2");
 #define PG_END (-1)                     // an item description's kind: no more items (the input warp stops)
 

@@ -246,7 +246,8 @@ class ModelPlan:
                                          # this many rows may use the larger tiles (the backend's `batch_tiles`)
     o_queue: int = 1                     # plans of at most this many rows (tile_batch) make each MoE layer's
                                          # O-projection tiles items of its expert queue (after the gate/up items
-                                         # and `o_after` eighths of the down items) instead of static tasks listed
+                                         # and `o_after` eighths of the down items, or among the gate/up items:
+                                         # `o_in_gu`) instead of static tasks listed
                                          # after the workers, which only free blocks claim (0: none). 8K, ms at
                                          # o_queue 0 / 1 / 4 / 16 (01168ec): b1 3.862 / 3.763 / 3.780 / 3.794,
                                          # b2 5.701 / 5.705 / 5.600 / 5.638, b4 8.980 / 8.975 / 8.945 / 8.971;

@@ -115,7 +115,8 @@ __device__ __forceinline__ MoeItem moe_item(const Params& P, int l, const int* r
                                             const bf16* edn, int item, int n_gu, const bf16* ow = nullptr) {
     const int H = PI(H), I = PI(I), gu_tiles = PI(gu_tiles), gu_rows = PI(gu_rows), dn_rows = PI(dn_rows);
     const int n_o = PI(o_items);
-    // the O items start after the gate/up items and o_after eighths of the down items (o_queue_start)
+    // the O items start after the gate/up items and o_after eighths of the down items, or before the last o_in_gu
+    // eighths of the gate/up items (o_queue_start)
     const int o0 = n_o ? o_queue_start(P, n_gu) : 0;
     MoeItem it;
     if (n_o && item >= o0 && item < o0 + n_o) {

@@ -151,12 +151,13 @@ static_assert(MK_PAGE_MAX <= 32, "MK_PG_MULTI_ISSUE: a loader lane per ring page
 // MK_PAGE_BYTES=32768 (speed_20261207s38 call 5, each build in its own process, twice): b1 8K 3.283 / 3.319 against
 // 3.289 / 3.285 ms, 1K 3.137 / 3.139 against 3.106 / 3.103 (+1.0%), b8 10.992 / 10.994 against 11.065 / 11.061
 // (-0.6%), b16 17.274 / 17.280 against 17.362 / 17.364 (-0.5%); 32 KB pages with one warp each were +4% at b1 in the
-// same call. test_gpu.py passes (33), memcheck is clean, but **racecheck hangs in ~1 run of 3** (one row or two;
+// same call. test_gpu.py passes (33), memcheck is clean, but **racecheck hangs in 4 of 8 runs** (one row or two;
 // sessions 38-39) where 32 KB pages with one warp passed the one run tried, and 6000 steps of the same tiny plan
 // without the sanitizer never hang (speed_20261207s39). MK_STALL_PRINT's reports of a hung run (call 3 there): a
-// worker whose one item was done, its loader waiting on a page's `empty` both its warps had arrived on, its warps on
-// `full` phases the loader had completed (an end marker's entry already -1), every barrier word reading 0; yet the
-// step returned, so its closing drain passed waits on those same phases. Leading hypothesis, not yet shown: the
+// worker whose one item was done, its loader blocked on page 1's `empty` phase 0 (both of page 1's warps were past
+// it, waiting on its next `full` phase, so by the code both had arrived), page 0's two warps waiting on a `full` phase
+// the loader had completed (the end marker of sequence 6, entry -1), every barrier word reading 0; yet the step
+// returned, so its closing drain passed a wait on that page-0 phase. Leading hypothesis, not yet shown: the
 // sanitizer's handling of mbarrier arrivals and try_wait spins (benchmarks/mbar_probe.cu, not yet run, tests it).
 // Not the default until that is settled.
 static_assert(MK_PG_PAGE_WARPS == 1 || MK_PG_PAGE_WARPS == 2, "MK_PG_PAGE_WARPS: 1 or 2");
@@ -300,7 +301,8 @@ struct PgSpin {
 __device__ __noinline__ void pg_stall_report(const Params& P, PgState& G, unsigned long long* bar, unsigned parity,
                                              int what, int seq) {
     const int sl = seq % PI(pg_n);
-    const int* before = reinterpret_cast<const int*>(&G) - 2;   // (the last 8 bytes before PgState: the x buffer's)
+    const int* before = reinterpret_cast<const int*>(&G) - 2;   // (the 8 bytes before PgState: the x buffer's end,
+                                                                 // or the outputs' or padding under pg_x_item)
     printf("mk stall:   block %d warp %d wait %d sequence %d parity %u: barrier %016llx, issued %d; page %d: full "
            "%016llx empty %016llx entry %d %08x; canary %08x %08x, before %08x %08x, state at %d\n", blockIdx.x,
            (int)(threadIdx.x >> 5), what, seq, parity, *(volatile unsigned long long*)bar, pg_ld(G.issued), sl,

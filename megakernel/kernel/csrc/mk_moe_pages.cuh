@@ -296,19 +296,22 @@ struct PgSpin {
 
 #if MK_STALL_PRINT
 // Lane 0 of a warp that left a paged wait (MK_STALL_PRINT): the barrier's raw word (its phase bit and counts), the
-// loader's end count (G.issued: set once its end markers are out) and, for the ring page the sequence number maps to,
-// both its barriers and its entry. Not inlined: the printf's arguments stay out of the waits' registers.
+// loader's end count (G.issued: set once its end markers are out), the canary and, for a ring page's wait (the
+// sequence number then maps to the page), both its barriers and its entry. Not inlined: the printf's arguments stay out of the waits' registers.
 __device__ __noinline__ void pg_stall_report(const Params& P, PgState& G, unsigned long long* bar, unsigned parity,
                                              int what, int seq) {
-    const int sl = seq % PI(pg_n);
     const int* before = reinterpret_cast<const int*>(&G) - 2;   // (the 8 bytes before PgState: the x buffer's end,
                                                                  // or the outputs' or padding under pg_x_item)
-    printf("mk stall:   block %d warp %d wait %d sequence %d parity %u: barrier %016llx, issued %d; page %d: full "
-           "%016llx empty %016llx entry %d %08x; canary %08x %08x, before %08x %08x, state at %d\n", blockIdx.x,
-           (int)(threadIdx.x >> 5), what, seq, parity, *(volatile unsigned long long*)bar, pg_ld(G.issued), sl,
-           *(volatile unsigned long long*)&G.full[sl], *(volatile unsigned long long*)&G.empty[sl],
-           pg_ld(G.page[sl][0]), (unsigned)pg_ld(G.page[sl][1]), (unsigned)pg_ld(G.canary[0]),
+    printf("mk stall:   block %d warp %d wait %d sequence %d parity %u: barrier %016llx, issued %d; canary %08x "
+           "%08x, before %08x %08x, state at %d\n", blockIdx.x, (int)(threadIdx.x >> 5), what, seq, parity,
+           *(volatile unsigned long long*)bar, pg_ld(G.issued), (unsigned)pg_ld(G.canary[0]),
            (unsigned)pg_ld(G.canary[3]), (unsigned)pg_ld(before[0]), (unsigned)pg_ld(before[1]), PI(pg_state_off));
+    if (what == STALL_PAGE || what == STALL_EMPTY) {   // (a ring page's wait: its sequence number names the page)
+        const int sl = seq % PI(pg_n);
+        printf("mk stall:   block %d warp %d page %d: full %016llx empty %016llx entry %d %08x\n", blockIdx.x,
+               (int)(threadIdx.x >> 5), sl, *(volatile unsigned long long*)&G.full[sl],
+               *(volatile unsigned long long*)&G.empty[sl], pg_ld(G.page[sl][0]), (unsigned)pg_ld(G.page[sl][1]));
+    }
 }
 #endif
 
@@ -637,9 +640,9 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             const int n0 = it.T.n0, n1 = it.T.n1;
             const int pages = (n0 + rpp - 1) / rpp + (n1 + rpp - 1) / rpp;
 #endif
-            if (pages < 1 || pages * MK_PG_PAGE_WARPS > MK_PAGE_ITEM_PAGES_MAX) {   // (`outs` counts 32 arrivals
-                                                                                     // per page warp; the plan
-                if (lane == 0)                                                                       // bounds it)
+            // (`outs` counts 32 arrivals per page warp; the plan bounds an item's pages)
+            if (pages < 1 || pages * MK_PG_PAGE_WARPS > MK_PAGE_ITEM_PAGES_MAX) {
+                if (lane == 0)
                     record_error(P, MK_ERR_SMEM, ticket, -1, pages * MK_PG_PAGE_WARPS, MK_PAGE_ITEM_PAGES_MAX);
                 stop = true;
                 return false;

@@ -50,6 +50,7 @@ constexpr int PAD = 2048;
 struct Knobs {
     int sms, npg, lead, free_early, release, fence, offset, math, multi, decode_ns, decode_early, n_items;
     int page;   // bytes per ring page and per bulk copy (PAGE, or 8 / 32 KB with math = 0: what one copy's issue costs)
+    int spin;   // every wait polls with test_wait (the kernel's MK_MBAR_SPIN=1), else with try_wait
 };
 
 __device__ __forceinline__ unsigned long long gtimer() {
@@ -60,17 +61,22 @@ __device__ __forceinline__ unsigned long long gtimer() {
 
 extern __shared__ __align__(16) unsigned char smem[];
 
-// One thread's bounded spin on a phase (a protocol bug traps instead of hanging the device).
-__device__ __forceinline__ void lane_wait(unsigned long long* bar, unsigned parity) {
+// One thread's bounded spin on a phase (a protocol bug traps instead of hanging the device): with try_wait, which
+// may suspend the thread until the phase completes or a time limit passes (the kernel's form), or (`spin`, the
+// kernel's MK_MBAR_SPIN=1) with test_wait, which returns at once.
+__device__ __forceinline__ bool phase_done(unsigned long long* bar, unsigned parity, bool spin) {
+    return spin ? mbar_test_wait(bar, parity) : mbar_try_wait(bar, parity);
+}
+__device__ __forceinline__ void lane_wait(unsigned long long* bar, unsigned parity, bool spin) {
     const long long t0 = clock64();
-    while (!mbar_try_wait(bar, parity))
+    while (!phase_done(bar, parity, spin))
         if (clock64() - t0 > 4000000000ll) __trap();
 }
 // Lane 0 spins, then the whole warp observes the phase (as the kernel's pg_wait).
-__device__ __forceinline__ void warp_wait(unsigned long long* bar, unsigned parity) {
-    if ((threadIdx.x & 31) == 0) lane_wait(bar, parity);
+__device__ __forceinline__ void warp_wait(unsigned long long* bar, unsigned parity, bool spin) {
+    if ((threadIdx.x & 31) == 0) lane_wait(bar, parity, spin);
     __syncwarp();
-    mbar_wait(bar, parity);
+    while (!phase_done(bar, parity, spin)) {}
 }
 
 __device__ __forceinline__ void red_release_gpu(int* p, int v) {
@@ -118,7 +124,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) worker(const __nv_bfloat16* w, co
         while (true) {                                    // item j into slot j % SLOTS once free, then its pages
             const int q = j % SLOTS;
             if (kn.decode_early) decode();
-            if (j >= SLOTS) warp_wait(&free_[q], (unsigned)((j / SLOTS) - 1) & 1u);
+            if (j >= SLOTS) warp_wait(&free_[q], (unsigned)((j / SLOTS) - 1) & 1u, kn.spin);
             if (item >= kn.n_items) break;
             if (!kn.decode_early) decode();
             if (lane == 0) slot_item[q] = item;
@@ -155,7 +161,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) worker(const __nv_bfloat16* w, co
             } else if (lane == 0) {                       // the kernel's page loop, the claim between two loops
                 const auto page = [&](int p) {
                     const int sq = s + p;
-                    if (sq >= npg) lane_wait(&empty[sq % npg], (unsigned)((sq / npg) - 1) & 1u);
+                    if (sq >= npg) lane_wait(&empty[sq % npg], (unsigned)((sq / npg) - 1) & 1u, kn.spin);
                     issue(p, sq);
                 };
                 for (int p = 0; p < claim_at; p++) page(p);
@@ -169,7 +175,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) worker(const __nv_bfloat16* w, co
         if (lane == 0)
             for (int i = 0; i < npg; i++, s++) {          // an end marker into every computing warp's page
                 const int rs = s % npg;
-                if (s >= npg) lane_wait(&empty[rs], (unsigned)((s / npg) - 1) & 1u);
+                if (s >= npg) lane_wait(&empty[rs], (unsigned)((s / npg) - 1) & 1u, kn.spin);
                 page_q[rs] = -1;
                 mbar_arrive(&full[rs]);
             }
@@ -178,7 +184,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) worker(const __nv_bfloat16* w, co
         const __nv_bfloat16* page = reinterpret_cast<const __nv_bfloat16*>(ring + (size_t)warp * kn.page);
         const int ip = ITEM_PAGES * PAGE / kn.page;
         for (int k = 0;; k++) {
-            warp_wait(&full[warp], (unsigned)k & 1u);
+            warp_wait(&full[warp], (unsigned)k & 1u, kn.spin);
             const int q = page_q[warp], p = page_p[warp];
             if (q < 0) {
                 if (lane == 0) mbar_arrive(&empty[warp]);
@@ -249,8 +255,8 @@ int main() {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    //                      sms npg lead free_early release fence offset math multi decode_ns decode_early n_items page
-    const Knobs kernel_now = {0, 12, 4, 0, 1, 0, 0, 1, 0, 750, 1, 0, PAGE};   // the default build's worker at b1
+    //                      sms npg lead free_early release fence offset math multi decode_ns decode_early n_items page spin
+    const Knobs kernel_now = {0, 12, 4, 0, 1, 0, 0, 1, 0, 750, 1, 0, PAGE, 0};   // the default build's worker at b1
     struct Config { const char* name; Knobs k; };
     std::vector<Config> configs;
     auto with = [&](const char* name, auto f) { Knobs k = kernel_now; f(k); configs.push_back({name, k}); };
@@ -274,6 +280,13 @@ int main() {
     with("32 KB pages, no math (decode, release)", [](Knobs& k) { k.math = 0; k.page = 2 * PAGE; k.npg = MAXPG / 2; });
     with("16 KB pages, no math (decode, release)", [](Knobs& k) { k.math = 0; });
     with("multi-lane, loads only", [](Knobs& k) { k.multi = 1; k.math = 0; k.release = 0; k.decode_ns = 0; });
+    // every wait by test_wait instead of try_wait (MK_MBAR_SPIN=1): whether a late wake from try_wait's suspension is
+    // the lane-0 loop's fixed cost per copy
+    with("kernel today, test_wait (MK_MBAR_SPIN=1)", [](Knobs& k) { k.spin = 1; });
+    with("loads only, test_wait", [](Knobs& k) { k.math = 0; k.release = 0; k.decode_ns = 0; k.spin = 1; });
+    with("loads only, 8 KB pages, test_wait", [](Knobs& k) { k.math = 0; k.release = 0; k.decode_ns = 0; k.page = PAGE / 2; k.spin = 1; });
+    with("loads only, 32 KB pages, test_wait", [](Knobs& k) { k.math = 0; k.release = 0; k.decode_ns = 0; k.page = 2 * PAGE; k.npg = MAXPG / 2; k.spin = 1; });
+    with("32 KB pages, no math, test_wait", [](Knobs& k) { k.math = 0; k.page = 2 * PAGE; k.npg = MAXPG / 2; k.spin = 1; });
     for (const Config& c : configs)
         if (c.k.npg < 1 || c.k.npg > MAXPG || c.k.offset < 0 || c.k.offset % 16 || c.k.offset + 1024 > PAD
             || c.k.lead < 0 || c.k.decode_ns < 0 || (c.k.page != PAGE && c.k.math)

@@ -82,12 +82,15 @@ __device__ __forceinline__ bool mbar_test_wait(unsigned long long* bar, unsigned
 // thread until the phase completes or a time limit passes (PTX leaves both the limit and how soon a completed phase
 // wakes the thread to the system). Why: benchmarks/pg_stream.cu's lane-0 loop, which waits on each ring page with
 // try_wait, streams 35 GB/s per SM at 32 SMs of an H100 where its lanes polling with test_wait stream 75 (session
-// 38), and a fixed ~0.4 us per copy whatever its size fits a late wake-up. 0: try_wait (the default).
+// 38), and a fixed ~0.4 us per copy whatever its size fits a late wake-up. 2: only the paged loader's own waits
+// (mk_moe_pages.cuh pg_wait), so that 12 computing warps polling their pages do not take the shared-memory pipe from
+// the ones computing. 0: try_wait everywhere (the default).
 #ifndef MK_MBAR_SPIN
 #define MK_MBAR_SPIN 0
 #endif
+static_assert(MK_MBAR_SPIN >= 0 && MK_MBAR_SPIN <= 2, "MK_MBAR_SPIN: 0, 1 or 2");
 __device__ __forceinline__ bool mbar_try_wait(unsigned long long* bar, unsigned parity) {
-#if MK_MBAR_SPIN
+#if MK_MBAR_SPIN == 1
     return mbar_test_wait(bar, parity);
 #else
     unsigned ok;

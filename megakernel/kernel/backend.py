@@ -443,7 +443,6 @@ class MegakernelBackend(DecodeBackend):
             gu_rows=p.gu_rows, gu_tiles=p.gu_tiles, dn_rows=p.dn_rows, dn_tiles=p.dn_tiles, n_slots=p.n_slots,
             wbuf=p.wbuf, moe_wbuf=p.moe_wbuf, lm_wbuf=p.lm_wbuf, claim_ahead=p.claim_ahead,
             moe_claim_late=p.moe_claim_late, topk_warp=p.topk_warp, o_items=p.o_items, o_after=p.o_after,
-            o_in_gu=p.o_in_gu,
             dn_lag=p.queue_dn_lag, slot_pairs=p.slot_pairs,
             o_rows=p.o_rows, c_comb=p.c_comb,
             combine_parts=p.combine_parts, worker_topk=p.worker_topk,

@@ -220,9 +220,9 @@ PARAM_FIELDS = (
     # 1: TOPK lays out a queue of at most 32 pairs in one warp, without block barriers (ModelPlan.topk_warp)
     "topk_warp",
     # O-projection tiles in each MoE layer's work queue (the `o_queue` knob; 0: static OPROJ tasks), the eighths of
-    # the down items queued ahead of them (ModelPlan.o_after) or of the gate/up items queued after them
-    # (ModelPlan.o_in_gu), their rows, and the per-layer offset of the attention-combine counter they wait on
-    "o_items", "o_after", "o_in_gu", "o_rows", "c_comb",
+    # the down items queued ahead of them (ModelPlan.o_after), their rows, and the per-layer offset of the
+    # attention-combine counter they wait on
+    "o_items", "o_after", "o_rows", "c_comb",
     # > 0: the down items of expert slot s follow the gate/up items of slot s + dn_lag in the queue
     # (ModelPlan.queue_dn_lag; csrc/mk_moe.cuh queue_kind, simulator.queue_kind)
     "dn_lag",

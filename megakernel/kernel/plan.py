@@ -246,8 +246,7 @@ class ModelPlan:
                                          # this many rows may use the larger tiles (the backend's `batch_tiles`)
     o_queue: int = 1                     # plans of at most this many rows (tile_batch) make each MoE layer's
                                          # O-projection tiles items of its expert queue (after the gate/up items
-                                         # and `o_after` eighths of the down items, or among the gate/up items:
-                                         # `o_in_gu`) instead of static tasks listed
+                                         # and `o_after` eighths of the down items) instead of static tasks listed
                                          # after the workers, which only free blocks claim (0: none). 8K, ms at
                                          # o_queue 0 / 1 / 4 / 16 (01168ec): b1 3.862 / 3.763 / 3.780 / 3.794,
                                          # b2 5.701 / 5.705 / 5.600 / 5.638, b4 8.980 / 8.975 / 8.945 / 8.971;
@@ -315,13 +314,6 @@ class ModelPlan:
                                          # fused_norm (6df2330, one process) 3.499-3.512 / 3.434 / 3.445 / 3.451
                                          # at 4 / 6 / 7 / 8, 32K 3.962-3.975 / 3.913, b2 5.242 / 5.254, b4
                                          # 8.600-8.617 / 8.615
-    o_in_gu: int = 0                     # 1..8: the O items (o_queue) queued before the last o_in_gu eighths of a
-                                         # layer's gate/up items instead of after o_after eighths of its down items
-                                         # (0). At one row the O items, queued last, are the layer's tail (in the
-                                         # H100 trace speed_20261207s38 call 1: 86 items of 192 KB from 46.6 to
-                                         # 61.7 us, on 86 of the 132 workers, after the last gate/up item at 46.0
-                                         # and the combines at 31); among the gate/up items, claimed after the
-                                         # combines, they leave the smaller down items to end the layer
     o_item_kb: int = 0                   # > 0: plans that queue their O projection (o_queue) cut it into items of
                                          # at most this many KiB instead of GEMV tiles (192 KB at North dims: 86
                                          # items, which at b1 run on 86 of the 132 workers at the layer's tail);
@@ -582,8 +574,6 @@ class ModelPlan:
                              f"with at most {O.NUM_THREADS} outputs (heads x head_dim) per part")
         if not 0 <= self.o_after <= 8:
             raise ValueError(f"o_after is in eighths of the down items, 0..8, got {self.o_after}")
-        if not 0 <= self.o_in_gu <= 8:
-            raise ValueError(f"o_in_gu is in eighths of the gate/up items, 0..8, got {self.o_in_gu}")
         if self.dn_lag < 0:
             raise ValueError(f"dn_lag is a count of expert slots, >= 0, got {self.dn_lag}")
         # (paged plans only; o_queue_start assumes every down item after every gate/up item)

@@ -17,7 +17,7 @@ which runs the same list in random dependency-respecting orders, too):
   each worker then computes the same routing from the same logits itself), then claim work items from the
   layer's queue with a second atomic counter: first every gate/up tile of every active expert, then every down
   tile, with (knob `o_queue`) the layer's O-projection tiles placed after the first `o_after` eighths of the down
-  tiles (or, knob `o_in_gu`, before the last `o_in_gu` eighths of the gate/up tiles). A down item waits for the gate/up items of its expert, which have smaller item numbers
+  tiles. A down item waits for the gate/up items of its expert, which have smaller item numbers
   and were therefore claimed earlier by workers that execute them without waiting on anything else; an O item
   waits for the layer's attention combines, static tasks with smaller tickets than every worker, so the ticket
   induction finishes them; so the same induction applies to items. A worker runs its items in claim order and

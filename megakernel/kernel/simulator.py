@@ -30,9 +30,7 @@ Op = O.Op
 
 def _o_start(p, n_gu: int) -> int:
     """The first O item of a layer's queue (o_queue plans): after the gate/up items and o_after eighths of the down
-    items, or (o_in_gu > 0) before the last o_in_gu eighths of the gate/up items (csrc/mk_moe.cuh o_queue_start)."""
-    if p.o_in_gu > 0:
-        return n_gu - (n_gu * p.o_in_gu >> 3)
+    items (csrc/mk_moe.cuh o_queue_start)."""
     return n_gu + (n_gu // p.gu_tiles * p.dn_tiles * p.o_after >> 3)
 
 def queue_kind(n_slots: int, G: int, D: int, lag: int, item: int) -> tuple[bool, int, int]:

@@ -13,7 +13,7 @@ import os
 
 TUNING_KEYS = ("split_tokens", "attn_stages", "n_workers", "oproj_first", "qkv_by_head", "fused_norm", "batch_tiles",
                "qkv_fill_rows", "qkv_late_weights", "prefetch", "o_queue", "moe_ring", "router_first", "lm_stream",
-               "claim_ahead", "router_tile_rows", "moe_claim_late", "o_after", "o_in_gu",
+               "claim_ahead", "router_tile_rows", "moe_claim_late", "o_after",
                "combine_parts", "worker_topk", "tile_kb", "topk_warp", "router_topk", "wide_split_batch",
                "wider_split_batch", "short_splits", "fused_qkv", "moe_pages", "moe_pages_max", "split_align",
                "moe_tile_kb", "moe_pages_claim_late", "workers_early",

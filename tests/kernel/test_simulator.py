@@ -574,17 +574,15 @@ def test_simulator_with_smaller_static_oproj_tasks(variant):
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-@pytest.mark.parametrize("B,o_after,o_item_kb,o_in_gu", [(1, 0, 0, 0), (4, 0, 0, 0), (1, 8, 0, 0), (4, 3, 0, 0),
-                                                          (1, 8, 1, 0), (1, 8, 0, 2), (4, 0, 0, 8)])
-def test_simulator_with_oproj_in_the_expert_queue(variant, B, o_after, o_item_kb, o_in_gu):
+@pytest.mark.parametrize("B,o_after,o_item_kb", [(1, 0, 0), (4, 0, 0), (1, 8, 0), (4, 3, 0), (1, 8, 1)])
+def test_simulator_with_oproj_in_the_expert_queue(variant, B, o_after, o_item_kb):
     """o_queue: a MoE layer's O-projection tiles are items of its expert queue (after the gate/up items and o_after
-    eighths of the down items, or before the last o_in_gu eighths of the gate/up items; waiting for the layer's
-    combines) instead of static OPROJ tasks, and the next layer waits on the workers' counter only; dense layers keep
-    their OPROJ tasks. Exact in random orders, with fewer workers than items; o_item_kb cuts the O items smaller than a
-    GEMV tile (an even count of rows)."""
+    eighths of the down items, waiting for the layer's combines) instead of static OPROJ tasks, and the next layer
+    waits on the workers' counter only; dense layers keep their OPROJ tasks. Exact in random orders, with fewer
+    workers than items; o_item_kb cuts the O items smaller than a GEMV tile (an even count of rows)."""
     cfg, w, st, nxt = _setup(variant, B, seed=31 + B)
     plan = ModelPlan(cfg, st.layout, max_batch=16, n_workers=2, split_tokens=4, o_queue=16, o_after=o_after,
-                     o_item_kb=o_item_kb, o_in_gu=o_in_gu)
+                     o_item_kb=o_item_kb)
     assert plan.o_items == plan.n_o_tiles > 0
     if o_item_kb:
         plain = ModelPlan(cfg, st.layout, max_batch=16, n_workers=2, split_tokens=4, o_queue=16, o_after=o_after)

@@ -69,6 +69,12 @@ __device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
 __device__ __forceinline__ void mbar_arrive_n(unsigned long long* bar, unsigned n) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(n) : "memory");
 }
+__device__ __forceinline__ bool mbar_try_wait(unsigned long long* bar, unsigned parity) {
+    unsigned ok;
+    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(ok) : "r"(smem_addr(bar)), "r"(parity) : "memory");
+    return ok != 0;
+}
 // (non-blocking: a thread of a warp whose lanes poll different barriers issues as soon as its own completes, where
 // try_wait may suspend the warp for a lane that is not ready)
 __device__ __forceinline__ bool mbar_test_wait(unsigned long long* bar, unsigned parity) {
@@ -76,28 +82,6 @@ __device__ __forceinline__ bool mbar_test_wait(unsigned long long* bar, unsigned
     asm volatile("{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
                  : "=r"(ok) : "r"(smem_addr(bar)), "r"(parity) : "memory");
     return ok != 0;
-}
-// MK_MBAR_SPIN=1: every wait on a phase (mbar_try_wait's callers: the weights' and K/V's landing, the paged worker's
-// pages, slots and items) polls with test_wait, which returns at once, instead of try_wait, which may suspend the
-// thread until the phase completes or a time limit passes (PTX leaves both the limit and how soon a completed phase
-// wakes the thread to the system). Why: benchmarks/pg_stream.cu's lane-0 loop, which waits on each ring page with
-// try_wait, streams 35 GB/s per SM at 32 SMs of an H100 where its lanes polling with test_wait stream 75 (session
-// 38), and a fixed ~0.4 us per copy whatever its size fits a late wake-up. 2: only the paged loader's own waits
-// (mk_moe_pages.cuh pg_wait), so that 12 computing warps polling their pages do not take the shared-memory pipe from
-// the ones computing. 0: try_wait everywhere (the default).
-#ifndef MK_MBAR_SPIN
-#define MK_MBAR_SPIN 0
-#endif
-static_assert(MK_MBAR_SPIN >= 0 && MK_MBAR_SPIN <= 2, "MK_MBAR_SPIN: 0, 1 or 2");
-__device__ __forceinline__ bool mbar_try_wait(unsigned long long* bar, unsigned parity) {
-#if MK_MBAR_SPIN == 1
-    return mbar_test_wait(bar, parity);
-#else
-    unsigned ok;
-    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(ok) : "r"(smem_addr(bar)), "r"(parity) : "memory");
-    return ok != 0;
-#endif
 }
 __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
     while (!mbar_try_wait(bar, parity)) {}

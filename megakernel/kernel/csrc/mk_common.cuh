@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <stdint.h>
+#include <cstdio>      // (device printf: MK_STALL_PRINT's reports; some toolkits' headers do not bring it in)
 #include "mk_generated.h"
 #include "mk_math.cuh"
 #include "mk_async.cuh"

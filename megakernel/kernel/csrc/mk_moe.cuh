@@ -68,11 +68,8 @@ __device__ __forceinline__ bool route_in_worker(const Params& P, int m, int* rou
 #endif
 
 // The first O item of a layer's queue (o_queue plans): after its n_gu gate/up items and the first o_after eighths of
-// its down items (plan.ModelPlan.o_after), or (o_in_gu > 0) before the last o_in_gu eighths of its gate/up items
-// (ModelPlan.o_in_gu; the simulator's _o_start is the same formula).
+// its down items (plan.ModelPlan.o_after; the simulator's _o_start is the same formula).
 __device__ __forceinline__ int o_queue_start(const Params& P, int n_gu) {
-    const int in_gu = PI(o_in_gu);
-    if (in_gu > 0) return n_gu - (n_gu * in_gu >> 3);
     return n_gu + ((n_gu / PI(gu_tiles)) * PI(dn_tiles) * PI(o_after) >> 3);
 }
 
@@ -115,8 +112,7 @@ __device__ __forceinline__ MoeItem moe_item(const Params& P, int l, const int* r
                                             const bf16* edn, int item, int n_gu, const bf16* ow = nullptr) {
     const int H = PI(H), I = PI(I), gu_tiles = PI(gu_tiles), gu_rows = PI(gu_rows), dn_rows = PI(dn_rows);
     const int n_o = PI(o_items);
-    // the O items start after the gate/up items and o_after eighths of the down items, or before the last o_in_gu
-    // eighths of the gate/up items (o_queue_start)
+    // the O items start after the gate/up items and o_after eighths of the down items (o_queue_start)
     const int o0 = n_o ? o_queue_start(P, n_gu) : 0;
     MoeItem it;
     if (n_o && item >= o0 && item < o0 + n_o) {

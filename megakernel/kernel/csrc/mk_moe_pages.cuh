@@ -321,22 +321,16 @@ __device__ __noinline__ void pg_stall_report(const Params& P, PgState& G, unsign
 __device__ __forceinline__ bool pg_wait(const Params& P, PgState& G, int ticket, unsigned long long* bar,
                                         unsigned parity, int what, int seq) {
     int ok = 1;
-    // MK_MBAR_SPIN=2: the loader's own waits (a ring page, an item slot, the input warp's claim) poll with test_wait,
-    // the other warps' keep try_wait (`what` is a constant at each inlined call: the choice folds)
-    const bool spin = MK_MBAR_SPIN == 2 && (what == STALL_EMPTY || what == STALL_SLOT || what == STALL_CLAIM);
     if ((threadIdx.x & 31) == 0) {
-        PgSpin spin_guard;
-        while (!(spin ? mbar_test_wait(bar, parity) : mbar_try_wait(bar, parity)))
-            if (spin_guard.leave(P, G, ticket, what, seq)) { ok = 0; break; }
+        PgSpin spin;
+        while (!mbar_try_wait(bar, parity))
+            if (spin.leave(P, G, ticket, what, seq)) { ok = 0; break; }
 #if MK_STALL_PRINT
         if (!ok) pg_stall_report(P, G, bar, parity, what, seq);
 #endif
     }
     ok = __shfl_sync(0xffffffffu, ok, 0);
-    if (ok) {
-        if (spin) while (!mbar_test_wait(bar, parity)) {}
-        else mbar_wait(bar, parity);
-    }
+    if (ok) mbar_wait(bar, parity);
     return ok != 0;
 }
 // MK_PG_POLL_CHECK (MK_PG_MULTI_ISSUE builds): a polling lane asks PgSpin whether to leave only every this-many-th

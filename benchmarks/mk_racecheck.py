@@ -5,7 +5,8 @@ path, copied to the GPU, and the only GPU kernel of interest is one megakernel s
     PYTHONPATH=tests python3 benchmarks/mk_racecheck.py B STEPS      (the same step STEPS times, no sanitizer: a stress
                                                                       run for hangs that need a rare schedule)
 
-(the tiny configs are the tests' own helpers, tests/kernel_helpers.py)
+(the tiny configs are the tests' own helpers, tests/kernel_helpers.py). Plan knobs as for any engine:
+MEGAKERNEL_MK_TUNING="moe_pages_max=6" (e.g. the 6-page ring of the 32 KB page builds, with 16 KB pages).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def main() -> None:
     batch.input_ids, batch.positions = batch.input_ids.cuda(), batch.positions.cuda()
     be = MegakernelBackend(cfg, wg, st.layout, max_batch=16, split_tokens=3)
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+    print(f"plan: {be.plan.pg_n} ring pages", flush=True)
     t0 = time.monotonic()
     for i in range(steps):              # (the same step again: it rewrites the same cache positions)
         out = be.decode(batch, cache).cpu()

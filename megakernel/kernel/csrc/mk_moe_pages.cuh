@@ -151,14 +151,14 @@ static_assert(MK_PAGE_MAX <= 32, "MK_PG_MULTI_ISSUE: a loader lane per ring page
 // MK_PAGE_BYTES=32768 (speed_20261207s38 call 5, each build in its own process, twice): b1 8K 3.283 / 3.319 against
 // 3.289 / 3.285 ms, 1K 3.137 / 3.139 against 3.106 / 3.103 (+1.0%), b8 10.992 / 10.994 against 11.065 / 11.061
 // (-0.6%), b16 17.274 / 17.280 against 17.362 / 17.364 (-0.5%); 32 KB pages with one warp each were +4% at b1 in the
-// same call. test_gpu.py passes (33), memcheck is clean, but **racecheck hangs in 4 of 8 runs** (one row or two;
-// sessions 38-39) where 32 KB pages with one warp passed the one run tried, and 6000 steps of the same tiny plan
-// without the sanitizer never hang (speed_20261207s39). MK_STALL_PRINT's reports of a hung run (call 3 there): a
-// worker whose one item was done, its loader blocked on page 1's `empty` phase 0 (both of page 1's warps were past
-// it, waiting on its next `full` phase, so by the code both had arrived), page 0's two warps waiting on a `full` phase
-// the loader had completed (the end marker of sequence 6, entry -1), every barrier word reading 0; yet the step
-// returned, so its closing drain passed a wait on that page-0 phase. Leading hypothesis, not yet shown: the
-// sanitizer's handling of mbarrier arrivals and try_wait spins (benchmarks/mbar_probe.cu, not yet run, tests it).
+// same call. test_gpu.py passes (33), memcheck is clean, but racecheck stops in the host's watchdog in most runs
+// (6 of 8 in speed_20261207s40 call 4), as does the one-warp 32 KB build at two rows (3 of 3, call 5), where the
+// default 16 KB pages pass (4 of 4, call 6); 6000 steps of the same tiny plan without the sanitizer never hang
+// (speed_20261207s39). At that plan's dims both page sizes copy 2 KB pages, so the 32 KB builds differ only in a
+// 6-page ring against 13. In 6 of those 9 stops a worker was late (it signalled after the abort), no
+// hazard was reported, and benchmarks/mbar_probe.cu's two-waiter ping-pong runs clean under racecheck. Leading
+// hypothesis, not shown: with a short ring, waits park in try_wait on phases that complete meanwhile, and the sanitizer
+// wakes them late (the next test: the 16 KB build with moe_pages_max=6 under racecheck, and a longer watchdog).
 // Not the default until that is settled.
 static_assert(MK_PG_PAGE_WARPS == 1 || MK_PG_PAGE_WARPS == 2, "MK_PG_PAGE_WARPS: 1 or 2");
 #define PG_END (-1)                     // an item description's kind: no more items (the input warp stops)
@@ -297,7 +297,8 @@ struct PgSpin {
 #if MK_STALL_PRINT
 // Lane 0 of a warp that left a paged wait (MK_STALL_PRINT): the barrier's raw word (its phase bit and counts), the
 // loader's end count (G.issued: set once its end markers are out), the canary and, for a ring page's wait (the
-// sequence number then maps to the page), both its barriers and its entry. Not inlined: the printf's arguments stay out of the waits' registers.
+// sequence number then maps to the page), both its barriers and its entry. Not inlined: the printf's arguments stay
+// out of the waits' registers.
 __device__ __noinline__ void pg_stall_report(const Params& P, PgState& G, unsigned long long* bar, unsigned parity,
                                              int what, int seq) {
     const int* before = reinterpret_cast<const int*>(&G) - 2;   // (the 8 bytes before PgState: the x buffer's end,

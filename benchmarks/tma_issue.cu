@@ -1,0 +1,172 @@
+// Microbenchmark: do an SM's bulk copies overlap when one thread issues them back to back?
+// Why: the paged MoE worker's loader (lane 0 of one warp, csrc/mk_moe_pages.cuh) streams ~31 GB/s per SM with 16 KB
+// pages and nothing else to do (pg_stream.cu, loads only), 17.8 with 8 KB pages and 51.5 with 32 KB, at 32 SMs as at
+// 132: ~0.40 us per copy plus ~7.5 ns per KB, whatever the ring's depth (sm_stream.cu: no gain past 64 KB in flight).
+// The same ring with each lane issuing its own pages (MK_PG_MULTI_ISSUE's form) streams 65.7. The instructions of the
+// lane-0 loop take ~0.05 us a page (SASS), so either one thread's copies are served one after another (each waiting
+// for the one before it to land), or something else in the loop waits. Here every block issues a burst of `n`
+// copies of `bytes` each from fresh HBM addresses into n shared-memory slots (one mbarrier each), waits for all of
+// them, and repeats; thread 0 times each burst (%globaltimer). The modes:
+//   serial   lane 0 issues a copy and waits for it before the next: n x one copy's latency;
+//   thread   lane 0 issues all n back to back, then waits (the loader's lane-0 loop when every slot is free);
+//   lanes2/4 lanes 0..1 (0..3) of one warp each issue their share back to back (a loader with 2 / 4 issuing lanes);
+//   lanes    lane i of one warp issues copy i (one instruction for the burst: MK_PG_MULTI_ISSUE);
+//   warps    lane 0 of warp i issues copy i (n warps);
+//   tensor   as thread, by 2D tensor copies (cp.async.bulk.tensor, a [rows, 256] bf16 view, boxes of 256 x
+//            bytes / 512) instead of 1D bulk copies (cp.async.bulk): whether the tensor path serves one thread's
+//            copies differently.
+// If `thread` takes ~n x `serial` and `lanes` / `warps` ~one latency, an SM serves one thread's copies in order, one
+// at a time, and the loader should issue from several lanes; if `thread` ~ `lanes`, the lane-0 loop's cost is
+// elsewhere (its waits). Prints, per grid (all SMs, 32) and copy size (8, 16, 32 KB), each mode's burst time (us) and
+// per-SM rate for n = 1, 2, 4, 8, 12 (n x bytes <= 192 KB).
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a benchmarks/tma_issue.cu -o /tmp/tma_issue
+//   /tmp/tma_issue
+#include <cstdio>
+#include <cstdlib>
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include "../megakernel/kernel/csrc/mk_async.cuh"   // mbar_*, bulk_load, l2_evict_first: the kernel's copy path
+#include "../megakernel/kernel/csrc/mk_tmap.h"      // mk_tmap_encoder: the driver's tensor-map encoder
+
+constexpr int NT = 512, MAXN = 12, ROUNDS = 48;
+constexpr size_t SLOTS_BYTES = 192 * 1024, BUFFER = 8ull << 30;
+enum Mode { SERIAL, THREAD, LANES2, LANES4, LANES, WARPS, TENSOR, N_MODES };
+static const char* const MODE_NAMES[N_MODES] = {"serial", "thread", "lanes2", "lanes4", "lanes", "warps", "tensor"};
+
+#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
+    fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); exit(1); } } while (0)
+
+extern __shared__ __align__(1024) unsigned char smem[];
+
+__device__ __forceinline__ unsigned long long gtimer() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+__device__ __forceinline__ void tensor_2d(void* dst, const CUtensorMap* map, int x, int y, unsigned long long* bar,
+                                          unsigned long long policy) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1, {%2, %3}], [%4], %5;\n"
+        ::"r"(smem_addr(dst)), "l"(reinterpret_cast<unsigned long long>(map)), "r"(x), "r"(y), "r"(smem_addr(bar)),
+        "l"(policy) : "memory");
+}
+
+// A bounded spin (a protocol bug traps instead of hanging the device).
+__device__ __forceinline__ void wait_phase(unsigned long long* bar, unsigned parity) {
+    const long long t0 = clock64();
+    while (!mbar_try_wait(bar, parity))
+        if (clock64() - t0 > 4000000000ll) __trap();
+}
+
+__global__ void __launch_bounds__(NT, 1) burst(const char* buf, const __grid_constant__ CUtensorMap map, int mode,
+                                               int n, int bytes, unsigned long long* ns_out) {
+    __shared__ __align__(8) unsigned long long bar[MAXN];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < MAXN; i++) mbar_init(&bar[i], 1);
+        fence_mbar_init();
+    }
+    __syncthreads();
+    const unsigned long long pol = l2_evict_first();
+    unsigned long long total = 0;
+    for (int r = 0; r < ROUNDS; r++) {
+        const unsigned parity = (unsigned)r & 1u;
+        // copy i of this round: a fresh address (no L2 hits), the same sequence for every mode
+        const size_t first = ((size_t)blockIdx.x * ROUNDS + r) * MAXN;
+        const auto src_off = [&](int i) { return ((first + i) * (size_t)bytes) % BUFFER; };
+        const auto issue = [&](int i) {
+            mbar_expect_tx(&bar[i], (unsigned)bytes);
+            if (mode == TENSOR)
+                tensor_2d(smem + (size_t)i * bytes, &map, 0, (int)(src_off(i) / 512), &bar[i], pol);
+            else
+                bulk_load(smem + (size_t)i * bytes, buf + src_off(i), (unsigned)bytes, &bar[i], pol);
+        };
+        __syncthreads();
+        const unsigned long long t0 = gtimer();
+        if (mode == SERIAL) {
+            if (threadIdx.x == 0)
+                for (int i = 0; i < n; i++) { issue(i); wait_phase(&bar[i], parity); }
+        } else if (mode == THREAD || mode == TENSOR) {
+            if (threadIdx.x == 0)
+                for (int i = 0; i < n; i++) issue(i);
+        } else if (mode == LANES2 || mode == LANES4) {
+            const int k = mode == LANES2 ? 2 : 4;
+            if (warp == 0 && lane < k)
+                for (int i = lane; i < n; i += k) issue(i);
+        } else if (mode == LANES) {
+            if (warp == 0 && lane < n) issue(lane);
+        } else {                                   // WARPS
+            if (warp < n && lane == 0) issue(warp);
+        }
+        if (threadIdx.x == 0) {
+            for (int i = 0; i < n; i++) wait_phase(&bar[i], parity);
+            total += gtimer() - t0;
+        }
+    }
+    if (threadIdx.x == 0) ns_out[blockIdx.x] = total;
+}
+
+int main() {
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    char* buf;
+    CK(cudaMalloc(&buf, BUFFER));
+    CK(cudaMemset(buf, 0x3c, BUFFER));
+    unsigned long long* ns;
+    CK(cudaMalloc(&ns, sizeof(unsigned long long) * prop.multiProcessorCount));
+    CK(cudaFuncSetAttribute(burst, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SLOTS_BYTES));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    printf("# %s; %d rounds per launch, bursts of n copies per block from fresh HBM addresses, the best of 3 launches "
+           "after a warm-up; us: thread 0's mean burst time; GB/s per SM: n x bytes / that\n", prop.name, ROUNDS);
+    const int grids[] = {prop.multiProcessorCount, 32};
+    const int sizes[] = {8192, 16384, 32768};
+    const int ns_list[] = {1, 2, 4, 8, 12};
+    for (int grid : grids)
+        for (int bytes : sizes) {
+            // the tensor view: rows of 256 bf16 (512 B), boxes of bytes / 512 rows, no swizzle (the slot's image
+            // is the same contiguous bytes as the 1D copy's)
+            CUtensorMap map;
+            memset(&map, 0, sizeof(map));
+            bool have_map = false;
+            if (MkEncodeTiled fn = mk_tmap_encoder()) {
+                const cuuint64_t dims[2] = {256, BUFFER / 512};
+                const cuuint64_t strides[1] = {512};
+                const cuuint32_t box[2] = {256, (cuuint32_t)(bytes / 512)};
+                const cuuint32_t estr[2] = {1, 1};
+                memset(&map, 0, sizeof(map));
+                const CUresult r = fn(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, buf, dims, strides, box, estr,
+                                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                                      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                have_map = r == CUDA_SUCCESS;
+                if (!have_map) printf("# tensor map for %d-byte boxes: encode failed (%d); tensor mode skipped\n", bytes, (int)r);
+            }
+            for (int n : ns_list) {
+                if ((size_t)n * bytes > SLOTS_BYTES) continue;
+                printf("sms %3d  %2d KB x %2d:", grid, bytes / 1024, n);
+                for (int mode = 0; mode < N_MODES; mode++) {
+                    if (mode == TENSOR && !have_map) continue;
+                    if (mode == WARPS && n > NT / 32) continue;
+                    double best = 1e30;
+                    for (int rep = 0; rep < 4; rep++) {
+                        burst<<<grid, NT, SLOTS_BYTES>>>(buf, map, mode, n, bytes, ns);
+                        CK(cudaGetLastError());
+                        CK(cudaDeviceSynchronize());
+                        unsigned long long h[256];
+                        CK(cudaMemcpy(h, ns, sizeof(unsigned long long) * grid, cudaMemcpyDeviceToHost));
+                        double sum = 0;
+                        for (int b = 0; b < grid; b++) sum += (double)h[b];
+                        const double us = sum / grid / ROUNDS / 1e3;
+                        if (rep > 0 && us < best) best = us;
+                    }
+                    printf("  %s %6.2f us %5.1f", MODE_NAMES[mode], best, (double)n * bytes / (best * 1e-6) / 1e9);
+                }
+                printf("\n");
+                fflush(stdout);
+            }
+        }
+    return 0;
+}

@@ -51,6 +51,8 @@ struct Knobs {
     int sms, npg, lead, free_early, release, fence, offset, math, multi, decode_ns, decode_early, n_items;
     int page;   // bytes per ring page and per bulk copy (PAGE, or 8 / 32 KB with math = 0: what one copy's issue costs)
     int spin;   // every wait polls with test_wait, else with try_wait (the kernel's form)
+    int selfring;   // no computing warps: lane 0 reuses a ring page once its copy landed (its `full` phase), no item
+                    // slots: the ring's copies alone, issued one at a time, each slot refilled as soon as it lands
 };
 
 __device__ __forceinline__ unsigned long long gtimer() {
@@ -126,7 +128,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) worker(const __nv_bfloat16* w, co
         while (true) {                                    // item j into slot j % SLOTS once free, then its pages
             const int q = j % SLOTS;
             if (kn.decode_early) decode();
-            if (j >= SLOTS) warp_wait(&free_[q], (unsigned)((j / SLOTS) - 1) & 1u, kn.spin);
+            if (j >= SLOTS && !kn.selfring) warp_wait(&free_[q], (unsigned)((j / SLOTS) - 1) & 1u, kn.spin);
             if (item >= kn.n_items) break;
             if (!kn.decode_early) decode();
             if (lane == 0) slot_item[q] = item;
@@ -163,7 +165,9 @@ __global__ void __launch_bounds__(NTHREADS, 1) worker(const __nv_bfloat16* w, co
             } else if (lane == 0) {                       // the kernel's page loop, the claim between two loops
                 const auto page = [&](int p) {
                     const int sq = s + p;
-                    if (sq >= npg) lane_wait(&empty[sq % npg], (unsigned)((sq / npg) - 1) & 1u, kn.spin);
+                    if (sq >= npg)
+                        lane_wait(kn.selfring ? &full[sq % npg] : &empty[sq % npg], (unsigned)((sq / npg) - 1) & 1u,
+                                  kn.spin);
                     issue(p, sq);
                 };
                 for (int p = 0; p < claim_at; p++) page(p);
@@ -174,7 +178,10 @@ __global__ void __launch_bounds__(NTHREADS, 1) worker(const __nv_bfloat16* w, co
             item = __shfl_sync(0xffffffffu, claim, 0);
             j++;
         }
-        if (lane == 0)
+        if (lane == 0 && kn.selfring)                     // every copy landed before the block leaves
+            for (int i = 0; i < npg; i++, s++)
+                if (s >= npg) lane_wait(&full[s % npg], (unsigned)((s / npg) - 1) & 1u, kn.spin);
+        if (lane == 0 && !kn.selfring)
             for (int i = 0; i < npg; i++, s++) {          // an end marker into every computing warp's page
                 const int rs = s % npg;
                 if (s >= npg) lane_wait(&empty[rs], (unsigned)((s / npg) - 1) & 1u, kn.spin);
@@ -182,7 +189,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) worker(const __nv_bfloat16* w, co
                 mbar_arrive(&full[rs]);
             }
         __syncwarp();
-    } else if (warp < npg) {
+    } else if (warp < npg && !kn.selfring) {
         const __nv_bfloat16* page = reinterpret_cast<const __nv_bfloat16*>(ring + (size_t)warp * kn.page);
         const int ip = ITEM_PAGES * PAGE / kn.page;
         for (int k = 0;; k++) {
@@ -258,7 +265,7 @@ int main() {
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     //                      sms npg lead free_early release fence offset math multi decode_ns decode_early n_items page spin
-    const Knobs kernel_now = {0, 12, 4, 0, 1, 0, 0, 1, 0, 750, 1, 0, PAGE, 0};   // the default build's worker at b1
+    const Knobs kernel_now = {0, 12, 4, 0, 1, 0, 0, 1, 0, 750, 1, 0, PAGE, 0, 0};   // the default build's worker at b1
     struct Config { const char* name; Knobs k; };
     std::vector<Config> configs;
     auto with = [&](const char* name, auto f) { Knobs k = kernel_now; f(k); configs.push_back({name, k}); };
@@ -289,6 +296,12 @@ int main() {
     with("loads only, 8 KB pages, test_wait", [](Knobs& k) { k.math = 0; k.release = 0; k.decode_ns = 0; k.page = PAGE / 2; k.spin = 1; });
     with("loads only, 32 KB pages, test_wait", [](Knobs& k) { k.math = 0; k.release = 0; k.decode_ns = 0; k.page = 2 * PAGE; k.npg = MAXPG / 2; k.spin = 1; });
     with("32 KB pages, no math, test_wait", [](Knobs& k) { k.math = 0; k.page = 2 * PAGE; k.npg = MAXPG / 2; k.spin = 1; });
+    // the ring without its consumers (tma_issue.cu, session 41: one thread's burst of 12 16 KB copies lands at 85 GB/s
+    // per SM at 32 SMs, while this loop, loads only, streams 31): whether the hand-off (a page lands, its warp wakes and
+    // frees it, the loader wakes) or the one-at-a-time issue is the lane-0 loop's cost
+    with("loads only, self ring (no computing warps)", [](Knobs& k) { k.math = 0; k.release = 0; k.decode_ns = 0; k.selfring = 1; });
+    with("loads only, self ring, 32 KB pages", [](Knobs& k) { k.math = 0; k.release = 0; k.decode_ns = 0; k.selfring = 1; k.page = 2 * PAGE; k.npg = MAXPG / 2; });
+    with("loads only, self ring, 8 pages", [](Knobs& k) { k.math = 0; k.release = 0; k.decode_ns = 0; k.selfring = 1; k.npg = 8; });
     for (const Config& c : configs)
         if (c.k.npg < 1 || c.k.npg > MAXPG || c.k.offset < 0 || c.k.offset % 16 || c.k.offset + 1024 > PAD
             || c.k.lead < 0 || c.k.decode_ns < 0 || (c.k.page != PAGE && c.k.math)

@@ -53,6 +53,9 @@ struct Knobs {
     int spin;   // every wait polls with test_wait, else with try_wait (the kernel's form)
     int selfring;   // no computing warps: lane 0 reuses a ring page once its copy landed (its `full` phase), no item
                     // slots: the ring's copies alone, issued one at a time, each slot refilled as soon as it lands
+    int cwait;      // a computing warp's wait for its page: 0 lane 0 spins, then every lane waits (the kernel's pg_wait);
+                    // 1 lane 0 alone, then __syncwarp (whether 32 lanes' waits on one mbarrier cost the SM's barrier
+                    // unit what the loader's copies then wait for; loads only, so no lane reads the page)
 };
 
 __device__ __forceinline__ unsigned long long gtimer() {
@@ -193,7 +196,12 @@ __global__ void __launch_bounds__(NTHREADS, 1) worker(const __nv_bfloat16* w, co
         const __nv_bfloat16* page = reinterpret_cast<const __nv_bfloat16*>(ring + (size_t)warp * kn.page);
         const int ip = ITEM_PAGES * PAGE / kn.page;
         for (int k = 0;; k++) {
-            warp_wait(&full[warp], (unsigned)k & 1u, kn.spin);
+            if (kn.cwait) {
+                if (lane == 0) lane_wait(&full[warp], (unsigned)k & 1u, kn.spin);
+                __syncwarp();
+            } else {
+                warp_wait(&full[warp], (unsigned)k & 1u, kn.spin);
+            }
             const int q = page_q[warp], p = page_p[warp];
             if (q < 0) {
                 if (lane == 0) mbar_arrive(&empty[warp]);
@@ -265,7 +273,7 @@ int main() {
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     //                      sms npg lead free_early release fence offset math multi decode_ns decode_early n_items page spin
-    const Knobs kernel_now = {0, 12, 4, 0, 1, 0, 0, 1, 0, 750, 1, 0, PAGE, 0, 0};   // the default build's worker at b1
+    const Knobs kernel_now = {0, 12, 4, 0, 1, 0, 0, 1, 0, 750, 1, 0, PAGE, 0, 0, 0};   // the default build's worker at b1
     struct Config { const char* name; Knobs k; };
     std::vector<Config> configs;
     auto with = [&](const char* name, auto f) { Knobs k = kernel_now; f(k); configs.push_back({name, k}); };
@@ -301,6 +309,8 @@ int main() {
     // frees it, the loader wakes) or the one-at-a-time issue is the lane-0 loop's cost
     with("loads only, self ring (no computing warps)", [](Knobs& k) { k.math = 0; k.release = 0; k.decode_ns = 0; k.selfring = 1; });
     with("loads only, self ring, 32 KB pages", [](Knobs& k) { k.math = 0; k.release = 0; k.decode_ns = 0; k.selfring = 1; k.page = 2 * PAGE; k.npg = MAXPG / 2; });
+    with("loads only, lane 0 alone waits for a page", [](Knobs& k) { k.math = 0; k.release = 0; k.decode_ns = 0; k.cwait = 1; });
+    with("no math, lane 0 alone waits for a page", [](Knobs& k) { k.cwait = 1; k.math = 0; });
     with("loads only, self ring, 8 pages", [](Knobs& k) { k.math = 0; k.release = 0; k.decode_ns = 0; k.selfring = 1; k.npg = 8; });
     for (const Config& c : configs)
         if (c.k.npg < 1 || c.k.npg > MAXPG || c.k.offset < 0 || c.k.offset % 16 || c.k.offset + 1024 > PAD

@@ -53,6 +53,7 @@ struct Knobs {
     int spin;   // every wait polls with test_wait, else with try_wait (the kernel's form)
     int selfring;   // no computing warps: lane 0 reuses a ring page once its copy landed (its `full` phase), no item
                     // slots: the ring's copies alone, issued one at a time, each slot refilled as soon as it lands
+    int contig;     // items in address order (expert e at e x 6 MB) instead of each expert at a random slot of the buffer
     int cwait;      // a computing warp's wait for its page: 0 lane 0 spins, then every lane waits (the kernel's pg_wait);
                     // 1 lane 0 alone, then __syncwarp (whether 32 lanes' waits on one mbarrier cost the SM's barrier
                     // unit what the loader's copies then wait for; loads only, so no lane reads the page)
@@ -135,7 +136,8 @@ __global__ void __launch_bounds__(NTHREADS, 1) worker(const __nv_bfloat16* w, co
             if (item >= kn.n_items) break;
             if (!kn.decode_early) decode();
             if (lane == 0) slot_item[q] = item;
-            const __nv_bfloat16* e = w + (size_t)s_slots[item / ITEMS_PER_EXPERT] * (EXPERT_BYTES / 2);
+            const int ex = item / ITEMS_PER_EXPERT;
+            const __nv_bfloat16* e = w + (size_t)(kn.contig ? ex : s_slots[ex]) * (EXPERT_BYTES / 2);
             const int r0 = (item % ITEMS_PER_EXPERT) * ITEM_ROWS;
             // page p (sequence sq): pages 0 .. hp - 1 gate rows r0.., hp .. ip - 1 up rows (EXPERT_ROWS on) r0..
             const auto issue = [&](int p, int sq) {
@@ -273,7 +275,7 @@ int main() {
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     //                      sms npg lead free_early release fence offset math multi decode_ns decode_early n_items page spin
-    const Knobs kernel_now = {0, 12, 4, 0, 1, 0, 0, 1, 0, 750, 1, 0, PAGE, 0, 0, 0};   // the default build's worker at b1
+    const Knobs kernel_now = {0, 12, 4, 0, 1, 0, 0, 1, 0, 750, 1, 0, PAGE, 0, 0, 0, 0};   // the default build's worker at b1
     struct Config { const char* name; Knobs k; };
     std::vector<Config> configs;
     auto with = [&](const char* name, auto f) { Knobs k = kernel_now; f(k); configs.push_back({name, k}); };
@@ -311,6 +313,9 @@ int main() {
     with("loads only, self ring, 32 KB pages", [](Knobs& k) { k.math = 0; k.release = 0; k.decode_ns = 0; k.selfring = 1; k.page = 2 * PAGE; k.npg = MAXPG / 2; });
     with("loads only, lane 0 alone waits for a page", [](Knobs& k) { k.math = 0; k.release = 0; k.decode_ns = 0; k.cwait = 1; });
     with("no math, lane 0 alone waits for a page", [](Knobs& k) { k.cwait = 1; k.math = 0; });
+    with("loads only, self ring, contiguous items", [](Knobs& k) { k.math = 0; k.release = 0; k.decode_ns = 0; k.selfring = 1; k.contig = 1; });
+    with("loads only, contiguous items", [](Knobs& k) { k.math = 0; k.release = 0; k.decode_ns = 0; k.contig = 1; });
+    with("loads only, self ring, test_wait", [](Knobs& k) { k.math = 0; k.release = 0; k.decode_ns = 0; k.selfring = 1; k.spin = 1; });
     with("loads only, self ring, 8 pages", [](Knobs& k) { k.math = 0; k.release = 0; k.decode_ns = 0; k.selfring = 1; k.npg = 8; });
     for (const Config& c : configs)
         if (c.k.npg < 1 || c.k.npg > MAXPG || c.k.offset < 0 || c.k.offset % 16 || c.k.offset + 1024 > PAD

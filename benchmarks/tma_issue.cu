@@ -18,7 +18,8 @@
 // If `thread` takes ~n x `serial` and `lanes` / `warps` ~one latency, an SM serves one thread's copies in order, one
 // at a time, and the loader should issue from several lanes; if `thread` ~ `lanes`, the lane-0 loop's cost is
 // elsewhere (its waits). Prints, per grid (all SMs, 32) and copy size (8, 16, 32 KB), each mode's burst time (us) and
-// per-SM rate for n = 1, 2, 4, 8, 12 (n x bytes <= 192 KB).
+// per-SM rate for n = 1, 2, 4, 8, 12 (n x bytes <= 192 KB). Then the ring (below): whether the in-order refill or the
+// addresses hold a one-thread ring below the burst's rate.
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a benchmarks/tma_issue.cu -o /tmp/tma_issue
 //   /tmp/tma_issue
 #include <cstdio>
@@ -108,6 +109,56 @@ __global__ void __launch_bounds__(NT, 1) burst(const char* buf, const __grid_con
     if (threadIdx.x == 0) ns_out[blockIdx.x] = total;
 }
 
+
+// The ring's steady state (pg_stream.cu's loader without its consumers), on this file's addresses: thread 0 streams
+// ROUNDS x MAXN pages of `bytes` through `n` slots, refilling each slot once its copy landed, in sequence order
+// (`ooo` 0: it waits for the oldest copy, as the kernel's loader waits for the oldest page's `empty`) or in landing
+// order (`ooo` 1: it polls every slot with test_wait and refills whichever landed: no head-of-line blocking). Pages
+// lie contiguously per block (`scatter` 0) or in 128 KB items of 8 pages (16 KB) at pseudo-random 128 KB slots of the
+// buffer (`scatter` 1: a new 2 MB page at nearly every item, as the step's routed experts and pg_stream's queue).
+__global__ void __launch_bounds__(NT, 1) ring(const char* buf, int n, int bytes, int ooo, int scatter) {
+    __shared__ __align__(8) unsigned long long bar[MAXN];
+    if (threadIdx.x != 0) return;
+    for (int i = 0; i < MAXN; i++) mbar_init(&bar[i], 1);
+    fence_mbar_init();
+    const unsigned long long pol = l2_evict_first();
+    const int pages = ROUNDS * MAXN;
+    const size_t item_bytes = 8 * (size_t)bytes;
+    const auto src = [&](int k) -> const char* {
+        if (!scatter) return buf + (((size_t)blockIdx.x * pages + k) * bytes) % BUFFER;
+        unsigned h = (unsigned)(blockIdx.x * 7919 + (k / 8)) * 2654435761u;
+        h ^= h >> 15;
+        const size_t slot = (size_t)h % (BUFFER / item_bytes);
+        return buf + slot * item_bytes + (size_t)(k % 8) * bytes;
+    };
+    const auto issue = [&](int k, int r) {
+        mbar_expect_tx(&bar[r], (unsigned)bytes);
+        bulk_load(smem + (size_t)r * bytes, src(k), (unsigned)bytes, &bar[r], pol);
+    };
+    if (!ooo) {
+        for (int k = 0; k < pages; k++) {
+            const int r = k % n;
+            if (k >= n) wait_phase(&bar[r], (unsigned)((k / n) - 1) & 1u);
+            issue(k, r);
+        }
+        for (int k = pages; k < pages + n; k++) wait_phase(&bar[k % n], (unsigned)((k / n) - 1) & 1u);
+    } else {
+        unsigned ph = 0;                       // bit r: the parity slot r's copy in flight completes
+        int next = 0, landed = 0;
+        for (; next < n; next++) issue(next, next);
+        const long long t0 = clock64();
+        while (landed < pages) {
+            for (int r = 0; r < n; r++) {
+                if (!mbar_test_wait(&bar[r], (ph >> r) & 1u)) continue;
+                ph ^= 1u << r;
+                landed++;
+                if (next < pages) issue(next++, r);
+            }
+            if (clock64() - t0 > 4000000000ll) __trap();
+        }
+    }
+}
+
 int main() {
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
@@ -117,6 +168,7 @@ int main() {
     unsigned long long* ns;
     CK(cudaMalloc(&ns, sizeof(unsigned long long) * prop.multiProcessorCount));
     CK(cudaFuncSetAttribute(burst, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SLOTS_BYTES));
+    CK(cudaFuncSetAttribute(ring, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SLOTS_BYTES));
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
@@ -168,5 +220,32 @@ int main() {
                 fflush(stdout);
             }
         }
+    // the ring: per grid, copy size and depth, in order against in landing order, contiguous against scattered
+    printf("# ring: %d pages per block through n slots, GB/s per SM from the launch's time (best of 3 after a "
+           "warm-up)\n", ROUNDS * MAXN);
+    for (int grid : grids)
+        for (int bytes : sizes)
+            for (int n : {4, 8, 12}) {
+                if ((size_t)n * bytes > SLOTS_BYTES) continue;
+                printf("sms %3d  %2d KB ring of %2d:", grid, bytes / 1024, n);
+                for (int scatter = 0; scatter < 2; scatter++)
+                    for (int ooo = 0; ooo < 2; ooo++) {
+                        float best = 1e30f;
+                        for (int rep = 0; rep < 4; rep++) {
+                            CK(cudaEventRecord(e0));
+                            ring<<<grid, NT, SLOTS_BYTES>>>(buf, n, bytes, ooo, scatter);
+                            CK(cudaEventRecord(e1));
+                            CK(cudaEventSynchronize(e1));
+                            CK(cudaGetLastError());
+                            float ms = 0.f;
+                            CK(cudaEventElapsedTime(&ms, e0, e1));
+                            if (rep > 0 && ms < best) best = ms;
+                        }
+                        printf("  %s %s %5.1f", scatter ? "scattered" : "contiguous", ooo ? "any-order" : "in-order",
+                               (double)ROUNDS * MAXN * bytes / (best * 1e-3) / 1e9);
+                    }
+                printf("\n");
+                fflush(stdout);
+            }
     return 0;
 }

@@ -26,7 +26,7 @@ import torch
 
 from megakernel.config import ModelConfig
 from megakernel.errors import OutOfKVBlocks, RequestError
-from megakernel.kernel.tuning import card_tuning
+from megakernel.kernel.tuning import card_switches, card_tuning
 
 # The standard sweep: batch 1 over context, then batch over 8K context.
 SWEEP = [(1, 1024), (1, 8192), (1, 32768), (1, 131072), (1, 262144),
@@ -301,7 +301,8 @@ def run_record() -> dict:
                command=" ".join([prog, *argv[1:]]))
     # the overrides that change what the command measures without showing in it (the kernel's build switches, the
     # megakernel's plan knobs)
-    env = {k: os.environ[k] for k in ("MEGAKERNEL_KERNEL_DEFINES", "MEGAKERNEL_MK_TUNING", "MEGAKERNEL_BLOCKS_PER_SM",
+    env = {k: os.environ[k] for k in ("MEGAKERNEL_KERNEL_DEFINES", "MEGAKERNEL_CARD_SWITCHES", "MEGAKERNEL_MK_TUNING",
+                                      "MEGAKERNEL_BLOCKS_PER_SM",
                                       "MEGAKERNEL_ATTN_MAX_STAGES", "MEGAKERNEL_ATTN_CHUNK") if os.environ.get(k)}
     if env:
         rec["env"] = env
@@ -309,6 +310,9 @@ def run_record() -> dict:
         card = card_tuning(torch.cuda.get_device_name())   # ($MEGAKERNEL_MK_TUNING, under env, overrides it)
         if card:
             rec["megakernel_card_tuning"] = card
+        switches = card_switches(torch.cuda.get_device_name())   # its build switches ($MEGAKERNEL_KERNEL_DEFINES,
+        if switches:                                               # under env, overrides them)
+            rec["megakernel_card_switches"] = switches
     return rec
 
 

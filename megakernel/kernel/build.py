@@ -137,6 +137,28 @@ DEPENDENT_DEFAULTS = {("MK_ATTN_DSPLIT", ("MK_MOE_LOCAL", 0)): 0, ("MK_ATTN_TABL
                       ("MK_LOADX_ASYNC", ("MK_PG_SEG_TC", 1)): 0}
 
 
+# The running card's build switches (tuning.card_switches), set by the backend before its first load
+# (select_card_switches): switch_flags applies them under $MEGAKERNEL_KERNEL_DEFINES. Empty until then, so the
+# simulator, the CPU tests and the plans built without a GPU see the defaults.
+_card_switches: dict[str, int] = {}
+
+
+def select_card_switches(switches: dict[str, int]) -> None:
+    """Make `switches` (switch name -> value: this process's card's row of tuning.CARD_SWITCHES) the defaults that
+    $MEGAKERNEL_KERNEL_DEFINES overrides, for every later switch_flags / switch_value / load. One card per process:
+    the plans' layouts (page_bytes, ...) and the loaded library must agree."""
+    bad = sorted(set(switches) - set(KERNEL_SWITCHES))
+    if bad:
+        raise BuildError(f"card switches: unknown kernel switches {bad}")
+    _card_switches.clear()
+    _card_switches.update({k: int(v) for k, v in switches.items()})
+
+
+def card_switch_selection() -> dict[str, int]:
+    """The card switches select_card_switches set (a copy)."""
+    return dict(_card_switches)
+
+
 def switch_value(name: str) -> int:
     """The value of kernel switch `name` in the build $MEGAKERNEL_KERNEL_DEFINES selects (its default if unset)."""
     for flag in switch_flags():
@@ -176,12 +198,15 @@ def page_warps() -> int:
 
 def switch_flags(text: str | None = None) -> tuple[str, ...]:
     """-D flags for the switches that `text` (a switch list; None: $MEGAKERNEL_KERNEL_DEFINES) sets away from their
-    defaults."""
+    defaults, over the selected card's switches (select_card_switches: those `text` does not set come first, in the
+    card row's order, so a card's build is the build its switch list names, e.g. in scripts/prebuild_kernels.py)."""
     if text is None:
         text = os.environ.get("MEGAKERNEL_KERNEL_DEFINES", "")
-    text = text.strip()
+    items = [x.strip() for x in text.strip().split(",") if x.strip()]
+    named = {item.partition("=")[0] for item in items}
+    items = [f"{k}={v}" for k, v in _card_switches.items() if k not in named] + items
     flags, given = [], {}
-    for item in filter(None, (x.strip() for x in text.split(","))):
+    for item in items:
         name, _, val = item.partition("=")
         if name not in KERNEL_SWITCHES or not val.strip().lstrip("-").isdigit():
             raise BuildError(f"MEGAKERNEL_KERNEL_DEFINES: bad item {item!r} (want NAME=INT, NAME in "

@@ -10,6 +10,7 @@ import ctypes
 import torch
 
 from megakernel.kernel import build
+from megakernel.kernel.tuning import card_switches
 
 
 def available(device: torch.device) -> bool:
@@ -21,8 +22,10 @@ def available(device: torch.device) -> bool:
 def bulk_read_bandwidth(buf: torch.Tensor, repeats: int = 5) -> float:
     """Best of `repeats` timed reads of `buf` (a CUDA tensor) by every SM's bulk copies, in bytes/s (the bytes read:
     the buffer rounded down to whole 16 KB chunks per SM)."""
-    lib = build.load("sm_90a")
     dev = buf.device
+    # (this card's build switches, as the backend selects them: the same library when both run in one process)
+    build.select_card_switches(card_switches(torch.cuda.get_device_name(dev)))
+    lib = build.load("sm_90a")
     grid = torch.cuda.get_device_properties(dev).multi_processor_count
     stream = torch.cuda.current_stream(dev)
     read = ctypes.c_longlong(0)

@@ -1,6 +1,9 @@
 """The megakernel's plan overrides: which plan knobs may be tuned, the backend's defaults, the per-card table, and
 the environment's overrides for measurements.
 
+The per-card build switches (CARD_SWITCHES) are the kernel's compile-time counterpart: build.switch_flags applies
+them under $MEGAKERNEL_KERNEL_DEFINES once the backend has named its card (build.select_card_switches).
+
 Precedence, lowest first: the ModelPlan defaults (tuned on the H100, sessions 17-30), the card's row of CARD_TUNING,
 $MEGAKERNEL_MK_TUNING, then the backend's keyword arguments. A row holds what measured better on its card than the
 plan's defaults; the defaults stay put so that task lists built without a GPU (the simulator, the CPU tests) do not
@@ -42,6 +45,35 @@ CARD_TUNING: tuple[tuple[str, dict[str, int]], ...] = (
     ("NVIDIA H200", {"moe_pages_tile_kb": 512, "moe_pages_tile_kb_1row": 128, "o_workers_after_2row": 16}),
     ("NVIDIA H100 80GB HBM3", {"wider_split_batch": 3}),
 )
+
+
+# Per card, the kernel's build switches (build.KERNEL_SWITCHES names) that measured better there than the defaults:
+# build.switch_flags applies them under $MEGAKERNEL_KERNEL_DEFINES once the backend has selected its card
+# (build.select_card_switches), so a card without a row, the simulator and the CPU tests build the defaults.
+# $MEGAKERNEL_CARD_SWITCHES=0 leaves the table out (A/Bs against the plain default build on that card).
+# H200, 32 KB ring pages with two computing warps each (MK_PAGE_BYTES=32768, MK_PG_PAGE_WARPS=2): its one-row workers
+# stream 22-24 GB/s per SM where its HBM needs ~30, and half the copies per byte raise that. Measured at 0b4d428 on an
+# H200 (results/speed_20261207s41 calls 5, 6 and 8; each build in its own process, twice, under the row above), ms
+# default / this: b1 8K 2.882, 2.874 / 2.840, 2.788 (-1.5, -3.0%), 1K 2.729, 2.726 / 2.690, 2.679 (-1.5%), 32K
+# 3.163, 3.171 / 3.088, 3.095 (-2.4%), 128K 4.059, 4.053 / 4.073, 4.093 (+0.3, +1.0%), b2 4.276, 4.272 / 4.183, 4.187
+# (-2.1%), b4 6.092, 6.097 / 6.019, 6.026 (-1.2%), b8 9.303, 9.304 / 9.169, 9.136 (-1.6%), b16 14.911, 14.892 / 14.592,
+# 14.556 (-2.2%); the sweeps of both builds in one call (call 6): b1 256K 5.266 / 5.384 (+2.2%), the rest as above.
+# test_gpu.py (33), memcheck (one row) and racecheck (2 and 16 rows) pass under it there (calls 6, 7). On the H100 it
+# was even at b1 8K, +1.0% at 1K, -0.5% at b8 and b16 (speed_20261207s38 call 5): no H100 row.
+CARD_SWITCHES: tuple[tuple[str, dict[str, int]], ...] = (
+    ("NVIDIA H200", {"MK_PAGE_BYTES": 32768, "MK_PG_PAGE_WARPS": 2}),
+)
+
+
+def card_switches(device_name: str) -> dict[str, int]:
+    """The build switches for a card named `device_name` (torch.cuda.get_device_name); {} for cards not in the table
+    or where $MEGAKERNEL_CARD_SWITCHES=0."""
+    if os.environ.get("MEGAKERNEL_CARD_SWITCHES", "1").strip() == "0":
+        return {}
+    for key, switches in CARD_SWITCHES:
+        if key == device_name.strip():
+            return dict(switches)
+    return {}
 
 
 def card_tuning(device_name: str) -> dict[str, int]:

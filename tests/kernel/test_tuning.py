@@ -9,7 +9,8 @@ import pytest
 
 from megakernel.kernel import opcodes as O
 from megakernel.kernel.plan import ModelPlan, plan_for_rows, tiling_plans
-from megakernel.kernel.tuning import CARD_TUNING, TUNING_KEYS, card_tuning, tuning_from_env
+from megakernel.kernel import build
+from megakernel.kernel.tuning import CARD_SWITCHES, CARD_TUNING, TUNING_KEYS, card_switches, card_tuning, tuning_from_env
 
 
 def test_cards_match_by_name():
@@ -90,3 +91,46 @@ def test_tuning_from_env(monkeypatch):
         tuning_from_env()
     monkeypatch.delenv("MEGAKERNEL_MK_TUNING")
     assert tuning_from_env() == {}
+
+
+def test_card_switches_by_name(monkeypatch):
+    """The build-switch rows (CARD_SWITCHES): the H200 alone (32 KB pages, two warps each), known switch names with
+    allowed values, a copy per call, and none where $MEGAKERNEL_CARD_SWITCHES=0 (A/Bs against the plain default)."""
+    monkeypatch.delenv("MEGAKERNEL_CARD_SWITCHES", raising=False)
+    assert card_switches("NVIDIA H200") == {"MK_PAGE_BYTES": 32768, "MK_PG_PAGE_WARPS": 2}
+    for name in ("NVIDIA H100 80GB HBM3", "NVIDIA H200 NVL", "NVIDIA GH200 480GB", ""):
+        assert card_switches(name) == {}, name
+    for key, switches in CARD_SWITCHES:
+        assert set(switches) <= set(build.KERNEL_SWITCHES), key
+        assert switches.get("MK_PAGE_BYTES", build.opcodes.PAGE_BYTES) in build.PAGE_BYTES_CHOICES, key
+    card_switches("NVIDIA H200")["MK_PAGE_BYTES"] = 1
+    assert card_switches("NVIDIA H200")["MK_PAGE_BYTES"] == 32768
+    monkeypatch.setenv("MEGAKERNEL_CARD_SWITCHES", "0")
+    assert card_switches("NVIDIA H200") == {}
+
+
+def test_h200_plans_under_its_build_switches(monkeypatch):
+    """What an H200 runs: its plan row with its build row (32 KB ring pages, two computing warps each). Every plan fits
+    the shared memory, the paged plans lay out 32 KB pages with at most 6 of them (12 computing warps), and the
+    one-row plan keeps its 128 KB gate/up items (4 pages)."""
+    from megakernel.config import north_mini_code_config
+    from megakernel.kv.cache import KVLayout
+
+    monkeypatch.delenv("MEGAKERNEL_KERNEL_DEFINES", raising=False)
+    monkeypatch.delenv("MEGAKERNEL_CARD_SWITCHES", raising=False)
+    cfg = north_mini_code_config()
+    layout = KVLayout.for_model(cfg, 64)
+    saved = build.card_switch_selection()
+    try:
+        build.select_card_switches(card_switches("NVIDIA H200"))
+        plans = tiling_plans(cfg, layout, 16, True, n_workers=132, **card_tuning("NVIDIA H200"))
+    finally:
+        build.select_card_switches(saved)
+    paged = [p for p in plans if p.pg_n]
+    assert paged
+    for p in plans:
+        assert p.smem_bytes() <= O.SMEM_LIMIT - O.SMEM_RESERVE
+    for p in paged:
+        assert p.pg_page_bytes == 32768 and p.pg_page_warps == 2 and 4 <= p.pg_n <= 6, (p.tb, p.pg_n)
+    one = plan_for_rows(plans, 1)
+    assert 2 * one.gu_rows * 2 * cfg.hidden_size == 128 * 1024

@@ -2,6 +2,8 @@
 # One device call (~6 min): compile-time switches A/B, each build in its own process, plus the default build's GPU
 # tests and a timeline. Stages (each bounded so the whole stays under 600 s):
 #   1. the megakernel's GPU tests under the default build (tests/kernel; SKIP_TESTS=1 skips);
+#   (on a card with a build row, tuning.CARD_SWITCHES, every build starts from it: MEGAKERNEL_CARD_SWITCHES=0 for the
+#   plain ones)
 #   2. the step at $POINTS for each build in $BUILDS (space-separated; "default" or comma-separated KEY=VAL switch
 #      lists as MEGAKERNEL_KERNEL_DEFINES takes them), two runs each;
 #   3. a timeline at $TRACE_POINT (BxCTX, default 8x8192) under the default build (summary only; SKIP_TRACE=1 skips).

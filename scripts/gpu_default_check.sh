@@ -14,7 +14,9 @@
 #      layer_bandwidth.py and sm_states.py JSON beside it; TRACE_KEEP=1 keeps the .npz);
 #   6. BUILD_AB="MK_X=0 default": the step at $AB_POINTS (default 1x8192,8x8192,16x8192) under each build in its own
 #      process (comma-separated KEY=VAL switch lists as MEGAKERNEL_KERNEL_DEFINES takes them, or "default"), the
-#      plan variants $AB_VARIANTS in each (default "default default": two runs; not step 3's $VARIANTS);
+#      plan variants $AB_VARIANTS in each (default "default default": two runs; not step 3's $VARIANTS). On a card
+#      with a build row (tuning.CARD_SWITCHES: the H200) every build starts from that row, "default" included;
+#      MEGAKERNEL_CARD_SWITCHES=0 in the call's environment gives the plain builds;
 #   7. CARD_TUNE=1: benchmarks/card_tune.py's coordinate search over the card-dependent knobs (~2-3 min; its row for
 #      kernel/tuning.py CARD_TUNING in the log, every figure in $OUT/card_tune.json; CARD_TUNE_SEARCH: a subset);
 # Logs and JSON under $OUT (bundle.tgz when more than 8 files).

@@ -151,15 +151,13 @@ static_assert(MK_PAGE_MAX <= 32, "MK_PG_MULTI_ISSUE: a loader lane per ring page
 // MK_PAGE_BYTES=32768 (speed_20261207s38 call 5, each build in its own process, twice): b1 8K 3.283 / 3.319 against
 // 3.289 / 3.285 ms, 1K 3.137 / 3.139 against 3.106 / 3.103 (+1.0%), b8 10.992 / 10.994 against 11.065 / 11.061
 // (-0.6%), b16 17.274 / 17.280 against 17.362 / 17.364 (-0.5%); 32 KB pages with one warp each were +4% at b1 in the
-// same call. test_gpu.py passes (33), memcheck is clean, but racecheck stops in the host's watchdog in most runs
-// (6 of 8 in speed_20261207s40 call 4), as does the one-warp 32 KB build at two rows (3 of 3, call 5), where the
-// default 16 KB pages pass (4 of 4, call 6); 6000 steps of the same tiny plan without the sanitizer never hang
-// (speed_20261207s39). At that plan's dims both page sizes copy 2 KB pages, so the 32 KB builds differ only in a
-// 6-page ring against 13. In 6 of those 9 stops a worker was late (it signalled after the abort), no
-// hazard was reported, and benchmarks/mbar_probe.cu's two-waiter ping-pong runs clean under racecheck. Leading
-// hypothesis, not shown: with a short ring, waits park in try_wait on phases that complete meanwhile, and the sanitizer
-// wakes them late (the next test: the 16 KB build with moe_pages_max=6 under racecheck, and a longer watchdog).
-// Not the default until that is settled.
+// same call. Under racecheck its runs stopped in a 10-30 s host watchdog in sessions 38-40; with a 120 s watchdog
+// (speed_20261207s41 calls 1-2, H100) all 8 runs of the 32 KB builds (two warps at one and two rows, one warp at two
+// rows) pass with 0 hazards, taking 6 to 44 s (passing 16 KB runs took 7-16): the sanitizer crawls, nothing hangs
+// (the default 16 KB build with a 6-page ring also passed 4 of 4). On the H200 (call 5, each build in its own process,
+// twice): b1 8K 2.840 / 2.788 against 2.882 / 2.874 ms, 1K -1.5%, b8 -1.5 to -1.8%, b16 -2.1 to -2.3%, with b2 -2.1%,
+// b4 -1.2%, 32K -2.4% but 128K +0.3 / +1.0% (call 8); test_gpu.py 33, memcheck and racecheck (2, 16 rows) clean there
+// (calls 6, 7). So the H200's builds use it (tuning.CARD_SWITCHES); the defaults stay 16 KB and one warp.
 static_assert(MK_PG_PAGE_WARPS == 1 || MK_PG_PAGE_WARPS == 2, "MK_PG_PAGE_WARPS: 1 or 2");
 #define PG_END (-1)                     // an item description's kind: no more items (the input warp stops)
 

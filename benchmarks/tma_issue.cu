@@ -116,7 +116,12 @@ __global__ void __launch_bounds__(NT, 1) burst(const char* buf, const __grid_con
 // order (`ooo` 1: it polls every slot with test_wait and refills whichever landed: no head-of-line blocking). Pages
 // lie contiguously per block (`scatter` 0) or in 128 KB items of 8 pages (16 KB) at pseudo-random 128 KB slots of the
 // buffer (`scatter` 1: a new 2 MB page at nearly every item, as the step's routed experts and pg_stream's queue).
-__global__ void __launch_bounds__(NT, 1) ring(const char* buf, int n, int bytes, int ooo, int scatter) {
+// `warm` != 0: at each item's first page the thread also prefetches the first line of the item |warm| items ahead into
+// L2, so its address translation is done before its copies are issued (session 41: a scattered item costs the
+// in-order ring ~2 us more than a contiguous one, whatever its page size; whether that is the TLB): by the copy
+// engine (cp.async.bulk.prefetch, 16 bytes; warm > 0) or by the load path (prefetch.global.L2; warm < 0), which may
+// translate through different TLBs.
+__global__ void __launch_bounds__(NT, 1) ring(const char* buf, int n, int bytes, int ooo, int scatter, int warm) {
     __shared__ __align__(8) unsigned long long bar[MAXN];
     if (threadIdx.x != 0) return;
     for (int i = 0; i < MAXN; i++) mbar_init(&bar[i], 1);
@@ -132,6 +137,11 @@ __global__ void __launch_bounds__(NT, 1) ring(const char* buf, int n, int bytes,
         return buf + slot * item_bytes + (size_t)(k % 8) * bytes;
     };
     const auto issue = [&](int k, int r) {
+        const int ahead = warm < 0 ? -warm : warm;
+        if (warm && k % 8 == 0 && k + 8 * ahead < pages) {
+            if (warm > 0) l2_prefetch_bulk(src(k + 8 * ahead), 16, pol);
+            else asm volatile("prefetch.global.L2 [%0];" ::"l"(src(k + 8 * ahead)) : "memory");
+        }
         mbar_expect_tx(&bar[r], (unsigned)bytes);
         bulk_load(smem + (size_t)r * bytes, src(k), (unsigned)bytes, &bar[r], pol);
     };
@@ -228,22 +238,27 @@ int main() {
             for (int n : {4, 8, 12}) {
                 if ((size_t)n * bytes > SLOTS_BYTES) continue;
                 printf("sms %3d  %2d KB ring of %2d:", grid, bytes / 1024, n);
-                for (int scatter = 0; scatter < 2; scatter++)
-                    for (int ooo = 0; ooo < 2; ooo++) {
-                        float best = 1e30f;
-                        for (int rep = 0; rep < 4; rep++) {
-                            CK(cudaEventRecord(e0));
-                            ring<<<grid, NT, SLOTS_BYTES>>>(buf, n, bytes, ooo, scatter);
-                            CK(cudaEventRecord(e1));
-                            CK(cudaEventSynchronize(e1));
-                            CK(cudaGetLastError());
-                            float ms = 0.f;
-                            CK(cudaEventElapsedTime(&ms, e0, e1));
-                            if (rep > 0 && ms < best) best = ms;
-                        }
-                        printf("  %s %s %5.1f", scatter ? "scattered" : "contiguous", ooo ? "any-order" : "in-order",
-                               (double)ROUNDS * MAXN * bytes / (best * 1e-3) / 1e9);
+                // (scatter, refill in landing order, warm-up items ahead)
+                const int variants[][3] = {{0, 0, 0}, {0, 1, 0}, {1, 0, 0}, {1, 1, 0}, {1, 0, 1}, {1, 0, 2}, {1, 0, -1},
+                                             {1, 0, -2}, {1, 1, 1}};
+                for (const auto& v : variants) {
+                    const int scatter = v[0], ooo = v[1], warm = v[2];
+                    float best = 1e30f;
+                    for (int rep = 0; rep < 4; rep++) {
+                        CK(cudaEventRecord(e0));
+                        ring<<<grid, NT, SLOTS_BYTES>>>(buf, n, bytes, ooo, scatter, warm);
+                        CK(cudaEventRecord(e1));
+                        CK(cudaEventSynchronize(e1));
+                        CK(cudaGetLastError());
+                        float ms = 0.f;
+                        CK(cudaEventElapsedTime(&ms, e0, e1));
+                        if (rep > 0 && ms < best) best = ms;
                     }
+                    printf("  %s %s%s %5.1f", scatter ? "scattered" : "contiguous", ooo ? "any-order" : "in-order",
+                           warm > 0 ? (warm == 1 ? " tma-warm1" : " tma-warm2")
+                                    : warm < 0 ? (warm == -1 ? " lsu-warm1" : " lsu-warm2") : "",
+                           (double)ROUNDS * MAXN * bytes / (best * 1e-3) / 1e9);
+                }
                 printf("\n");
                 fflush(stdout);
             }

@@ -159,6 +159,20 @@ static_assert(MK_PAGE_MAX <= 32, "MK_PG_MULTI_ISSUE: a loader lane per ring page
 // b4 -1.2%, 32K -2.4% but 128K +0.3 / +1.0% (call 8); test_gpu.py 33, memcheck and racecheck (2, 16 rows) clean there
 // (calls 6, 7). So the H200's builds use it (tuning.CARD_SWITCHES); the defaults stay 16 KB and one warp.
 static_assert(MK_PG_PAGE_WARPS == 1 || MK_PG_PAGE_WARPS == 2, "MK_PG_PAGE_WARPS: 1 or 2");
+// MK_PG_TLB_WARM (a build switch, 0): at the worker's start, before its first copy, the loader's lanes prefetch one
+// line of every 2 MB region of the layer's routed experts' gate/up and down weights into L2 (1: by the copy engine,
+// cp.async.bulk.prefetch; 2: by the load path, prefetch.global.L2), so each region's address translation is done
+// before its items' copies are issued. Why: benchmarks/tma_issue.cu's ring (speed_20261207s41 call 5, H200, 32 SMs)
+// streams ~70 GB/s per SM from contiguous pages but ~34 from 8-page items at scattered places (a new 2 MB region per
+// item, as the routed experts lie), ~2 us more per item whatever the page size: a translation miss would fit, not
+// shown. Not measured: first tma_issue's ring with the same warm-up (its tma-warm / lsu-warm variants), then this.
+#ifndef MK_PG_TLB_WARM
+#define MK_PG_TLB_WARM 0
+#endif
+#if MK_PG_TLB_WARM && !MK_MOE_LOCAL
+#error "MK_PG_TLB_WARM reads the layer's routed experts from shared memory (MK_MOE_LOCAL=1)"
+#endif
+
 #define PG_END (-1)                     // an item description's kind: no more items (the input warp stops)
 
 // The worker's barriers and bookkeeping: in the plan's dynamic shared memory (at pg_state_off, PAGE_STATE_BYTES of
@@ -582,6 +596,26 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
     auto slot_parity = [](int j) { return (unsigned)(j / MK_PAGE_SLOTS) & 1u; };
     if (warp == PG_LOADER_WARP) {             // ---- the loader ----
         const unsigned long long pol = l2_evict_first();
+#if MK_PG_TLB_WARM
+        {   // one line per 2 MB region of each routed expert's gate/up ([2I, H]) and down ([H, I]) weights, and each
+            // span's last line (a span need not start on a region's boundary)
+            constexpr size_t REGION = 2u << 20;
+            const size_t gu_bytes = (size_t)2 * PI(I) * PI(H) * 2, dn_bytes = (size_t)PI(H) * PI(I) * 2;
+            const int per_gu = (int)((gu_bytes + REGION - 1) / REGION) + 1;
+            const int per = per_gu + (int)((dn_bytes + REGION - 1) / REGION) + 1;
+            const int n_slots = n_gu / PI(gu_tiles);
+            for (int i = lane; i < n_slots * per; i += 32) {
+                const int slot = i / per, k = i - slot * per, e = s_route_slot[slot] & 511;
+                const bool gu = k < per_gu;
+                const char* base = gu ? reinterpret_cast<const char*>(egu + (size_t)e * 2 * PI(I) * PI(H))
+                                      : reinterpret_cast<const char*>(edn + (size_t)e * PI(H) * PI(I));
+                const size_t len = gu ? gu_bytes : dn_bytes;
+                const char* a = base + (min((size_t)(gu ? k : k - per_gu) * REGION, len - 16) & ~(size_t)15);
+                if (MK_PG_TLB_WARM == 1) l2_prefetch_bulk(a, 16, pol);
+                else asm volatile("prefetch.global.L2 [%0];" ::"l"(a) : "memory");
+            }
+        }
+#endif
 #if !MK_PG_PROXY_FENCE
         // the ring's first lap has no `empty` wait: its pages overlap what earlier tasks of this block wrote and read
         // by generic accesses (the GEMV scratch at offset 0, tiles, attention chunks), ordered before this lane by

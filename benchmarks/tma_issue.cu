@@ -26,7 +26,7 @@
 #include <cstdlib>
 #include <cuda.h>
 #include <cuda_runtime.h>
-#include "../megakernel/kernel/csrc/mk_async.cuh"   // mbar_*, bulk_load, l2_evict_first: the kernel's copy path
+#include "../megakernel/kernel/csrc/mk_async.cuh"   // mbar_*, bulk_load, bulk_tensor_2d, l2_evict_first: the kernel's copy path
 #include "../megakernel/kernel/csrc/mk_tmap.h"      // mk_tmap_encoder: the driver's tensor-map encoder
 
 constexpr int NT = 512, MAXN = 12, ROUNDS = 48;
@@ -43,15 +43,6 @@ __device__ __forceinline__ unsigned long long gtimer() {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
-}
-
-__device__ __forceinline__ void tensor_2d(void* dst, const CUtensorMap* map, int x, int y, unsigned long long* bar,
-                                          unsigned long long policy) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
-        " [%0], [%1, {%2, %3}], [%4], %5;\n"
-        ::"r"(smem_addr(dst)), "l"(reinterpret_cast<unsigned long long>(map)), "r"(x), "r"(y), "r"(smem_addr(bar)),
-        "l"(policy) : "memory");
 }
 
 // A bounded spin (a protocol bug traps instead of hanging the device).
@@ -80,7 +71,7 @@ __global__ void __launch_bounds__(NT, 1) burst(const char* buf, const __grid_con
         const auto issue = [&](int i) {
             mbar_expect_tx(&bar[i], (unsigned)bytes);
             if (mode == TENSOR)
-                tensor_2d(smem + (size_t)i * bytes, &map, 0, (int)(src_off(i) / 512), &bar[i], pol);
+                bulk_tensor_2d(smem + (size_t)i * bytes, &map, 0, (int)(src_off(i) / 512), &bar[i], pol);
             else
                 bulk_load(smem + (size_t)i * bytes, buf + src_off(i), (unsigned)bytes, &bar[i], pol);
         };

@@ -48,6 +48,17 @@ __device__ __forceinline__ void tensormap_acquire(const void* map) {
                  : "memory");
 }
 
+// One 2D tensor copy of box (x = first column, y = first row) of a 2D map (a CUtensorMap, csrc/mk_tmap.h) into dst,
+// completing on bar.
+__device__ __forceinline__ void bulk_tensor_2d(void* dst, const void* map, int x, int y, unsigned long long* bar,
+                                               unsigned long long policy) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1, {%2, %3}], [%4], %5;\n"
+        ::"r"(smem_addr(dst)), "l"(reinterpret_cast<unsigned long long>(map)), "r"(x), "r"(y), "r"(smem_addr(bar)),
+        "l"(policy) : "memory");
+}
+
 // One 3D tensor copy of box (x = first column in a block, y = first row, z = first column block) of a 3D map
 // (csrc/mk_tmap.h mk_tmap_encode_swizzled_3d) into dst, completing on bar.
 __device__ __forceinline__ void bulk_tensor_3d(void* dst, const void* map, int x, int y, int z,

@@ -15,16 +15,6 @@
 #include <cuda.h>
 #include "mk_gemv.cuh"
 
-// One 2D tensor copy of box (x = first column, y = first row) of the map's matrix into dst, completing on bar.
-__device__ __forceinline__ void bulk_tensor_2d(void* dst, const CUtensorMap* map, int x, int y, unsigned long long* bar,
-                                               unsigned long long policy) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
-        " [%0], [%1, {%2, %3}], [%4], %5;\n"
-        ::"r"(smem_addr(dst)), "l"(reinterpret_cast<unsigned long long>(map)), "r"(x), "r"(y), "r"(smem_addr(bar)),
-        "l"(policy) : "memory");
-}
-
 // One warp: a tile of R = n0 + n1 rows (halves y0.. and y1.., multiples of bh rows) of a 3D map whose box is bh
 // rows of every column (mk_tmap_encode_swizzled_3d with box_rows bh) into sW (1024-byte aligned) as R / bh
 // sub-tiles of bh rows, one tensor copy each: sub-tile q at byte q * bh * K * 2, inside it column block kb at

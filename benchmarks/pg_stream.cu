@@ -320,6 +320,8 @@ int main() {
     for (const Config& c : configs)
         if (c.k.npg < 1 || c.k.npg > MAXPG || c.k.offset < 0 || c.k.offset % 16 || c.k.offset + 1024 > PAD
             || c.k.lead < 0 || c.k.decode_ns < 0 || (c.k.page != PAGE && c.k.math)
+            || (c.k.selfring && c.k.multi)      // (the multi-lane issue polls `empty`, which no computing warp frees)
+            || (c.k.cwait && c.k.math)          // (lanes 1-31 would read a page whose phase they did not observe)
             || (c.k.page != PAGE / 2 && c.k.page != PAGE && c.k.page != 2 * PAGE) || c.k.npg * c.k.page > MAXPG * PAGE) {
             fprintf(stderr, "bad knobs in %s\n", c.name);
             return 1;

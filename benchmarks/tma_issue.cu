@@ -53,7 +53,7 @@ __device__ __forceinline__ void wait_phase(unsigned long long* bar, unsigned par
 }
 
 __global__ void __launch_bounds__(NT, 1) burst(const char* buf, const __grid_constant__ CUtensorMap map, int mode,
-                                               int n, int bytes, unsigned long long* ns_out) {
+                                               int n, int bytes, int launch, unsigned long long* ns_out) {
     __shared__ __align__(8) unsigned long long bar[MAXN];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (threadIdx.x == 0) {
@@ -66,7 +66,8 @@ __global__ void __launch_bounds__(NT, 1) burst(const char* buf, const __grid_con
     for (int r = 0; r < ROUNDS; r++) {
         const unsigned parity = (unsigned)r & 1u;
         // copy i of this round: a fresh address (no L2 hits), the same sequence for every mode
-        const size_t first = ((size_t)blockIdx.x * ROUNDS + r) * MAXN;
+        // (`launch`: each launch its own addresses, so a repetition's small bursts do not hit the last one's lines)
+        const size_t first = (((size_t)launch * gridDim.x + blockIdx.x) * ROUNDS + r) * MAXN;
         const auto src_off = [&](int i) { return ((first + i) * (size_t)bytes) % BUFFER; };
         const auto issue = [&](int i) {
             mbar_expect_tx(&bar[i], (unsigned)bytes);
@@ -176,6 +177,7 @@ int main() {
     printf("# %s; %d rounds per launch, bursts of n copies per block from fresh HBM addresses, the best of 3 launches "
            "after a warm-up; us: thread 0's mean burst time; GB/s per SM: n x bytes / that\n", prop.name, ROUNDS);
     const int grids[] = {prop.multiProcessorCount, 32};
+    int launch = 0;
     const int sizes[] = {8192, 16384, 32768};
     const int ns_list[] = {1, 2, 4, 8, 12};
     for (int grid : grids)
@@ -205,7 +207,7 @@ int main() {
                     if (mode == WARPS && n > NT / 32) continue;
                     double best = 1e30;
                     for (int rep = 0; rep < 4; rep++) {
-                        burst<<<grid, NT, SLOTS_BYTES>>>(buf, map, mode, n, bytes, ns);
+                        burst<<<grid, NT, SLOTS_BYTES>>>(buf, map, mode, n, bytes, launch++, ns);
                         CK(cudaGetLastError());
                         CK(cudaDeviceSynchronize());
                         unsigned long long h[256];

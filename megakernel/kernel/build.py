@@ -146,12 +146,13 @@ _card_switches: dict[str, int] = {}
 def select_card_switches(switches: dict[str, int]) -> None:
     """Make `switches` (switch name -> value: this process's card's row of tuning.CARD_SWITCHES) the defaults that
     $MEGAKERNEL_KERNEL_DEFINES overrides, for every later switch_flags / switch_value / load. One card per process:
-    the plans' layouts (page_bytes, ...) and the loaded library must agree."""
+    the plans' layouts (page_bytes, ...) and the loaded library must agree, and a second backend on a card with
+    another row would change them for the first (its page layout check, check_page_layout, would then refuse)."""
+    global _card_switches
     bad = sorted(set(switches) - set(KERNEL_SWITCHES))
     if bad:
         raise BuildError(f"card switches: unknown kernel switches {bad}")
-    _card_switches.clear()
-    _card_switches.update({k: int(v) for k, v in switches.items()})
+    _card_switches = {k: int(v) for k, v in switches.items()}     # (one assignment: readers see old or new)
 
 
 def card_switch_selection() -> dict[str, int]:
@@ -204,7 +205,10 @@ def switch_flags(text: str | None = None) -> tuple[str, ...]:
         text = os.environ.get("MEGAKERNEL_KERNEL_DEFINES", "")
     items = [x.strip() for x in text.strip().split(",") if x.strip()]
     named = {item.partition("=")[0] for item in items}
-    items = [f"{k}={v}" for k, v in _card_switches.items() if k not in named] + items
+    card = _card_switches                     # (the selection once: select_card_switches swaps the mapping)
+    # (the card's flags first: a list that names one of them puts it later, a build key of its own for the same
+    # build, which only costs a compile)
+    items = [f"{k}={v}" for k, v in card.items() if k not in named] + items
     flags, given = [], {}
     for item in items:
         name, _, val = item.partition("=")

@@ -55,7 +55,7 @@ CARD_TUNING: tuple[tuple[str, dict[str, int]], ...] = (
 # stream 22-24 GB/s per SM where its HBM needs ~30, and half the copies per byte raise that. Measured at 0b4d428 on an
 # H200 (results/speed_20261207s41 calls 5, 6 and 8; each build in its own process, twice, under the row above), ms
 # default / this: b1 8K 2.882, 2.874 / 2.840, 2.788 (-1.5, -3.0%), 1K 2.729, 2.726 / 2.690, 2.679 (-1.5%), 32K
-# 3.163, 3.171 / 3.088, 3.095 (-2.4%), 128K 4.059, 4.053 / 4.073, 4.093 (+0.3, +1.0%), b2 4.276, 4.272 / 4.183, 4.187
+# 3.163, 3.171 / 3.088, 3.095 (-2.4%), 128K 4.059, 4.053 / 4.073, 4.093 (+0.4, +1.0%), b2 4.276, 4.272 / 4.183, 4.187
 # (-2.1%), b4 6.092, 6.097 / 6.019, 6.026 (-1.2%), b8 9.303, 9.304 / 9.169, 9.136 (-1.6%), b16 14.911, 14.892 / 14.592,
 # 14.556 (-2.2%); the sweeps of both builds in one call (call 6): b1 256K 5.266 / 5.384 (+2.2%), the rest as above.
 # test_gpu.py (33), memcheck (one row) and racecheck (2 and 16 rows) pass under it there (calls 6, 7). On the H100 it

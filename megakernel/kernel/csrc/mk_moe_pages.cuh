@@ -155,8 +155,8 @@ static_assert(MK_PAGE_MAX <= 32, "MK_PG_MULTI_ISSUE: a loader lane per ring page
 // (speed_20261207s41 calls 1-2, H100) all 8 runs of the 32 KB builds (two warps at one and two rows, one warp at two
 // rows) pass with 0 hazards, taking 6 to 44 s (passing 16 KB runs took 7-16): the sanitizer crawls, nothing hangs
 // (the default 16 KB build with a 6-page ring also passed 4 of 4). On the H200 (call 5, each build in its own process,
-// twice): b1 8K 2.840 / 2.788 against 2.882 / 2.874 ms, 1K -1.5%, b8 -1.5 to -1.8%, b16 -2.1 to -2.3%, with b2 -2.1%,
-// b4 -1.2%, 32K -2.4% but 128K +0.3 / +1.0% (call 8); test_gpu.py 33, memcheck and racecheck (2, 16 rows) clean there
+// twice): b1 8K 2.840 / 2.788 against 2.882 / 2.874 ms, 1K -1.5%, b8 -1.4 to -1.8%, b16 -2.1 to -2.3%, with b2 -2.1%,
+// b4 -1.2%, 32K -2.4% but 128K +0.4 / +1.0% (call 8); test_gpu.py 33, memcheck and racecheck (2, 16 rows) clean there
 // (calls 6, 7). So the H200's builds use it (tuning.CARD_SWITCHES); the defaults stay 16 KB and one warp.
 static_assert(MK_PG_PAGE_WARPS == 1 || MK_PG_PAGE_WARPS == 2, "MK_PG_PAGE_WARPS: 1 or 2");
 // MK_PG_TLB_WARM (a build switch, 0): at the worker's start, before its first copy, the loader's lanes prefetch one

@@ -296,8 +296,8 @@ def run_record() -> dict:
     """What every result file carries beside its figures: commit, date, GPU and the command that made it."""
     argv = sys.argv or [""]
     prog = "megakernel" if Path(argv[0]).name in ("__main__.py", "megakernel") else f"python {argv[0]}"
-    rec = dict(commit=_git_commit(), date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-               gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    rec = dict(commit=_git_commit(), date=datetime.now(timezone.utc).isoformat(timespec="seconds"), gpu=gpu,
                command=" ".join([prog, *argv[1:]]))
     # the overrides that change what the command measures without showing in it (the kernel's build switches, the
     # megakernel's plan knobs)
@@ -307,11 +307,11 @@ def run_record() -> dict:
     if env:
         rec["env"] = env
     if torch.cuda.is_available():       # the megakernel's row of kernel/tuning.py for this GPU: its plan starts there
-        card = card_tuning(torch.cuda.get_device_name())   # ($MEGAKERNEL_MK_TUNING, under env, overrides it)
+        card = card_tuning(gpu)                        # ($MEGAKERNEL_MK_TUNING, under env, overrides it)
         if card:
             rec["megakernel_card_tuning"] = card
-        switches = card_switches(torch.cuda.get_device_name())   # its build switches ($MEGAKERNEL_KERNEL_DEFINES,
-        if switches:                                               # under env, overrides them)
+        switches = card_switches(gpu)                  # its build switches ($MEGAKERNEL_KERNEL_DEFINES, under env,
+        if switches:                                   # overrides them)
             rec["megakernel_card_switches"] = switches
     return rec
 

@@ -138,7 +138,8 @@ class MegakernelBackend(DecodeBackend):
         self.arch = arch
         # this card's build switches (tuning.CARD_SWITCHES) under $MEGAKERNEL_KERNEL_DEFINES, before the first load:
         # the plans' shared-memory layouts read the same selection (build.page_bytes, ...)
-        self.card_switches = card_switches(torch.cuda.get_device_name(self.dev_index))
+        card = torch.cuda.get_device_name(self.dev_index)
+        self.card_switches = card_switches(card)
         build.select_card_switches(self.card_switches)
         self.lib = build.load(arch)
         # MK_ATTN_BULK=2 builds: attention's K/V by tensor copies through maps of the KV pools (_kv_tensor_maps)
@@ -153,7 +154,7 @@ class MegakernelBackend(DecodeBackend):
             raise MegakernelFailure(f"cudaGetDeviceProperties failed: {self.lib.mk_error_string(rc).decode()}")
         self.num_sms, self.smem_optin = info[0], info[3]
         self.grid = self.num_sms * O.BLOCKS_PER_SM      # (opcodes.BLOCKS_PER_SM: 1, or the two-block experiment)
-        self.card_tuning = card_tuning(torch.cuda.get_device_name(self.dev_index))   # this card's plan overrides
+        self.card_tuning = card_tuning(card)          # this card's plan overrides
         tuning = {**self.card_tuning, **tuning_from_env()}
         if split_tokens is not None:
             tuning["split_tokens"] = split_tokens

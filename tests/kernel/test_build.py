@@ -196,34 +196,30 @@ def test_card_switches_sit_under_the_environment(monkeypatch):
     """select_card_switches (the backend names its card's row of tuning.CARD_SWITCHES): those switches become the
     build's and the plan layout's (page_bytes, page_warps) unless $MEGAKERNEL_KERNEL_DEFINES sets them; the card's
     build has the flags its switch list names (so scripts/prebuild_kernels.py's cache serves it); unknown names are
-    refused; nothing selected: the defaults."""
+    refused; nothing selected: the defaults. (tests/conftest.py restores the selection after the test.)"""
     from megakernel.kernel.tuning import card_switches
 
     monkeypatch.delenv("MEGAKERNEL_KERNEL_DEFINES", raising=False)
     monkeypatch.delenv("MEGAKERNEL_CARD_SWITCHES", raising=False)
-    saved = build.card_switch_selection()
-    try:
-        build.select_card_switches({})
-        assert build.switch_flags() == () and build.page_bytes() == build.opcodes.PAGE_BYTES
-        h200 = card_switches("NVIDIA H200")
-        assert h200 == {"MK_PAGE_BYTES": 32768, "MK_PG_PAGE_WARPS": 2}
-        build.select_card_switches(h200)
-        assert build.switch_flags() == ("-DMK_PAGE_BYTES=32768", "-DMK_PG_PAGE_WARPS=2")
-        assert build.page_bytes() == 32768 and build.page_warps() == 2
-        build.select_card_switches({})
-        assert build.switch_flags("MK_PAGE_BYTES=32768,MK_PG_PAGE_WARPS=2") == ("-DMK_PAGE_BYTES=32768",
-                                                                                 "-DMK_PG_PAGE_WARPS=2")
-        build.select_card_switches(h200)
-        # the environment wins per switch; the card's others stay
-        monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_PAGE_BYTES=16384,MK_PG_PAGE_WARPS=1")
-        assert build.switch_flags() == () and build.page_bytes() == 16384 and build.page_warps() == 1
-        monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_PG_PROXY_FENCE=1")
-        assert build.switch_flags() == ("-DMK_PAGE_BYTES=32768", "-DMK_PG_PAGE_WARPS=2", "-DMK_PG_PROXY_FENCE=1")
-        with pytest.raises(build.BuildError, match="unknown kernel switches"):
-            build.select_card_switches({"MK_NOPE": 1})
-        assert build.card_switch_selection() == h200                 # (a refused selection changes nothing)
-    finally:
-        build.select_card_switches(saved)
+    build.select_card_switches({})
+    assert build.switch_flags() == () and build.page_bytes() == build.opcodes.PAGE_BYTES
+    h200 = card_switches("NVIDIA H200")
+    assert h200 == {"MK_PAGE_BYTES": 32768, "MK_PG_PAGE_WARPS": 2}
+    build.select_card_switches(h200)
+    assert build.switch_flags() == ("-DMK_PAGE_BYTES=32768", "-DMK_PG_PAGE_WARPS=2")
+    assert build.page_bytes() == 32768 and build.page_warps() == 2
+    build.select_card_switches({})
+    assert build.switch_flags("MK_PAGE_BYTES=32768,MK_PG_PAGE_WARPS=2") == ("-DMK_PAGE_BYTES=32768",
+                                                                             "-DMK_PG_PAGE_WARPS=2")
+    build.select_card_switches(h200)
+    # the environment wins per switch; the card's others stay
+    monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_PAGE_BYTES=16384,MK_PG_PAGE_WARPS=1")
+    assert build.switch_flags() == () and build.page_bytes() == 16384 and build.page_warps() == 1
+    monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_PG_PROXY_FENCE=1")
+    assert build.switch_flags() == ("-DMK_PAGE_BYTES=32768", "-DMK_PG_PAGE_WARPS=2", "-DMK_PG_PROXY_FENCE=1")
+    with pytest.raises(build.BuildError, match="unknown kernel switches"):
+        build.select_card_switches({"MK_NOPE": 1})
+    assert build.card_switch_selection() == h200                 # (a refused selection changes nothing)
 
 
 def test_switch_value_reads_the_selected_build(monkeypatch):
@@ -341,7 +337,7 @@ def test_sm_stream_and_page_math_microbenchmarks_compile(tmp_path):
     shared-memory offset they land at), benchmarks/pg_stream.cu (the paged worker's protocol alone, its
     candidates as knobs) and benchmarks/mbar_probe.cu (mbarrier words and a one- or two-consumer ping-pong, for the
     racecheck-only stall) and benchmarks/tma_issue.cu (bursts and rings of bulk copies per SM, by issuing thread and
-address pattern) compile for sm_90a without spills (running them needs an sm_90 GPU)."""
+    address pattern) compile for sm_90a without spills (running them needs an sm_90 GPU)."""
     for name in ("sm_stream", "page_math", "smem_align", "pg_stream", "mbar_probe", "tma_issue"):
         spills = compile_microbenchmark(name, tmp_path)
         assert spills and not any(spills), (name, spills)

@@ -112,7 +112,7 @@ def test_card_switches_by_name(monkeypatch):
 def test_h200_plans_under_its_build_switches(monkeypatch):
     """What an H200 runs: its plan row with its build row (32 KB ring pages, two computing warps each). Every plan fits
     the shared memory, the paged plans lay out 32 KB pages with at most 6 of them (12 computing warps), and the
-    one-row plan keeps its 128 KB gate/up items (4 pages)."""
+    one-row plan keeps its 128 KB gate/up items (4 pages). (tests/conftest.py restores the card selection.)"""
     from megakernel.config import north_mini_code_config
     from megakernel.kv.cache import KVLayout
 
@@ -120,12 +120,8 @@ def test_h200_plans_under_its_build_switches(monkeypatch):
     monkeypatch.delenv("MEGAKERNEL_CARD_SWITCHES", raising=False)
     cfg = north_mini_code_config()
     layout = KVLayout.for_model(cfg, 64)
-    saved = build.card_switch_selection()
-    try:
-        build.select_card_switches(card_switches("NVIDIA H200"))
-        plans = tiling_plans(cfg, layout, 16, True, n_workers=132, **card_tuning("NVIDIA H200"))
-    finally:
-        build.select_card_switches(saved)
+    build.select_card_switches(card_switches("NVIDIA H200"))
+    plans = tiling_plans(cfg, layout, 16, True, n_workers=132, **card_tuning("NVIDIA H200"))
     paged = [p for p in plans if p.pg_n]
     assert paged
     for p in plans:

@@ -74,6 +74,8 @@ class World:
     claim_late: bool = False      # pg_claim_late: the loader goes on to the next item once this one's inputs are in
     multi_issue: bool = False     # MK_PG_MULTI_ISSUE: an item's pages in rounds of <= npg, each page issued when its
                                   # own ring page frees (any order within a round)
+    any_slot: bool = False        # MK_PG_ANY_SLOT: each page, in sequence order, into any ring page free then (the
+                                  # kernel takes the lowest; the model any), each ring page's laps counted apart
     page_warps: int = 1           # MK_PG_PAGE_WARPS: computing warps per ring page (2: warps w and w + npg share page
                                   # w, each half its rows; `empty` counts both, each arrives on `outs` and counts)
     rng: random.Random = field(default_factory=lambda: random.Random(0))   # (the round's issue order)
@@ -94,6 +96,9 @@ class World:
     stop: bool = False                                            # an aborted step: every wait gives up
     issued: int = 0                                               # sequence numbers the loader used
     seq: list[int] = field(default_factory=list)                  # each page's last issued sequence (MULTI_ISSUE)
+    laps: list[list[int]] = field(default_factory=list)           # each ring page's sequences, lap by lap (ANY_SLOT:
+                                                                  # its warp's lap k holds laps[page][k])
+    slot_of: dict[int, int] = field(default_factory=dict)         # the ring page a sequence was issued into
     computed: dict[int, int] = field(default_factory=dict)        # (item) -> pages computed
     finished: set[int] = field(default_factory=set)
 
@@ -113,6 +118,7 @@ class World:
         self.in_readers = [0] * self.slots
         self.done = [0] * self.slots
         self.seq = [-1] * self.npg
+        self.laps = [[] for _ in range(self.npg)]
 
     def parity(self, j: int) -> int:
         """Item j's phase parity of its slot's barriers (items q, q + slots, ... complete phases 0, 1, ...)."""
@@ -134,15 +140,36 @@ def _ring_free(w: World, s: int) -> bool:
     return s < w.npg or w.empty[s % w.npg].done((s // w.npg - 1) & 1)
 
 
+def _page_free(w: World, page: int) -> bool:
+    """ANY_SLOT: ring page `page`'s last lap freed (the loader lane's test on its own lap count)."""
+    n = len(w.laps[page])
+    return n == 0 or w.empty[page].done((n - 1) & 1)
+
+
+def _any_page(w: World):
+    """ANY_SLOT: the loader's sweep until some ring page is free: one of them (the kernel: the lowest), or None if the
+    step stopped first."""
+    while True:
+        free = [i for i in range(w.npg) if _page_free(w, i)]
+        if free:
+            return w.rng.choice(free)
+        if w.stop:
+            return None
+        yield
+
+
 def _ring_page(w: World, s: int):
     """The loader's wait for sequence s's ring page."""
     return (yield from until(w, lambda: _ring_free(w, s)))
 
 
-def _issue(w: World, s: int, q: int, p: int) -> None:
-    """Sequence s (page p of the item in slot q) into its ring page, once the page is free: the entry, the copy."""
-    slot = s % w.npg
+def _issue(w: World, s: int, q: int, p: int, slot: int | None = None) -> None:
+    """Sequence s (page p of the item in slot q) into its ring page (s % npg, or ANY_SLOT's `slot`), once the page is
+    free: the entry, the copy."""
+    slot = s % w.npg if slot is None else slot
     assert w.reading[slot] == 0, "the loader reuses a page a warp is reading"
+    w.laps[slot].append(s)
+    w.slot_of[s] = slot
     w.page[slot] = (q, p)
     w.full[slot].pending_tx = True
     w.full[slot].arrive()                              # (arrive.expect_tx: completes once the copy lands)
@@ -167,11 +194,14 @@ def _rounds(w: World, s: int, n: int, issue):
     return True
 
 
-def _end_marker(w: World, s: int) -> None:
-    """Sequence s's end marker into its ring page, once the page is free: a plain arrive."""
-    w.page[s % w.npg] = (-1, 0)
-    w.full[s % w.npg].arrive()
-    w.seq[s % w.npg] = s
+def _end_marker(w: World, s: int, slot: int | None = None) -> None:
+    """Sequence s's end marker into its ring page (s % npg, or ANY_SLOT's `slot`), once the page is free: a plain
+    arrive."""
+    slot = s % w.npg if slot is None else slot
+    w.page[slot] = (-1, 0)
+    w.full[slot].arrive()
+    w.seq[slot] = s
+    w.laps[slot].append(s)
 
 
 def loader(w: World):
@@ -192,6 +222,14 @@ def loader(w: World):
             if not (yield from _rounds(w, s, it.pages, lambda sq, p: _issue(w, sq, q, p))):
                 return
             s += it.pages
+        elif w.any_slot:
+            for p in range(it.pages):
+                slot = yield from _any_page(w)
+                if slot is None:
+                    return
+                _issue(w, s, q, p, slot)
+                s += 1
+                yield
         else:
             for p in range(it.pages):
                 if not (yield from _ring_page(w, s)):
@@ -204,6 +242,19 @@ def loader(w: World):
             return
     if w.multi_issue:                                  # (one round: lane i the marker of s + i)
         yield from _rounds(w, s, w.nwc, lambda sq, _i: _end_marker(w, sq))
+        return
+    if w.any_slot:                                     # (lane i ring page i's marker once its last lap is free)
+        todo = list(range(w.npg))
+        while todo:
+            ready = [i for i in todo if _page_free(w, i)]
+            if ready:
+                i = w.rng.choice(ready)
+                _end_marker(w, s, i)
+                s += 1
+                todo.remove(i)
+            elif w.stop:
+                return
+            yield
         return
     for _ in range(w.nwc):                             # an end marker per computing warp (one per page)
         if not (yield from _ring_page(w, s)):
@@ -245,10 +296,15 @@ def computing_warp(w: World, warp: int):
         assert w.nwc == w.npg, "shared pages: one warp group per page"
         warp %= w.npg                                  # (its page's other warp: the same sequence numbers)
     while True:
-        s = warp + k * w.nwc
-        slot = s % w.npg
-        if not (yield from until(w, lambda: w.full[slot].done((s // w.npg) & 1))):
+        if w.any_slot:                                 # (ring page `warp`'s lap k, whichever sequence it holds)
+            slot, par = warp, k & 1
+        else:
+            s = warp + k * w.nwc
+            slot, par = s % w.npg, (s // w.npg) & 1
+        if not (yield from until(w, lambda: w.full[slot].done(par))):
             return
+        if w.any_slot:
+            s = w.laps[slot][k]                        # (issued: its phase completed)
         q, _ = w.page[slot]
         if q < 0:
             w.empty[slot].arrive()
@@ -307,7 +363,7 @@ def run(w: World, rng: random.Random, max_steps: int = 200_000, stop_at: int | N
         # a copy lands at a random later time
         if w.in_flight and rng.random() < 0.3:
             s = w.in_flight.pop(rng.randrange(len(w.in_flight)) if rng.random() < 0.2 else 0)
-            slot = s % w.npg
+            slot = w.slot_of[s]
             assert w.reading[slot] == 0, "a copy lands in a page a warp is reading"
             w.data[slot] = s
             w.full[slot].land()
@@ -342,6 +398,17 @@ def run(w: World, rng: random.Random, max_steps: int = 200_000, stop_at: int | N
             for page, s in enumerate(w.seq):
                 if s >= 0:
                     assert w.full[page].done((s // w.npg) & 1), f"the drain waits on page {page}'s unissued phase"
+        elif w.any_slot:
+            # each page's drain waits for the phase of its last lap (its lap count, which the loader records): every
+            # copy still in flight is its page's last lap, and that wait completes once the copies land
+            assert all(w.laps[w.slot_of[s]][-1] == s for s in w.in_flight), "a copy in flight behind a later lap"
+            for s in w.in_flight:
+                w.data[w.slot_of[s]] = s
+                w.full[w.slot_of[s]].land()
+            w.in_flight.clear()
+            for page, laps in enumerate(w.laps):
+                if laps:
+                    assert w.full[page].done((len(laps) - 1) & 1), f"the drain waits on page {page}'s unissued lap"
         else:
             assert all(s >= w.issued - w.npg for s in w.in_flight)
         return
@@ -449,4 +516,19 @@ def test_paged_worker_protocol_with_two_warps_per_page(npg, multi_issue):
         items = random_items(rng, rng.randint(0, 12))
         run(World(items, npg, multi_issue=multi_issue, page_warps=2, rng=random.Random(trial)), random.Random(trial))
         w = World(items, npg, multi_issue=multi_issue, page_warps=2, rng=random.Random(trial))
+        run(w, random.Random(trial + 1), stop_at=rng.randint(0, 400))
+
+
+@pytest.mark.parametrize("page_warps", [1, 2])
+@pytest.mark.parametrize("npg", [4, 6, 12])
+def test_paged_worker_protocol_with_any_free_ring_page(npg, page_warps):
+    """MK_PG_ANY_SLOT: each page, in sequence order, into any ring page free when it is issued (a slow page no longer
+    holds the pages behind it), its warp taking that ring page's laps in turn; one and two warps per page, and aborted
+    at random points: the invariants hold (each lap's page read only after its own copy landed), every role returns,
+    and the drain's wait on each page's last lap completes."""
+    rng = random.Random(71 + npg + page_warps)
+    for trial in range(60):
+        items = random_items(rng, rng.randint(0, 12))
+        run(World(items, npg, any_slot=True, page_warps=page_warps, rng=random.Random(trial)), random.Random(trial))
+        w = World(items, npg, any_slot=True, page_warps=page_warps, rng=random.Random(trial))
         run(w, random.Random(trial + 1), stop_at=rng.randint(0, 400))

@@ -124,6 +124,23 @@
 #if MK_PG_MULTI_ISSUE
 static_assert(MK_PAGE_MAX <= 32, "MK_PG_MULTI_ISSUE: a loader lane per ring page of a round");
 #endif
+// MK_PG_ANY_SLOT: each page into whichever ring page is free first (1), or page s into ring page s % pg_n once its
+// previous lap is free (0). The loader's lane i keeps ring page i's lap count (its copies and end markers so far) and
+// tests its `empty` phase; each page goes, in sequence order, into the lowest ring page free when it is issued, by
+// that page's lane. The computing warps are unchanged: warp w still takes ring page w's laps one after another (its
+// `full` and `empty` still alternate between one producer and one consumer), only which of the worker's pages a lap
+// holds is no longer s % pg_n. Why: tma_issue.cu's ring (speed_20261207s41 call 5, H200, 32 SMs, 16 KB x 12) streams
+// scattered 8-page items at 33.5 GB/s per SM refilled in sequence order, 41.7 in landing order (a slow page no longer
+// holds the pages behind it). Still no deadlock: pages are issued in sequence order, so an item's pages are all out
+// before any later item's, and a ring page a page waits for is held only by earlier-or-equal items' pages (the
+// argument at the top). Each ring page records its lap count (`seq`), which the closing drain waits on.
+#ifndef MK_PG_ANY_SLOT
+#define MK_PG_ANY_SLOT 0
+#endif
+#if MK_PG_ANY_SLOT
+static_assert(MK_PAGE_MAX <= 32, "MK_PG_ANY_SLOT: a loader lane per ring page");
+static_assert(!MK_PG_MULTI_ISSUE, "MK_PG_ANY_SLOT and MK_PG_MULTI_ISSUE: one or the other");
+#endif
 // MK_PAGE_SLOTS (a build switch; its default, opcodes.PAGE_SLOTS = 3, in the generated header): items in flight,
 // each slot with its description, barriers, input buffer and outputs; the plan lays out the build's count
 // (build.page_slots) and the library reports it (mk_page_slots, checked against the plans). With items of pg_n / 3
@@ -203,8 +220,9 @@ struct PgState {
     int done[MK_PAGE_SLOTS];                   // pages of the slot's item counted (atomics: elects the epilogue's warp)
     int stop;                                  // a wait failed (aborted step): every warp leaves
     int issued;                                // pages (and end markers) the loader issued
-#if MK_PG_MULTI_ISSUE
-    int seq[MK_PAGE_MAX];                      // the ring page's last issued sequence number (-1: none)
+#if MK_PG_MULTI_ISSUE || MK_PG_ANY_SLOT
+    int seq[MK_PAGE_MAX];                      // the ring page's last issued sequence number (-1: none; ANY_SLOT: its
+                                               // lap count, written once the loader is done)
 #endif
     const bf16* o_bias;                        // the layer's O-projection bias or null (the loader writes it before
                                                // its first item: O epilogues read no table after their wait)
@@ -407,6 +425,29 @@ __device__ __forceinline__ bool pg_poll_lanes(const Params& P, PgState& G, int t
     return !__any_sync(0xffffffffu, failed);
 }
 #endif
+#if MK_PG_ANY_SLOT
+// The loader warp, uniformly (MK_PG_ANY_SLOT): the lowest ring page free now into `slot`. Lane i < npg tests ring page
+// i's last lap (`lap`: its issues so far; the first lap waits on nothing) with test_wait, which never suspends, so the
+// sweep sees every page that frees; lane 0 asks PgSpin every MK_PG_POLL_CHECK-th empty sweep. False (every lane) if
+// the spin gave up (`seq`: the page's sequence number, for the stall record).
+__device__ __forceinline__ bool pg_any_free(const Params& P, PgState& G, int ticket, int npg, int lap, int seq,
+                                            int& slot) {
+    const int lane = threadIdx.x & 31;
+    PgSpin spin;
+    unsigned polls = 0;
+    while (true) {
+        const bool fr = lane < npg && (lap == 0 || mbar_test_wait(&G.empty[lane], (unsigned)(lap - 1) & 1u));
+        const unsigned m = __ballot_sync(0xffffffffu, fr);
+        if (m) {
+            slot = __ffs(m) - 1;
+            return true;
+        }
+        int leave = 0;
+        if (lane == 0 && (++polls & (MK_PG_POLL_CHECK - 1)) == 0) leave = spin.leave(P, G, ticket, STALL_EMPTY, seq);
+        if (__shfl_sync(0xffffffffu, leave, 0)) return false;
+    }
+}
+#endif
 
 __device__ __forceinline__ void pg_compute(const bf16* W, const bf16* x, int nr, int K, float* out) {
 #if MK_PG_SEG_TC
@@ -555,6 +596,8 @@ __device__ __noinline__ void pg_setup(const Params& P) {
             mbar_init(&G.empty[i], MK_PG_PAGE_WARPS);   // (each of its warps frees it)
 #if MK_PG_MULTI_ISSUE
             G.seq[i] = -1;
+#elif MK_PG_ANY_SLOT
+            G.seq[i] = 0;
 #endif
         }
         for (int q = warp; q < MK_PAGE_SLOTS; q += NW) {
@@ -620,9 +663,13 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
         // the ring's first lap has no `empty` wait: its pages overlap what earlier tasks of this block wrote and read
         // by generic accesses (the GEMV scratch at offset 0, tiles, attention chunks), ordered before this lane by
         // the block barriers; one proxy fence orders them before every copy it issues, as issue_weights_w0 does
-        if (lane == 0 || MK_PG_MULTI_ISSUE) fence_proxy_async();   // (MULTI_ISSUE: every lane issues copies)
+        if (lane == 0 || MK_PG_MULTI_ISSUE || MK_PG_ANY_SLOT) fence_proxy_async();   // (MULTI_ISSUE, ANY_SLOT: any
+                                                                                      // lane issues copies)
 #endif
         int item = first_item, j = 0, s = 0;
+#if MK_PG_ANY_SLOT
+        int lap = 0;                          // (lane i < npg: ring page i's copies and end markers so far)
+#endif
         int* work = PP(int*, moe_work) + m;
         bool stop = false;
         if (lane == 0) G.o_bias = obias;      // (published with the first item's description)
@@ -780,19 +827,28 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                 const int h = p < pages0 ? 0 : 1, r = (h ? p - pages0 : p) * rpp;
                 const int nr = min(rpp, (h ? n1 : n0) - r);
                 const bf16* src = h ? it.T.w1 : it.T.w0;
-                const int slot = s % npg;
 #if PG_STATS
                 const long long t_ready = prof_now();
 #endif
+#if MK_PG_ANY_SLOT
+                int slot = 0;                 // (the lowest free ring page; its lane, which counts its laps, issues)
+                if (!pg_any_free(P, G, ticket, npg, lap, s, slot)) {
+                    stop = true;
+                    return;
+                }
+                const int issuer = slot;
+#else
+                const int slot = s % npg, issuer = 0;
                 if (s >= npg && !pg_wait(P, G, ticket, &G.empty[slot], ((s / npg) - 1) & 1, STALL_EMPTY, s)) {
                     stop = true;
                     return;
                 }
+#endif
 #if PG_STATS
                 const long long t_issue = prof_now();
-                if (lane == 0) atomicAdd(&G.pstat[q][3], (unsigned long long)(t_issue - t_ready));
+                if (lane == issuer) atomicAdd(&G.pstat[q][3], (unsigned long long)(t_issue - t_ready));
 #endif
-                if (lane == 0) {
+                if (lane == issuer) {
 #if MK_PROFILE
                     if (p == 0) G.stamp[q][1] = prof_now();   // (before the arrive that releases it)
 #endif
@@ -807,6 +863,9 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                     mbar_expect_tx(&G.full[slot], (unsigned)(nr * K * 2));
                     bulk_load(smem + (size_t)slot * MK_PAGE_BYTES, src + (size_t)r * K, (unsigned)(nr * K * 2),
                               &G.full[slot], pol);
+#if MK_PG_ANY_SLOT
+                    lap++;
+#endif
 #if PG_STATS
                     atomicAdd(&G.pstat[q][2], (unsigned long long)(prof_now() - t_issue) << 32);
 #endif
@@ -850,6 +909,28 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             });
             s += npg;
         }
+#elif MK_PG_ANY_SLOT
+        if (!stop) {                          // (lane i ring page i's marker, once its last lap is free)
+            bool mine = lane < npg, failed = false;
+            PgSpin spin;
+            unsigned polls = 0;
+            while (__any_sync(0xffffffffu, mine)) {
+                if (mine) {
+                    if (lap == 0 || mbar_test_wait(&G.empty[lane], (unsigned)(lap - 1) & 1u)) {
+                        G.page[lane][0] = -1;
+                        mbar_arrive(&G.full[lane]);
+                        lap++;
+                        mine = false;
+                    } else if ((++polls & (MK_PG_POLL_CHECK - 1)) == 0 && spin.leave(P, G, ticket, STALL_EMPTY, s)) {
+                        failed = true;
+                        mine = false;
+                    }
+                }
+            }
+            stop = __any_sync(0xffffffffu, failed);
+            s += npg;
+        }
+        if (lane < npg) G.seq[lane] = lap;    // (also after a failed wait: the drain waits on each page's last lap)
 #else
         for (int i = 0; i < npg && !stop; i++) {
             const int slot = s % npg;
@@ -980,13 +1061,16 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
     const bool ok = !G.stop;
     __syncthreads();
     if (lane == 0) {                          // (each page's last phase, then its barriers, by the warp that set them up)
-#if !MK_PG_MULTI_ISSUE
+#if !MK_PG_MULTI_ISSUE && !MK_PG_ANY_SLOT
         const int S = G.issued;
 #endif
         for (int i = warp; i < npg; i += NW) {
 #if MK_PG_MULTI_ISSUE
             const int s = G.seq[i];           // (a failed round may leave holes: each page's own last issue)
             if (s >= 0) mbar_wait(&G.full[i], (s / npg) & 1);
+#elif MK_PG_ANY_SLOT
+            const int n = G.seq[i];           // (its laps: the last one's phase)
+            if (n > 0) mbar_wait(&G.full[i], (unsigned)(n - 1) & 1u);
 #else
             if (S > i) {                      // page i's last sequence number: the largest s < S with s % npg == i
                 const int s = i + npg * ((S - 1 - i) / npg);

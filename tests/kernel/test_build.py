@@ -63,7 +63,7 @@ def check_build_log(log: str, spills_allowed: bool = False) -> None:
                                      "MK_PAGE_SLOTS=4", "MK_PG_MULTI_ISSUE=1",
                                      "MK_PG_MULTI_ISSUE=1,MK_PG_POLL_CHECK=1", "MK_PG_MULTI_ISSUE=1,MK_PG_POLL_SUSPEND=1",
                                      "MK_PAGE_BYTES=32768", "MK_PAGE_BYTES=32768,MK_PG_PAGE_WARPS=2",
-                                     "MK_STALL_PRINT=1", "MK_PG_TLB_WARM=1", "MK_PG_TLB_WARM=2",
+                                     "MK_STALL_PRINT=1", "MK_PG_TLB_WARM=1", "MK_PG_TLB_WARM=2", "MK_PG_TLB_WARM=3",
                                      "MK_PG_ANY_SLOT=1", "MK_PAGE_BYTES=32768,MK_PG_PAGE_WARPS=2,MK_PG_ANY_SLOT=1"])
 def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     """The builds the switches select besides the default (MK_MOE_LOCAL=0: the MoE worker's routing read from L2 per

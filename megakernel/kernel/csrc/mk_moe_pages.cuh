@@ -183,12 +183,17 @@ static_assert(MK_PG_PAGE_WARPS == 1 || MK_PG_PAGE_WARPS == 2, "MK_PG_PAGE_WARPS:
 // streams ~70 GB/s per SM from contiguous pages but ~34 from 8-page items at scattered places (a new 2 MB region per
 // item, as the routed experts lie), ~2 us more per item whatever the page size: a translation miss would fit, not
 // shown. Not measured: first tma_issue's ring with the same warm-up (its tma-warm / lsu-warm variants), then this.
+// 3: instead, the block that routed the layer (TOPK, or router_topk's last router tile) warms the same regions by the
+// copy engine right after its signal (mk_routing.cuh topk_warm_regions), ~3 us before the workers' first copies
+// (b1 trace, session 34: the top-k's end at 13.2 us into the layer, the first gate/up claim at 16.6): the first
+// items' translations too, not only the later ones'. Not measured.
 #ifndef MK_PG_TLB_WARM
 #define MK_PG_TLB_WARM 0
 #endif
-#if MK_PG_TLB_WARM && !MK_MOE_LOCAL
-#error "MK_PG_TLB_WARM reads the layer's routed experts from shared memory (MK_MOE_LOCAL=1)"
+#if (MK_PG_TLB_WARM == 1 || MK_PG_TLB_WARM == 2) && !MK_MOE_LOCAL
+#error "MK_PG_TLB_WARM=1/2 reads the layer's routed experts from shared memory (MK_MOE_LOCAL=1)"
 #endif
+static_assert(MK_PG_TLB_WARM >= 0 && MK_PG_TLB_WARM <= 3, "MK_PG_TLB_WARM: 0..3");
 
 #define PG_END (-1)                     // an item description's kind: no more items (the input warp stops)
 
@@ -639,25 +644,10 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
     auto slot_parity = [](int j) { return (unsigned)(j / MK_PAGE_SLOTS) & 1u; };
     if (warp == PG_LOADER_WARP) {             // ---- the loader ----
         const unsigned long long pol = l2_evict_first();
-#if MK_PG_TLB_WARM
-        {   // one line per 2 MB region of each routed expert's gate/up ([2I, H]) and down ([H, I]) weights, and each
-            // span's last line (a span need not start on a region's boundary)
-            constexpr size_t REGION = 2u << 20;
-            const size_t gu_bytes = (size_t)2 * PI(I) * PI(H) * 2, dn_bytes = (size_t)PI(H) * PI(I) * 2;
-            const int per_gu = (int)((gu_bytes + REGION - 1) / REGION) + 1;
-            const int per = per_gu + (int)((dn_bytes + REGION - 1) / REGION) + 1;
-            const int n_slots = n_gu / PI(gu_tiles);
-            for (int i = lane; i < n_slots * per; i += 32) {
-                const int slot = i / per, k = i - slot * per, e = s_route_slot[slot] & 511;
-                const bool gu = k < per_gu;
-                const char* base = gu ? reinterpret_cast<const char*>(egu + (size_t)e * 2 * PI(I) * PI(H))
-                                      : reinterpret_cast<const char*>(edn + (size_t)e * PI(H) * PI(I));
-                const size_t len = gu ? gu_bytes : dn_bytes;
-                const char* a = base + (min((size_t)(gu ? k : k - per_gu) * REGION, len - 16) & ~(size_t)15);
-                if (MK_PG_TLB_WARM == 1) l2_prefetch_bulk(a, 16, pol);
-                else asm volatile("prefetch.global.L2 [%0];" ::"l"(a) : "memory");
-            }
-        }
+#if MK_PG_TLB_WARM == 1 || MK_PG_TLB_WARM == 2
+        // (the layer's routed experts, one per gate/up slot, before the first copy)
+        warm_expert_regions(P, egu, edn, n_gu / PI(gu_tiles), [](int x) { return s_route_slot[x] & 511; }, lane, 32,
+                            MK_PG_TLB_WARM, pol);
 #endif
 #if !MK_PG_PROXY_FENCE
         // the ring's first lap has no `empty` wait: its pages overlap what earlier tasks of this block wrote and read

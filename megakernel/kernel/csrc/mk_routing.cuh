@@ -259,6 +259,44 @@ __device__ __noinline__ void topk_route(const Params& P, int m, int* route, bool
     topk_phase(stamp, 3);
 }
 
+// MK_PG_TLB_WARM (mk_moe_pages.cuh says why): one line of every 2 MB region of n routed experts' gate/up ([2I, H]) and
+// down ([H, I]) weights of a layer, and each span's last line (a span need not start on a region's boundary), into
+// L2 by threads tid, tid + nthr, ... (expert(i): the i-th expert; mode 2: by the load path, prefetch.global.L2; else
+// by the copy engine, cp.async.bulk.prefetch), so each region's address translation is done before its copies.
+template <class Expert>
+__device__ __forceinline__ void warm_expert_regions(const Params& P, const bf16* egu, const bf16* edn, int n,
+                                                    Expert&& expert, int tid, int nthr, int mode,
+                                                    unsigned long long pol) {
+    constexpr size_t REGION = 2u << 20;
+    const size_t gu_bytes = (size_t)2 * PI(I) * PI(H) * 2, dn_bytes = (size_t)PI(H) * PI(I) * 2;
+    const int per_gu = (int)((gu_bytes + REGION - 1) / REGION) + 1;
+    const int per = per_gu + (int)((dn_bytes + REGION - 1) / REGION) + 1;
+    for (int i = tid; i < n * per; i += nthr) {
+        const int x = i / per, k = i - x * per, e = expert(x);
+        const bool gu = k < per_gu;
+        const char* base = gu ? reinterpret_cast<const char*>(egu + (size_t)e * 2 * PI(I) * PI(H))
+                              : reinterpret_cast<const char*>(edn + (size_t)e * PI(H) * PI(I));
+        const size_t len = gu ? gu_bytes : dn_bytes;
+        const char* a = base + (min((size_t)(gu ? k : k - per_gu) * REGION, len - 16) & ~(size_t)15);
+        if (mode == 2) asm volatile("prefetch.global.L2 [%0];" ::"l"(a) : "memory");
+        else l2_prefetch_bulk(a, 16, pol);
+    }
+}
+
+#if MK_PG_TLB_WARM == 3
+// (MK_PG_TLB_WARM=3) All threads of the block that routed layer l (route: its record, written and ordered by the
+// signal's block barrier), after its signal: the routed experts' regions warmed (warm_expert_regions, by the copy
+// engine), ~3 us before the workers' first copies where the workers' own warm-up (1, 2) comes only with them.
+__device__ __noinline__ void topk_warm_regions(const Params& P, int l, const int* route) {
+    const long long* wp = layer_wptr(P, l);
+    const bf16* egu = reinterpret_cast<const bf16*>(wp[WP_E_GU]);
+    const bf16* edn = reinterpret_cast<const bf16*>(wp[WP_E_DOWN]);
+    const int n = ldcg_i(route), off = PI(r_slot_expert);
+    warm_expert_regions(P, egu, edn, n, [&](int x) { return ldcg_i(route + off + x); }, threadIdx.x, NT, 1,
+                        l2_evict_first());
+}
+#endif
+
 __device__ __forceinline__ int atom_add_acq_rel(int* p, int v) {
     int old;
     asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
@@ -281,6 +319,9 @@ __device__ __noinline__ bool router_signal_route(const Params& P, const int* rec
         if (!smem_fits(P, (size_t)topk_scratch_bytes(PI(E)), ticket)) return false;
         topk_route(P, m, PP(int*, route) + (size_t)m * PI(r_stride), false);
         task_signal(P, rec[RF_A2]);
+#if MK_PG_TLB_WARM == 3
+        topk_warm_regions(P, rec[RF_LAYER], PP(const int*, route) + (size_t)m * PI(r_stride));
+#endif
     } else {
         claim_after_signal(P);
     }
@@ -303,5 +344,8 @@ __device__ __noinline__ bool task_topk(const Params& P, const int* rec, int tick
         topk_route(P, m, route);
     }
     task_signal(P, rec[RF_SIG]);
+#if MK_PG_TLB_WARM == 3
+    topk_warm_regions(P, rec[RF_LAYER], route);
+#endif
     return true;
 }

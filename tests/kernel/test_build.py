@@ -64,7 +64,8 @@ def check_build_log(log: str, spills_allowed: bool = False) -> None:
                                      "MK_PG_MULTI_ISSUE=1,MK_PG_POLL_CHECK=1", "MK_PG_MULTI_ISSUE=1,MK_PG_POLL_SUSPEND=1",
                                      "MK_PAGE_BYTES=32768", "MK_PAGE_BYTES=32768,MK_PG_PAGE_WARPS=2",
                                      "MK_STALL_PRINT=1", "MK_PG_TLB_WARM=1", "MK_PG_TLB_WARM=2", "MK_PG_TLB_WARM=3",
-                                     "MK_PG_ANY_SLOT=1", "MK_PAGE_BYTES=32768,MK_PG_PAGE_WARPS=2,MK_PG_ANY_SLOT=1"])
+                                     "MK_PG_ANY_SLOT=1", "MK_PAGE_BYTES=32768,MK_PG_PAGE_WARPS=2,MK_PG_ANY_SLOT=1",
+                                     "MK_PG_ANY_SLOT=1,MK_STALL_PRINT=1"])
 def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     """The builds the switches select besides the default (MK_MOE_LOCAL=0: the MoE worker's routing read from L2 per
     item; MK_SMALL_VEC=1: NORM in three or four waves of loads; MK_SMALL_VEC=3: the combine in one round trip;
@@ -86,8 +87,9 @@ def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     item slots; MK_PG_MULTI_ISSUE=1: an item's pages issued by the loader's lanes at once, with MK_PG_POLL_CHECK=1
     as measured in session 37, and with MK_PG_POLL_SUSPEND=1 as in session 38; MK_PAGE_BYTES=32768: 32 KB ring pages
     and copies, alone and with MK_PG_PAGE_WARPS=2, two computing warps per page; MK_STALL_PRINT=1: every wait left on
-    an abort or a watchdog prints where it was; MK_PG_ANY_SLOT=1: each page into the first free ring page, alone and
-    in the H200's 32 KB two-warp build): each compiles, its entry function
+    an abort or a watchdog prints where it was; MK_PG_TLB_WARM=1/2/3: the routed experts' 2 MB regions prefetched by
+    the worker's loader (copy engine, load path) or by the block that routed the layer; MK_PG_ANY_SLOT=1: each page
+    into the first free ring page, alone, in the H200's 32 KB two-warp build and with the stall prints): each compiles, its entry function
     does not spill, its static shared memory fits the reserve, and it reports the item slots, page size and warps per
     page the plans lay out."""
     if build.find_nvcc() is None:

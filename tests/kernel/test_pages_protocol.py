@@ -99,6 +99,8 @@ class World:
     laps: list[list[int]] = field(default_factory=list)           # each ring page's sequences, lap by lap (ANY_SLOT:
                                                                   # its warp's lap k holds laps[page][k])
     slot_of: dict[int, int] = field(default_factory=dict)         # the ring page a sequence was issued into
+    recorded_laps: list[int] | None = None                        # ANY_SLOT: the lap counts the loader records for
+                                                                  # the drain (`seq`) once it is done, on every path
     computed: dict[int, int] = field(default_factory=dict)        # (item) -> pages computed
     finished: set[int] = field(default_factory=set)
 
@@ -265,6 +267,14 @@ def loader(w: World):
         yield
 
 
+def loader_role(w: World):
+    """The loader warp: its items, then (ANY_SLOT) each ring page's lap count recorded for the closing drain, after
+    the end markers or a failed wait alike (the kernel's lanes write `seq` on every path)."""
+    yield from loader(w)
+    if w.any_slot:
+        w.recorded_laps = [len(laps) for laps in w.laps]
+
+
 def _item_desc(w: World, j: int, role: str):
     """A role's wait, in item order, for item j's description: its slot q, or None at the end item or an abort."""
     q = j % w.slots
@@ -352,7 +362,7 @@ def _epilogue_and_free(w: World, j: int, q: int, reset=lambda: None):
 def run(w: World, rng: random.Random, max_steps: int = 200_000, stop_at: int | None = None) -> None:
     """Random schedules until every role returned; stop_at: the step at which the step is aborted (then every role
     must still return, and every copy issued still lands before the worker's memory is released)."""
-    roles = [loader(w), input_warp(w)] + [computing_warp(w, k) for k in range(w.nwc * w.page_warps)]
+    roles = [loader_role(w), input_warp(w)] + [computing_warp(w, k) for k in range(w.nwc * w.page_warps)]
     alive = list(range(len(roles)))
     stalled = 0
     for step in range(max_steps):
@@ -399,16 +409,20 @@ def run(w: World, rng: random.Random, max_steps: int = 200_000, stop_at: int | N
                 if s >= 0:
                     assert w.full[page].done((s // w.npg) & 1), f"the drain waits on page {page}'s unissued phase"
         elif w.any_slot:
-            # each page's drain waits for the phase of its last lap (its lap count, which the loader records): every
-            # copy still in flight is its page's last lap, and that wait completes once the copies land
+            # each page's drain waits for the phase of its last lap, from the lap counts the loader recorded: every
+            # copy still in flight is its page's last lap, which the drain waits for, and that wait completes once
+            # the copies land
+            assert w.recorded_laps is not None, "the loader left without recording its lap counts"
             assert all(w.laps[w.slot_of[s]][-1] == s for s in w.in_flight), "a copy in flight behind a later lap"
             for s in w.in_flight:
+                n = w.recorded_laps[w.slot_of[s]]
+                assert n == len(w.laps[w.slot_of[s]]), "the drain would not wait for a copy in flight"
                 w.data[w.slot_of[s]] = s
                 w.full[w.slot_of[s]].land()
             w.in_flight.clear()
-            for page, laps in enumerate(w.laps):
-                if laps:
-                    assert w.full[page].done((len(laps) - 1) & 1), f"the drain waits on page {page}'s unissued lap"
+            for page, n in enumerate(w.recorded_laps):
+                if n:
+                    assert w.full[page].done((n - 1) & 1), f"the drain waits on page {page}'s unissued lap"
         else:
             assert all(s >= w.issued - w.npg for s in w.in_flight)
         return
@@ -523,12 +537,14 @@ def test_paged_worker_protocol_with_two_warps_per_page(npg, multi_issue):
 @pytest.mark.parametrize("npg", [4, 6, 12])
 def test_paged_worker_protocol_with_any_free_ring_page(npg, page_warps):
     """MK_PG_ANY_SLOT: each page, in sequence order, into any ring page free when it is issued (a slow page no longer
-    holds the pages behind it), its warp taking that ring page's laps in turn; one and two warps per page, and aborted
-    at random points: the invariants hold (each lap's page read only after its own copy landed), every role returns,
-    and the drain's wait on each page's last lap completes."""
+    holds the pages behind it), its warp taking that ring page's laps in turn; one and two warps per page, 2-5 item
+    slots, with and without the late claim, and aborted at random points: the invariants hold (each lap's page read
+    only after its own copy landed), every role returns, and the drain's wait on each page's recorded last lap
+    completes."""
     rng = random.Random(71 + npg + page_warps)
     for trial in range(60):
         items = random_items(rng, rng.randint(0, 12))
-        run(World(items, npg, any_slot=True, page_warps=page_warps, rng=random.Random(trial)), random.Random(trial))
-        w = World(items, npg, any_slot=True, page_warps=page_warps, rng=random.Random(trial))
+        kw = dict(any_slot=True, page_warps=page_warps, slots=rng.randint(2, 5), claim_late=rng.random() < 0.3)
+        run(World(items, npg, rng=random.Random(trial), **kw), random.Random(trial))
+        w = World(items, npg, rng=random.Random(trial), **kw)
         run(w, random.Random(trial + 1), stop_at=rng.randint(0, 400))

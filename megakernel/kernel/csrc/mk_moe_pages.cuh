@@ -18,10 +18,11 @@
 //   worker's page sequence, i.e. always ring page w, so its `full` and `empty` barriers alternate between one
 //   producer and one consumer and their parity never skips a phase (with more warps than pages, the earlier
 //   protocol needed a polled sequence number per page to tell phase u from u - 2; MK_PG_PAGE_WARPS=2 gives each page
-//   two consumers, warps w and w + pg_n, each with half its rows and both freeing it). It waits for the page and its
-//   item's `inp`, multiplies the page's rows by the inputs, arrives on the item's `outs` and frees the page; the warp
-//   that counts an item's last page (an atomic count elects it) waits on `outs` (every page's outputs), writes the
-//   item's epilogue and frees its slot (`free_`).
+//   two consumers, warps w and w + pg_n, each with half its rows and both freeing it; MK_PG_ANY_SLOT: ring page w's
+//   laps hold whichever pages the loader put there, still one producer and its consumers per lap). It waits for the
+//   page and its item's `inp`, multiplies the page's rows by the inputs, arrives on the item's `outs` and frees the
+//   page; the warp that counts an item's last page (an atomic count elects it) waits on `outs` (every page's
+//   outputs), writes the item's epilogue and frees its slot (`free_`).
 // Parity: an item slot's barriers complete once per item in it (items q, q + SLOTS, ...). A wait for item j's phase
 // can meet the slot one phase behind (not yet arrived), never two: the loader reuses a slot only after the previous
 // item's `free_`, which needs that item's inputs, every page and its epilogue.
@@ -133,7 +134,14 @@ static_assert(MK_PAGE_MAX <= 32, "MK_PG_MULTI_ISSUE: a loader lane per ring page
 // scattered 8-page items at 33.5 GB/s per SM refilled in sequence order, 41.7 in landing order (a slow page no longer
 // holds the pages behind it). Still no deadlock: pages are issued in sequence order, so an item's pages are all out
 // before any later item's, and a ring page a page waits for is held only by earlier-or-equal items' pages (the
-// argument at the top). Each ring page records its lap count (`seq`), which the closing drain waits on.
+// argument at the top, whose "ring pages issued in sequence order" becomes "pages issued in sequence order"). Each ring
+// page records its lap count (`seq`), which the closing drain waits on. Two things change at once against the
+// default: the landing order, and the loader's wait, a test_wait sweep over its lanes that never suspends (the
+// default's try_wait can) and so takes issue slots from the computing warps while no page is free, which MULTI_ISSUE's
+// measurements suspected of slowing the math. A helper's SASS audit of the 32 KB two-warp builds (session 42, CPU):
+// with the page free at the first test, 73 instructions from one bulk copy to the next against 111 in sequence order
+// (no `s % npg` division, one mbarrier test instead of a try-wait, a shuffle and every lane's wait), 3 serial
+// scoreboard waits against 7. Not measured.
 #ifndef MK_PG_ANY_SLOT
 #define MK_PG_ANY_SLOT 0
 #endif
@@ -186,7 +194,9 @@ static_assert(MK_PG_PAGE_WARPS == 1 || MK_PG_PAGE_WARPS == 2, "MK_PG_PAGE_WARPS:
 // 3: instead, the block that routed the layer (TOPK, or router_topk's last router tile) warms the same regions by the
 // copy engine right after its signal (mk_routing.cuh topk_warm_regions), ~3 us before the workers' first copies
 // (b1 trace, session 34: the top-k's end at 13.2 us into the layer, the first gate/up claim at 16.6): the first
-// items' translations too, not only the later ones'. Not measured.
+// items' translations too, not only the later ones', if the walks it starts warm what the workers' SMs look up (the
+// per-SM TLBs it does not). Nothing in worker_topk plans (no block routes the layer for the workers). The TOPK
+// task's end stamp comes before it, so a trace does not show its time. Not measured.
 #ifndef MK_PG_TLB_WARM
 #define MK_PG_TLB_WARM 0
 #endif
@@ -369,12 +379,13 @@ __device__ __forceinline__ bool pg_wait(const Params& P, PgState& G, int ticket,
     if (ok) mbar_wait(bar, parity);
     return ok != 0;
 }
-// MK_PG_POLL_CHECK (MK_PG_MULTI_ISSUE builds): a polling lane asks PgSpin whether to leave only every this-many-th
-// failed poll (so the abort flag and the watchdog are read every MK_PG_POLL_CHECK * 1024 polls there, ~1 ms, against
-// a watchdog of seconds). Each ask reads G.stop from shared memory beside the lanes' test_wait, which never suspends
-// (unlike pg_wait's try_wait). On the H100 (speed_20261207s38 call 1, each build in its own process, twice) 32
-// against 1: b1 8K 3.325 / 3.322 against 3.352 / 3.348 ms, 1K 3.169 / 3.169 against 3.199 / 3.188 (-0.6 to -0.9%),
-// b8 and b16 even: a part of MULTI_ISSUE's one-row loss there (the default build: 3.286 / 3.277, 3.095 / 3.090).
+// MK_PG_POLL_CHECK (MK_PG_MULTI_ISSUE and MK_PG_ANY_SLOT builds): a polling lane asks PgSpin whether to leave only
+// every this-many-th failed poll (so the abort flag and the watchdog are read every MK_PG_POLL_CHECK * 1024 polls
+// there, ~1 ms, against a watchdog of seconds). Each ask reads G.stop from shared memory beside the lanes' test_wait,
+// which never suspends (unlike pg_wait's try_wait). On the H100 (speed_20261207s38 call 1, each build in its own
+// process, twice) 32 against 1: b1 8K 3.325 / 3.322 against 3.352 / 3.348 ms, 1K 3.169 / 3.169 against 3.199 / 3.188
+// (-0.6 to -0.9%), b8 and b16 even: a part of MULTI_ISSUE's one-row loss there (the default build: 3.286 / 3.277,
+// 3.095 / 3.090).
 #ifndef MK_PG_POLL_CHECK
 #define MK_PG_POLL_CHECK 32
 #endif
@@ -601,8 +612,6 @@ __device__ __noinline__ void pg_setup(const Params& P) {
             mbar_init(&G.empty[i], MK_PG_PAGE_WARPS);   // (each of its warps frees it)
 #if MK_PG_MULTI_ISSUE
             G.seq[i] = -1;
-#elif MK_PG_ANY_SLOT
-            G.seq[i] = 0;
 #endif
         }
         for (int q = warp; q < MK_PAGE_SLOTS; q += NW) {
@@ -812,6 +821,11 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
             }
             s += pages;
 #else
+#if MK_PG_ANY_SLOT
+            // lane 0's description (and stats resets) before the issuing lane's release: the computing warps read the
+            // item's fields after acquiring a page's `full`, which any lane may now arrive on (as MULTI_ISSUE above)
+            __syncwarp();
+#endif
             // page p of the item: rows r.. of half h into the next ring slot, once its previous lap is free
             const auto issue_page = [&](int p) {
                 const int h = p < pages0 ? 0 : 1, r = (h ? p - pages0 : p) * rpp;

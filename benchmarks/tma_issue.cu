@@ -26,7 +26,8 @@
 #include <cstdlib>
 #include <cuda.h>
 #include <cuda_runtime.h>
-#include "../megakernel/kernel/csrc/mk_async.cuh"   // mbar_*, bulk_load, bulk_tensor_2d, l2_evict_first: the kernel's copy path
+#include "../megakernel/kernel/csrc/mk_async.cuh"   // mbar_*, bulk_load, bulk_tensor_2d, l2_evict_first: the kernel's
+                                                    // copy path
 #include "../megakernel/kernel/csrc/mk_tmap.h"      // mk_tmap_encoder: the driver's tensor-map encoder
 
 constexpr int NT = 512, MAXN = 12, ROUNDS = 48;

@@ -26,7 +26,7 @@ from megakernel.errors import MegakernelError
 from megakernel.kernel import build, opcodes as O
 from megakernel.kernel.plan import ModelPlan, fused_norm_smem_bytes, plan_for_rows, tiling_plans
 from megakernel.kernel.schedule import StepInputs, TaskList, TaskListBuilder, step_inputs
-from megakernel.kernel.tuning import DEFAULT_TUNING, TUNING_KEYS, card_switches, card_tuning, tuning_from_env
+from megakernel.kernel.tuning import DEFAULT_TUNING, TUNING_KEYS, card_tuning, select_card_build, tuning_from_env
 from megakernel.kv.cache import KVCache, KVLayout
 from megakernel.model.cohere2_moe import ForwardBatch, ForwardTrace
 from megakernel.model.layers import rope_inv_freq
@@ -139,8 +139,7 @@ class MegakernelBackend(DecodeBackend):
         # this card's build switches (tuning.CARD_SWITCHES) under $MEGAKERNEL_KERNEL_DEFINES, before the first load:
         # the plans' shared-memory layouts read the same selection (build.page_bytes, ...)
         card = torch.cuda.get_device_name(self.dev_index)
-        self.card_switches = card_switches(card)
-        build.select_card_switches(self.card_switches)
+        self.card_switches = select_card_build(card)
         self.lib = build.load(arch)
         # MK_ATTN_BULK=2 builds: attention's K/V by tensor copies through maps of the KV pools (_kv_tensor_maps)
         self.attn_tensor = build.switch_value("MK_ATTN_BULK") == 2

@@ -10,7 +10,7 @@ import ctypes
 import torch
 
 from megakernel.kernel import build
-from megakernel.kernel.tuning import card_switches
+from megakernel.kernel.tuning import select_card_build
 
 
 def available(device: torch.device) -> bool:
@@ -24,7 +24,7 @@ def bulk_read_bandwidth(buf: torch.Tensor, repeats: int = 5) -> float:
     the buffer rounded down to whole 16 KB chunks per SM)."""
     dev = buf.device
     # (this card's build switches, as the backend selects them: the same library when both run in one process)
-    build.select_card_switches(card_switches(torch.cuda.get_device_name(dev)))
+    select_card_build(torch.cuda.get_device_name(dev))
     lib = build.load("sm_90a")
     grid = torch.cuda.get_device_properties(dev).multi_processor_count
     stream = torch.cuda.current_stream(dev)

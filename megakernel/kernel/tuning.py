@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 
+from megakernel.kernel import build
+
 TUNING_KEYS = ("split_tokens", "attn_stages", "n_workers", "oproj_first", "qkv_by_head", "fused_norm", "batch_tiles",
                "qkv_fill_rows", "qkv_late_weights", "prefetch", "o_queue", "moe_ring", "router_first", "lm_stream",
                "claim_ahead", "router_tile_rows", "moe_claim_late", "o_after",
@@ -74,6 +76,15 @@ def card_switches(device_name: str) -> dict[str, int]:
         if key == device_name.strip():
             return dict(switches)
     return {}
+
+
+def select_card_build(device_name: str) -> dict[str, int]:
+    """This process's kernel builds start from the card's build switches (card_switches, through
+    build.select_card_switches): call it before the first build.load, as the backend and the peak measurement do, so
+    the plans' layouts and the loaded library agree. Returns the switches."""
+    switches = card_switches(device_name)
+    build.select_card_switches(switches)
+    return switches
 
 
 def card_tuning(device_name: str) -> dict[str, int]:

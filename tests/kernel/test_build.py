@@ -89,9 +89,9 @@ def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     and copies, alone and with MK_PG_PAGE_WARPS=2, two computing warps per page; MK_STALL_PRINT=1: every wait left on
     an abort or a watchdog prints where it was; MK_PG_TLB_WARM=1/2/3: the routed experts' 2 MB regions prefetched by
     the worker's loader (copy engine, load path) or by the block that routed the layer; MK_PG_ANY_SLOT=1: each page
-    into the first free ring page, alone, in the H200's 32 KB two-warp build and with the stall prints): each compiles, its entry function
-    does not spill, its static shared memory fits the reserve, and it reports the item slots, page size and warps per
-    page the plans lay out."""
+    into the first free ring page, alone, in the H200's 32 KB two-warp build and with the stall prints): each
+    compiles, its entry function does not spill, its static shared memory fits the reserve, and it reports the item
+    slots, page size and warps per page the plans lay out."""
     if build.find_nvcc() is None:
         pytest.skip("nvcc not installed")
     monkeypatch.setenv("MEGAKERNEL_CACHE_DIR", str(tmp_path))

@@ -17,6 +17,7 @@ landed.
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass, field
 
@@ -179,20 +180,29 @@ def _issue(w: World, s: int, q: int, p: int, slot: int | None = None) -> None:
     w.seq[slot] = s
 
 
+def _each_when_free(w: World, todo, free, act):
+    """Loader lanes each polling their own ring page: act(i) for every i of todo once free(i) holds, in any order (the
+    model picks among the free ones at random); False on an abort."""
+    todo = list(todo)
+    while todo:
+        ready = [i for i in todo if free(i)]
+        if ready:
+            i = w.rng.choice(ready)
+            act(i)
+            todo.remove(i)
+        elif w.stop:
+            return False
+        yield
+    return True
+
+
 def _rounds(w: World, s: int, n: int, issue):
     """MULTI_ISSUE: sequences s .. s + n - 1 in rounds of at most npg (distinct ring pages), each issued by its own
     lane once its ring page is free, in any order within the round; False on an abort."""
     for base in range(0, n, w.npg):
-        todo = list(range(base, min(n, base + w.npg)))
-        while todo:
-            ready = [i for i in todo if _ring_free(w, s + i)]
-            if ready:
-                i = w.rng.choice(ready)
-                issue(s + i, i)
-                todo.remove(i)
-            elif w.stop:
-                return False
-            yield
+        if not (yield from _each_when_free(w, range(base, min(n, base + w.npg)), lambda i: _ring_free(w, s + i),
+                                           lambda i: issue(s + i, i))):
+            return False
     return True
 
 
@@ -246,17 +256,9 @@ def loader(w: World):
         yield from _rounds(w, s, w.nwc, lambda sq, _i: _end_marker(w, sq))
         return
     if w.any_slot:                                     # (lane i ring page i's marker once its last lap is free)
-        todo = list(range(w.npg))
-        while todo:
-            ready = [i for i in todo if _page_free(w, i)]
-            if ready:
-                i = w.rng.choice(ready)
-                _end_marker(w, s, i)
-                s += 1
-                todo.remove(i)
-            elif w.stop:
-                return
-            yield
+        marker = itertools.count(s)                    # (the markers' sequence numbers, in the order they go out)
+        yield from _each_when_free(w, range(w.npg), lambda i: _page_free(w, i),
+                                   lambda i: _end_marker(w, next(marker), i))
         return
     for _ in range(w.nwc):                             # an end marker per computing warp (one per page)
         if not (yield from _ring_page(w, s)):

@@ -10,7 +10,8 @@ import pytest
 from megakernel.kernel import opcodes as O
 from megakernel.kernel.plan import ModelPlan, plan_for_rows, tiling_plans
 from megakernel.kernel import build
-from megakernel.kernel.tuning import CARD_SWITCHES, CARD_TUNING, TUNING_KEYS, card_switches, card_tuning, tuning_from_env
+from megakernel.kernel.tuning import (CARD_SWITCHES, CARD_TUNING, TUNING_KEYS, card_switches, card_tuning,
+                                      select_card_build, tuning_from_env)
 
 
 def test_cards_match_by_name():
@@ -105,8 +106,13 @@ def test_card_switches_by_name(monkeypatch):
         assert switches.get("MK_PAGE_BYTES", build.opcodes.PAGE_BYTES) in build.PAGE_BYTES_CHOICES, key
     card_switches("NVIDIA H200")["MK_PAGE_BYTES"] = 1
     assert card_switches("NVIDIA H200")["MK_PAGE_BYTES"] == 32768
+    # select_card_build: the row becomes this process's build selection (tests/conftest.py restores it)
+    assert select_card_build("NVIDIA H200") == {"MK_PAGE_BYTES": 32768, "MK_PG_PAGE_WARPS": 2}
+    assert build.card_switch_selection() == {"MK_PAGE_BYTES": 32768, "MK_PG_PAGE_WARPS": 2}
+    assert select_card_build("NVIDIA H100 80GB HBM3") == {} and build.card_switch_selection() == {}
     monkeypatch.setenv("MEGAKERNEL_CARD_SWITCHES", "0")
     assert card_switches("NVIDIA H200") == {}
+    assert select_card_build("NVIDIA H200") == {} and build.card_switch_selection() == {}
 
 
 def test_h200_plans_under_its_build_switches(monkeypatch):

@@ -120,7 +120,7 @@ KERNEL_SWITCHES = {"MK_GEMV_TC": 1, "MK_GEMV_B1": 1, "MK_SMALL_VEC": 2, "MK_MOE_
                    "MK_ATTN_Q_ASYNC": 1, "MK_CLAIM_FIRST": 1, "MK_ATTN_PAD": 1, "MK_ATTN_ISSUE": 1,
                    "MK_ATTN_MATH": 1, "MK_LOADX_ASYNC": 1, "MK_LATE_WEIGHTS": 0,
                    "MK_FUSED_SERIAL": 0, "MK_FUSED_TABLES_EARLY": 0, "MK_STALL_PRINT": 0,
-                   "MK_PG_TLB_WARM": 0, "MK_PG_ANY_SLOT": 0,
+                   "MK_PG_TLB_WARM": 0, "MK_PG_ANY_SLOT": 0, "MK_PG_RING_COUNTERS": 0,
                    "MK_PAGE_SLOTS": opcodes.PAGE_SLOTS, "MK_PAGE_BYTES": opcodes.PAGE_BYTES, "MK_PG_PAGE_WARPS": opcodes.PAGE_WARPS}
 PAGE_SLOTS_RANGE = (2, 5)     # MK_PAGE_SLOTS: 5 slots' PgState still fits opcodes.PAGE_STATE_BYTES in the stats build
 PAGE_BYTES_CHOICES = (16384, 32768)   # MK_PAGE_BYTES: a ring page holds a row of every item kind (8 KB at North's

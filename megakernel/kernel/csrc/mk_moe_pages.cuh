@@ -204,6 +204,15 @@ static_assert(MK_PG_PAGE_WARPS == 1 || MK_PG_PAGE_WARPS == 2, "MK_PG_PAGE_WARPS:
 #error "MK_PG_TLB_WARM=1/2 reads the layer's routed experts from shared memory (MK_MOE_LOCAL=1)"
 #endif
 static_assert(MK_PG_TLB_WARM >= 0 && MK_PG_TLB_WARM <= 3, "MK_PG_TLB_WARM: 0..3");
+// MK_PG_RING_COUNTERS (a build switch, 0): the in-order loader (neither MULTI_ISSUE nor ANY_SLOT) keeps the next
+// page's ring slot and lap in two counters, stepped per page (1), instead of computing s % pg_n and s / pg_n at every
+// page and end marker (0). pg_n is a runtime parameter, so each division is a reciprocal sequence (I2F, MUFU.RCP,
+// IMAD.HI: ~40 instructions a page in the 32 KB two-warp build's SASS, session 42's audit) on the loader's serial
+// path, which paces the H200's one-row workers (session 34's page stats: pages issued late, ring mostly empty). Same
+// pages, slots and phases in the same order. Not measured.
+#ifndef MK_PG_RING_COUNTERS
+#define MK_PG_RING_COUNTERS 0
+#endif
 
 #define PG_END (-1)                     // an item description's kind: no more items (the input warp stops)
 
@@ -669,6 +678,9 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
 #if MK_PG_ANY_SLOT
         int lap = 0;                          // (lane i < npg: ring page i's copies and end markers so far)
 #endif
+#if MK_PG_RING_COUNTERS
+        int ring_slot = 0, ring_lap = 0;      // (s % npg and s / npg, stepped with s)
+#endif
         int* work = PP(int*, moe_work) + m;
         bool stop = false;
         if (lane == 0) G.o_bias = obias;      // (published with the first item's description)
@@ -841,6 +853,13 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
                     return;
                 }
                 const int issuer = slot;
+#elif MK_PG_RING_COUNTERS
+                const int slot = ring_slot, issuer = 0;
+                if (ring_lap > 0
+                    && !pg_wait(P, G, ticket, &G.empty[slot], (unsigned)(ring_lap - 1) & 1u, STALL_EMPTY, s)) {
+                    stop = true;
+                    return;
+                }
 #else
                 const int slot = s % npg, issuer = 0;
                 if (s >= npg && !pg_wait(P, G, ticket, &G.empty[slot], ((s / npg) - 1) & 1, STALL_EMPTY, s)) {
@@ -875,6 +894,9 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
 #endif
                 }
                 s++;
+#if MK_PG_RING_COUNTERS
+                if (++ring_slot == npg) { ring_slot = 0; ring_lap++; }
+#endif
             };
             // the claim MK_PG_CLAIM_LEAD pages before this item's end (its round trip under those pages' waits: the
             // loader reads the result after the item's last page, or an item later)
@@ -937,13 +959,22 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
         if (lane < npg) G.seq[lane] = lap;    // (also after a failed wait: the drain waits on each page's last lap)
 #else
         for (int i = 0; i < npg && !stop; i++) {
+#if MK_PG_RING_COUNTERS
+            const int slot = ring_slot;
+            if (ring_lap > 0
+                && !pg_wait(P, G, ticket, &G.empty[slot], (unsigned)(ring_lap - 1) & 1u, STALL_EMPTY, s)) {
+#else
             const int slot = s % npg;
             if (s >= npg && !pg_wait(P, G, ticket, &G.empty[slot], ((s / npg) - 1) & 1, STALL_EMPTY, s)) {
+#endif
                 stop = true;
                 break;
             }
             if (lane == 0) { G.page[slot][0] = -1; mbar_arrive(&G.full[slot]); }
             s++;
+#if MK_PG_RING_COUNTERS
+            if (++ring_slot == npg) { ring_slot = 0; ring_lap++; }
+#endif
         }
 #endif
         // (also after a failed wait: what has been issued must land; under MULTI_ISSUE the count of sequence numbers

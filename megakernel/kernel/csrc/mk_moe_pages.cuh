@@ -413,28 +413,26 @@ static_assert(MK_PG_POLL_CHECK >= 1 && (MK_PG_POLL_CHECK & (MK_PG_POLL_CHECK - 1
 #ifndef MK_PG_POLL_SUSPEND
 #define MK_PG_POLL_SUSPEND 0
 #endif
-#if MK_PG_MULTI_ISSUE
-// The loader warp, uniformly (MK_PG_MULTI_ISSUE): lane i < n takes sequence number s0 + i (n <= npg: distinct ring
-// pages), polls that ring page's previous lap with test_wait (non-blocking, so a lane whose page is free goes on at
-// once) and runs act(sq) on it; the warp loops until every lane has (MK_PG_POLL_SUSPEND: a sweep that freed nothing
-// suspends on the lowest waiting lane's page). False (every lane) if a lane's spin gave up.
+#if MK_PG_MULTI_ISSUE || MK_PG_ANY_SLOT
+// The loader warp, uniformly: each lane with `mine` polls its own ring page's `empty` phase `par` (at `bar`;
+// `first_lap`: the page's first lap, which waits on nothing) with test_wait (non-blocking, so a lane whose page is
+// free goes on at once) and runs act() on it; the warp loops until every such lane has (MK_PG_POLL_SUSPEND: a sweep
+// that freed nothing suspends on the lowest waiting lane's page). False (every lane) if a lane's spin gave up (`seq`:
+// its stall record). MULTI_ISSUE's rounds (pg_poll_lanes) and ANY_SLOT's end markers.
 template <class Act>
-__device__ __forceinline__ bool pg_poll_lanes(const Params& P, PgState& G, int ticket, int s0, int n, int npg,
-                                              Act&& act) {
-    const int sq = s0 + (threadIdx.x & 31);
-    bool mine = (threadIdx.x & 31) < n, failed = false;
-    unsigned long long* eb = &G.empty[sq % npg];
-    const unsigned par = ((sq / npg) - 1) & 1;
+__device__ __forceinline__ bool pg_poll_own(const Params& P, PgState& G, int ticket, bool mine, bool first_lap,
+                                            unsigned long long* bar, unsigned par, int seq, Act&& act) {
+    bool failed = false;
     PgSpin spin;
     unsigned polls = 0;
     while (__any_sync(0xffffffffu, mine)) {
         [[maybe_unused]] bool issued = false;   // (read under MK_PG_POLL_SUSPEND only)
         if (mine) {
-            if (sq < npg || mbar_test_wait(eb, par)) {
-                act(sq);
+            if (first_lap || mbar_test_wait(bar, par)) {
+                act();
                 mine = false;
                 issued = true;
-            } else if ((++polls & (MK_PG_POLL_CHECK - 1)) == 0 && spin.leave(P, G, ticket, STALL_EMPTY, sq)) {
+            } else if ((++polls & (MK_PG_POLL_CHECK - 1)) == 0 && spin.leave(P, G, ticket, STALL_EMPTY, seq)) {
                 failed = true;
                 mine = false;
             }
@@ -444,10 +442,21 @@ __device__ __forceinline__ bool pg_poll_lanes(const Params& P, PgState& G, int t
         // (the try_wait's result is not used: the next sweep's test_wait acts on it, and a lane that gives up does so
         // there, after at most the hardware's suspend limit)
         if (!__any_sync(0xffffffffu, issued) && waiting && (threadIdx.x & 31) == __ffs(waiting) - 1)
-            (void)mbar_try_wait(eb, par);
+            (void)mbar_try_wait(bar, par);
 #endif
     }
     return !__any_sync(0xffffffffu, failed);
+}
+#endif
+#if MK_PG_MULTI_ISSUE
+// MULTI_ISSUE's round: lane i < n takes sequence number s0 + i (n <= npg: distinct ring pages) and runs act(sq) once
+// that ring page's previous lap is free.
+template <class Act>
+__device__ __forceinline__ bool pg_poll_lanes(const Params& P, PgState& G, int ticket, int s0, int n, int npg,
+                                              Act&& act) {
+    const int sq = s0 + (threadIdx.x & 31);
+    return pg_poll_own(P, G, ticket, (threadIdx.x & 31) < n, sq < npg, &G.empty[sq % npg], ((sq / npg) - 1) & 1, sq,
+                       [&] { act(sq); });
 }
 #endif
 #if MK_PG_ANY_SLOT
@@ -937,23 +946,11 @@ __device__ __noinline__ bool moe_worker_pages(const Params& P, int ticket, int l
         }
 #elif MK_PG_ANY_SLOT
         if (!stop) {                          // (lane i ring page i's marker, once its last lap is free)
-            bool mine = lane < npg, failed = false;
-            PgSpin spin;
-            unsigned polls = 0;
-            while (__any_sync(0xffffffffu, mine)) {
-                if (mine) {
-                    if (lap == 0 || mbar_test_wait(&G.empty[lane], (unsigned)(lap - 1) & 1u)) {
-                        G.page[lane][0] = -1;
-                        mbar_arrive(&G.full[lane]);
-                        lap++;
-                        mine = false;
-                    } else if ((++polls & (MK_PG_POLL_CHECK - 1)) == 0 && spin.leave(P, G, ticket, STALL_EMPTY, s)) {
-                        failed = true;
-                        mine = false;
-                    }
-                }
-            }
-            stop = __any_sync(0xffffffffu, failed);
+            stop = !pg_poll_own(P, G, ticket, lane < npg, lap == 0, &G.empty[lane], (unsigned)(lap - 1) & 1u, s, [&] {
+                G.page[lane][0] = -1;
+                mbar_arrive(&G.full[lane]);
+                lap++;
+            });
             s += npg;
         }
         if (lane < npg) G.seq[lane] = lap;    // (also after a failed wait: the drain waits on each page's last lap)

@@ -66,6 +66,7 @@ def check_build_log(log: str, spills_allowed: bool = False) -> None:
                                      "MK_STALL_PRINT=1", "MK_PG_TLB_WARM=1", "MK_PG_TLB_WARM=2", "MK_PG_TLB_WARM=3",
                                      "MK_PG_ANY_SLOT=1", "MK_PAGE_BYTES=32768,MK_PG_PAGE_WARPS=2,MK_PG_ANY_SLOT=1",
                                      "MK_PG_ANY_SLOT=1,MK_STALL_PRINT=1",
+                                     "MK_PG_ANY_SLOT=1,MK_PG_POLL_SUSPEND=1",
                                      "MK_PAGE_BYTES=32768,MK_PG_PAGE_WARPS=2,MK_PG_RING_COUNTERS=1"])
 def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     """The builds the switches select besides the default (MK_MOE_LOCAL=0: the MoE worker's routing read from L2 per
@@ -90,7 +91,8 @@ def test_switch_builds_compile_without_spills(tmp_path, monkeypatch, defines):
     and copies, alone and with MK_PG_PAGE_WARPS=2, two computing warps per page; MK_STALL_PRINT=1: every wait left on
     an abort or a watchdog prints where it was; MK_PG_TLB_WARM=1/2/3: the routed experts' 2 MB regions prefetched by
     the worker's loader (copy engine, load path) or by the block that routed the layer; MK_PG_ANY_SLOT=1: each page
-    into the first free ring page, alone, in the H200's 32 KB two-warp build and with the stall prints;
+    into the first free ring page, alone, in the H200's 32 KB two-warp build, with the stall prints and with
+    MK_PG_POLL_SUSPEND=1 (its end markers poll through MULTI_ISSUE's helper);
     MK_PG_RING_COUNTERS=1: the in-order loader's ring slot and lap stepped, not divided, in the H200's build): each
     compiles, its entry function does not spill, its static shared memory fits the reserve, and it reports the item
     slots, page size and warps per page the plans lay out."""

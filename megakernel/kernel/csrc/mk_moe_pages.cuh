@@ -213,6 +213,9 @@ static_assert(MK_PG_TLB_WARM >= 0 && MK_PG_TLB_WARM <= 3, "MK_PG_TLB_WARM: 0..3"
 #ifndef MK_PG_RING_COUNTERS
 #define MK_PG_RING_COUNTERS 0
 #endif
+#if MK_PG_RING_COUNTERS && (MK_PG_MULTI_ISSUE || MK_PG_ANY_SLOT)
+#error "MK_PG_RING_COUNTERS steps the in-order loader's ring slot: not with MK_PG_MULTI_ISSUE or MK_PG_ANY_SLOT"
+#endif
 
 #define PG_END (-1)                     // an item description's kind: no more items (the input warp stops)
 
@@ -400,16 +403,16 @@ __device__ __forceinline__ bool pg_wait(const Params& P, PgState& G, int ticket,
 #endif
 static_assert(MK_PG_POLL_CHECK >= 1 && (MK_PG_POLL_CHECK & (MK_PG_POLL_CHECK - 1)) == 0,
               "MK_PG_POLL_CHECK: a power of two");
-// MK_PG_POLL_SUSPEND (MK_PG_MULTI_ISSUE builds): after a sweep of the polling lanes in which no ring page was free,
-// the lowest lane still waiting suspends in try_wait on its page (ring pages free roughly in sequence order, so it
-// is usually the next to free; the warp waits with it, up to the hardware's suspend limit, which also stretches the
-// time between MK_PG_POLL_CHECK's asks) before the next sweep (1); or the lanes sweep with test_wait without pause
-// (0). Tried because in the H100's page stats (speed_20261207s38 call 1, b1 8K) the computing warps' math per down
-// item grew from 13.2 to 17.4 us (median page sum) under MULTI_ISSUE's busy sweeps. Measured on the H100 (call 2, each
-// build in its own process, twice): b1 8K 3.367 / 3.361 against 3.325 / 3.322 ms without it, 1K 3.206 / 3.208
-// against 3.175 / 3.180 (+0.9 to +1.3%), b8 and b16 even; the math sums barely moved (down items 16.7 against 17.4
-// us, O items 31.0 against 29.9, page sums; the default's 13.2 and 24.4), so the sweeps were not what slowed the math
-// (a hypothesis: more pages land together, so more warps compute at once). 0.
+// MK_PG_POLL_SUSPEND (pg_poll_own: MK_PG_MULTI_ISSUE's rounds, and MK_PG_ANY_SLOT's end markers): after a sweep of the
+// polling lanes in which no ring page was free, the lowest lane still waiting suspends in try_wait on its page (ring
+// pages free roughly in sequence order, so it is usually the next to free; the warp waits with it, up to the hardware's
+// suspend limit, which also stretches the time between MK_PG_POLL_CHECK's asks) before the next sweep (1); or the lanes
+// sweep with test_wait without pause (0). Tried because in the H100's page stats (speed_20261207s38 call 1, b1 8K) the
+// computing warps' math per down item grew from 13.2 to 17.4 us (median page sum) under MULTI_ISSUE's busy sweeps.
+// Measured on the H100 (call 2, each build in its own process, twice): b1 8K 3.367 / 3.361 against 3.325 / 3.322 ms
+// without it, 1K 3.206 / 3.208 against 3.175 / 3.180 (+0.9 to +1.3%), b8 and b16 even; the math sums barely moved (down
+// items 16.7 against 17.4 us, O items 31.0 against 29.9, page sums; the default's 13.2 and 24.4), so the sweeps were
+// not what slowed the math (a hypothesis: more pages land together, so more warps compute at once). 0.
 #ifndef MK_PG_POLL_SUSPEND
 #define MK_PG_POLL_SUSPEND 0
 #endif

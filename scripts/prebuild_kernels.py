@@ -8,8 +8,8 @@ build, e.g. `default MK_PG_MULTI_ISSUE=1 MK_PG_PAGE_STATS=1+profile`. The cache 
 as written, the nvcc version): the device's nvcc must print the same version line, or it compiles again (harmless).
 The device script copies the folder into its cache only after a build from it loads there (scripts/carried_cache.sh).
 A card with a row in megakernel/kernel/tuning.py's CARD_SWITCHES builds that row's switches as its default (an H200:
-`MK_PAGE_BYTES=32768,MK_PG_PAGE_WARPS=2`; prebuild that spec for it), and "default" there means that build unless
-$MEGAKERNEL_CARD_SWITCHES=0; this script builds exactly the SPECs given.
+`MK_PAGE_BYTES=32768,MK_PG_PAGE_WARPS=2`, an H100 SXM: `MK_PG_TLB_WARM=3`; prebuild that spec for it), and "default"
+there means that build unless $MEGAKERNEL_CARD_SWITCHES=0; this script builds exactly the SPECs given.
 """
 
 from __future__ import annotations

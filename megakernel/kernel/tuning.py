@@ -61,9 +61,16 @@ CARD_TUNING: tuple[tuple[str, dict[str, int]], ...] = (
 # (-2.1%), b4 6.092, 6.097 / 6.019, 6.026 (-1.2%), b8 9.303, 9.304 / 9.169, 9.136 (-1.6%), b16 14.911, 14.892 / 14.592,
 # 14.556 (-2.2%); the sweeps of both builds in one call (call 6): b1 256K 5.266 / 5.384 (+2.2%), the rest as above.
 # test_gpu.py (33), memcheck (one row) and racecheck (2 and 16 rows) pass under it there (calls 6, 7). On the H100 it
-# was even at b1 8K, +1.0% at 1K, -0.5% at b8 and b16 (speed_20261207s38 call 5): no H100 row.
+# was even at b1 8K, +1.0% at 1K, -0.5% at b8 and b16 (speed_20261207s38 call 5).
+# H100, the routed experts' 2 MB regions touched into L2 by the block that routed the layer (MK_PG_TLB_WARM=3).
+# Measured at 068a941 on an H100 (results/speed_20261207s43 calls 1-4; each build in its own process, five times at
+# b1 8K and 1K, ms default / this): b1 8K 3.276-3.285 / 3.250-3.262 (-0.7%), 1K 3.096-3.108 / 3.066-3.076 (-0.9%), 32K
+# 3.603-3.613 / 3.574-3.583 (-0.8%), 128K 4.598-4.613 / 4.563-4.565 (-0.9%), b2 -0.2%, b4 -0.2%, b8 -0.1%, b16 even;
+# test_gpu.py (33), memcheck (one row) and racecheck (2 and 16 rows) pass under it (calls 2-3). Not measured on the
+# H200, whose row it is not in.
 CARD_SWITCHES: tuple[tuple[str, dict[str, int]], ...] = (
     ("NVIDIA H200", {"MK_PAGE_BYTES": 32768, "MK_PG_PAGE_WARPS": 2}),
+    ("NVIDIA H100 80GB HBM3", {"MK_PG_TLB_WARM": 3}),
 )
 
 

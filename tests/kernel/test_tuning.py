@@ -95,11 +95,13 @@ def test_tuning_from_env(monkeypatch):
 
 
 def test_card_switches_by_name(monkeypatch):
-    """The build-switch rows (CARD_SWITCHES): the H200 alone (32 KB pages, two warps each), known switch names with
-    allowed values, a copy per call, and none where $MEGAKERNEL_CARD_SWITCHES=0 (A/Bs against the plain default)."""
+    """The build-switch rows (CARD_SWITCHES): the H200 (32 KB pages, two warps each) and the H100 SXM (the routed
+    experts' regions warmed by the routing block), no other name, known switch names with allowed values, a copy per
+    call, and none where $MEGAKERNEL_CARD_SWITCHES=0 (A/Bs against the plain default)."""
     monkeypatch.delenv("MEGAKERNEL_CARD_SWITCHES", raising=False)
     assert card_switches("NVIDIA H200") == {"MK_PAGE_BYTES": 32768, "MK_PG_PAGE_WARPS": 2}
-    for name in ("NVIDIA H100 80GB HBM3", "NVIDIA H200 NVL", "NVIDIA GH200 480GB", ""):
+    assert card_switches("NVIDIA H100 80GB HBM3") == {"MK_PG_TLB_WARM": 3}
+    for name in ("NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA H200 NVL", "NVIDIA GH200 480GB", ""):
         assert card_switches(name) == {}, name
     for key, switches in CARD_SWITCHES:
         assert set(switches) <= set(build.KERNEL_SWITCHES), key
@@ -109,7 +111,9 @@ def test_card_switches_by_name(monkeypatch):
     # select_card_build: the row becomes this process's build selection (tests/conftest.py restores it)
     assert select_card_build("NVIDIA H200") == {"MK_PAGE_BYTES": 32768, "MK_PG_PAGE_WARPS": 2}
     assert build.card_switch_selection() == {"MK_PAGE_BYTES": 32768, "MK_PG_PAGE_WARPS": 2}
-    assert select_card_build("NVIDIA H100 80GB HBM3") == {} and build.card_switch_selection() == {}
+    assert select_card_build("NVIDIA H100 80GB HBM3") == {"MK_PG_TLB_WARM": 3}
+    assert build.card_switch_selection() == {"MK_PG_TLB_WARM": 3}
+    assert select_card_build("NVIDIA H100 PCIe") == {} and build.card_switch_selection() == {}
     monkeypatch.setenv("MEGAKERNEL_CARD_SWITCHES", "0")
     assert card_switches("NVIDIA H200") == {}
     assert select_card_build("NVIDIA H200") == {} and build.card_switch_selection() == {}

@@ -141,7 +141,10 @@ static_assert(MK_PAGE_MAX <= 32, "MK_PG_MULTI_ISSUE: a loader lane per ring page
 // measurements suspected of slowing the math. A helper's SASS audit of the 32 KB two-warp builds (session 42, CPU):
 // with the page free at the first test, 73 instructions from one bulk copy to the next against 111 in sequence order
 // (no `s % npg` division, one mbarrier test instead of a try-wait, a shuffle and every lane's wait), 3 serial
-// scoreboard waits against 7. Not measured.
+// scoreboard waits against 7. On an H100 (speed_20261207s43 call 1, each build in its own process, twice; the
+// tma_issue ring there: scattered items 32.4 GB/s per SM in sequence order, 40.8 in landing order) b1 8K 3.289 / 3.294
+// ms against 3.280 / 3.285 (+0.3%), 1K +0.7%, b8 -0.5%, b16 -0.5%: the microbenchmark's gain does not reach the step.
+// 0; not measured on the H200.
 #ifndef MK_PG_ANY_SLOT
 #define MK_PG_ANY_SLOT 0
 #endif
@@ -196,7 +199,14 @@ static_assert(MK_PG_PAGE_WARPS == 1 || MK_PG_PAGE_WARPS == 2, "MK_PG_PAGE_WARPS:
 // (b1 trace, session 34: the top-k's end at 13.2 us into the layer, the first gate/up claim at 16.6): the first
 // items' translations too, not only the later ones', if the walks it starts warm what the workers' SMs look up (the
 // per-SM TLBs it does not). Nothing in worker_topk plans (no block routes the layer for the workers). The TOPK
-// task's end stamp comes before it, so a trace does not show its time. Not measured.
+// task's end stamp comes before it, so a trace does not show its time. Measured on an H100 (speed_20261207s43, each
+// build in its own process): tma_issue's ring gains nothing from any warm-up (32 SMs, 16 KB x 12, scattered in-order
+// 32.4 GB/s per SM, 30.1-30.5 with one or two items warmed ahead by either path), so translation is not the
+// scattered item's cost. Mode 1 loses (b1 8K +2.2%, 1K +3.6%, b8 +4.1%, b16 +5.6%: the prefetches at the worker's
+// start delay its first copies); mode 3 wins a little (b1 8K -0.7%, 1K -0.9%, 32K -0.8%, 128K -0.9%, b2-b8 -0.1 to
+// -0.2%, b16 even; tests, memcheck, racecheck pass), for a reason not shown (the first lines of each region in L2
+// ahead of the workers, or DRAM rows opened, not translations): the H100's row of tuning.CARD_SWITCHES. Not measured
+// on the H200.
 #ifndef MK_PG_TLB_WARM
 #define MK_PG_TLB_WARM 0
 #endif
@@ -209,7 +219,10 @@ static_assert(MK_PG_TLB_WARM >= 0 && MK_PG_TLB_WARM <= 3, "MK_PG_TLB_WARM: 0..3"
 // page and end marker (0). pg_n is a runtime parameter, so each division is a reciprocal sequence (I2F, MUFU.RCP,
 // IMAD.HI: ~40 instructions a page in the 32 KB two-warp build's SASS, session 42's audit) on the loader's serial
 // path, which paces the H200's one-row workers (session 34's page stats: pages issued late, ring mostly empty). Same
-// pages, slots and phases in the same order. Not measured.
+// pages, slots and phases in the same order. On an H100 (speed_20261207s43 call 1, each build in its own process,
+// twice) b1 8K 3.305 / 3.304 ms against 3.280 / 3.285 (+0.7%), 1K +1.3%, b8 -0.3%, b16 -0.1%: the one-row step slower
+// for fewer instructions, not understood (the H100's workers are near HBM's rate, not loader-paced). 0; not measured
+// on the H200, where the loader paces them.
 #ifndef MK_PG_RING_COUNTERS
 #define MK_PG_RING_COUNTERS 0
 #endif

@@ -65,7 +65,7 @@ CARD_TUNING: tuple[tuple[str, dict[str, int]], ...] = (
 # H100, the routed experts' 2 MB regions touched into L2 by the block that routed the layer (MK_PG_TLB_WARM=3).
 # Measured at 068a941 on an H100 (results/speed_20261207s43 calls 1-4; each build in its own process, five times at
 # b1 8K and 1K, ms default / this): b1 8K 3.276-3.285 / 3.250-3.262 (-0.7%), 1K 3.096-3.108 / 3.066-3.076 (-0.9%), 32K
-# 3.603-3.613 / 3.574-3.583 (-0.8%), 128K 4.598-4.613 / 4.563-4.565 (-0.9%), b2 -0.2%, b4 -0.2%, b8 -0.1%, b16 even;
+# 3.603-3.613 / 3.574-3.583 (-0.8%), 128K 4.598-4.613 / 4.563-4.565 (-0.9%), b2 -0.1%, b4 -0.2%, b8 -0.2%, b16 even;
 # test_gpu.py (33), memcheck (one row) and racecheck (2 and 16 rows) pass under it (calls 2-3). Not measured on the
 # H200, whose row it is not in.
 CARD_SWITCHES: tuple[tuple[str, dict[str, int]], ...] = (

@@ -143,7 +143,7 @@ static_assert(MK_PAGE_MAX <= 32, "MK_PG_MULTI_ISSUE: a loader lane per ring page
 // (no `s % npg` division, one mbarrier test instead of a try-wait, a shuffle and every lane's wait), 3 serial
 // scoreboard waits against 7. On an H100 (speed_20261207s43 call 1, each build in its own process, twice; the
 // tma_issue ring there: scattered items 32.4 GB/s per SM in sequence order, 40.8 in landing order) b1 8K 3.289 / 3.294
-// ms against 3.280 / 3.285 (+0.3%), 1K +0.7%, b8 -0.5%, b16 -0.5%: the microbenchmark's gain does not reach the step.
+// ms against 3.280 / 3.285 (+0.3%), 1K +0.7%, b8 -0.6%, b16 -0.5%: the microbenchmark's gain does not reach the step.
 // 0; not measured on the H200.
 #ifndef MK_PG_ANY_SLOT
 #define MK_PG_ANY_SLOT 0
@@ -201,8 +201,8 @@ static_assert(MK_PG_PAGE_WARPS == 1 || MK_PG_PAGE_WARPS == 2, "MK_PG_PAGE_WARPS:
 // per-SM TLBs it does not). Nothing in worker_topk plans (no block routes the layer for the workers). The TOPK
 // task's end stamp comes before it, so a trace does not show its time. Measured on an H100 (speed_20261207s43, each
 // build in its own process): tma_issue's ring gains nothing from any warm-up (32 SMs, 16 KB x 12, scattered in-order
-// 32.4 GB/s per SM, 30.1-30.5 with one or two items warmed ahead by either path), so translation is not the
-// scattered item's cost. Mode 1 loses (b1 8K +2.2%, 1K +3.6%, b8 +4.1%, b16 +5.6%: the prefetches at the worker's
+// 32.4 GB/s per SM, 30.1-30.4 with one or two items warmed ahead by either path), so translation is not the
+// scattered item's cost. Mode 1 loses (b1 8K +2.3%, 1K +3.5%, b8 +4.1%, b16 +5.7%: the prefetches at the worker's
 // start delay its first copies); mode 3 wins a little (b1 8K -0.7%, 1K -0.9%, 32K -0.8%, 128K -0.9%, b2-b8 -0.1 to
 // -0.2%, b16 even; tests, memcheck, racecheck pass), for a reason not shown (the first lines of each region in L2
 // ahead of the workers, or DRAM rows opened, not translations): the H100's row of tuning.CARD_SWITCHES. Not measured

@@ -21,9 +21,11 @@
 // per-SM rate for n = 1, 2, 4, 8, 12 (n x bytes <= 192 KB). Then the ring (below): whether the in-order refill or the
 // addresses hold a one-thread ring below the burst's rate.
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a benchmarks/tma_issue.cu -o /tmp/tma_issue
-//   /tmp/tma_issue
+//   /tmp/tma_issue            (everything)
+//   /tmp/tma_issue layouts    (the ring alone, per address layout and item size)
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include "../megakernel/kernel/csrc/mk_async.cuh"   // mbar_*, bulk_load, bulk_tensor_2d, l2_evict_first: the kernel's
@@ -106,34 +108,68 @@ __global__ void __launch_bounds__(NT, 1) burst(const char* buf, const __grid_con
 // The ring's steady state (pg_stream.cu's loader without its consumers), on this file's addresses: thread 0 streams
 // ROUNDS x MAXN pages of `bytes` through `n` slots, refilling each slot once its copy landed, in sequence order
 // (`ooo` 0: it waits for the oldest copy, as the kernel's loader waits for the oldest page's `empty`) or in landing
-// order (`ooo` 1: it polls every slot with test_wait and refills whichever landed: no head-of-line blocking). Pages
-// lie contiguously per block (`scatter` 0) or in 128 KB items of 8 pages (16 KB) at pseudo-random 128 KB slots of the
-// buffer (`scatter` 1: a new 2 MB page at nearly every item, as the step's routed experts and pg_stream's queue).
-// `warm` != 0: at each item's first page the thread also prefetches the first line of the item |warm| items ahead into
-// L2, so its address translation is done before its copies are issued (session 41: a scattered item costs the
-// in-order ring ~2 us more than a contiguous one, whatever its page size; whether that is the TLB): by the copy
-// engine (cp.async.bulk.prefetch, 16 bytes; warm > 0) or by the load path (prefetch.global.L2; warm < 0), which may
-// translate through different TLBs.
-__global__ void __launch_bounds__(NT, 1) ring(const char* buf, int n, int bytes, int ooo, int scatter, int warm) {
+// order (`ooo` 1: it polls every slot with test_wait and refills whichever landed: no head-of-line blocking). The
+// pages come in items of `item` pages (the kernel's work item: one expert's rows), laid out by `layout`:
+//   CONTIG   each block's pages lie contiguously, in sequence;
+//   SCATTER  each item at a pseudo-random item-sized slot of the 8 GB buffer (a new 2 MB page at nearly every item,
+//            as the step's routed experts and pg_stream's queue);
+//   LOCAL    the block's own contiguous run, but its items visited in a shuffled order within each 16-item window
+//            (same 2 MB pages and bytes as CONTIG, out of sequence: is it the order or the distance?);
+//   GAP      items in sequence with one unread item between them (sequential, not contiguous);
+//   SPLIT    each item's first half at one pseudo-random slot, its second half at another (an expert's gate and up
+//            rows, which the host layout keeps in two regions).
+// `warm` != 0 (SCATTER only): at each item's first page the thread also prefetches the first line of the item |warm|
+// items ahead into L2, so its address translation is done before its copies are issued (session 41: a scattered item
+// costs the in-order ring ~2 us more than a contiguous one, whatever its page size; whether that is the TLB): by the
+// copy engine (cp.async.bulk.prefetch, 16 bytes; warm > 0) or by the load path (prefetch.global.L2; warm < 0), which
+// may translate through different TLBs. Session 43: it is not (warming does not help).
+enum Layout { CONTIG, SCATTER, LOCAL, GAP, SPLIT, N_LAYOUTS };
+static const char* const LAYOUT_NAMES[N_LAYOUTS] = {"contiguous", "scattered", "local", "gap", "split"};
+
+__device__ __forceinline__ size_t mix_slot(unsigned a, unsigned b, size_t slots) {
+    unsigned h = (a * 7919u + b) * 2654435761u;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    return (size_t)h % slots;
+}
+
+__global__ void __launch_bounds__(NT, 1) ring(const char* buf, int n, int bytes, int ooo, int layout, int item,
+                                              int warm) {
     __shared__ __align__(8) unsigned long long bar[MAXN];
     if (threadIdx.x != 0) return;
     for (int i = 0; i < MAXN; i++) mbar_init(&bar[i], 1);
     fence_mbar_init();
     const unsigned long long pol = l2_evict_first();
     const int pages = ROUNDS * MAXN;
-    const size_t item_bytes = 8 * (size_t)bytes;
+    const size_t item_bytes = (size_t)item * bytes, run = (size_t)pages * bytes;
     const auto src = [&](int k) -> const char* {
-        if (!scatter) return buf + (((size_t)blockIdx.x * pages + k) * bytes) % BUFFER;
-        unsigned h = (unsigned)(blockIdx.x * 7919 + (k / 8)) * 2654435761u;
-        h ^= h >> 15;
-        const size_t slot = (size_t)h % (BUFFER / item_bytes);
-        return buf + slot * item_bytes + (size_t)(k % 8) * bytes;
+        const int it = k / item, pg = k % item;
+        const size_t base = (size_t)blockIdx.x * run;
+        switch (layout) {
+        case SCATTER:
+            return buf + mix_slot(blockIdx.x, (unsigned)it, BUFFER / item_bytes) * item_bytes + (size_t)pg * bytes;
+        case LOCAL: {                           // 7 is coprime with 16: a permutation of each 16-item window
+            const int window = it / 16, j = (it % 16 * 7 + (int)blockIdx.x) % 16;
+            return buf + (base + ((size_t)window * 16 + j) * item_bytes + (size_t)pg * bytes) % BUFFER;
+        }
+        case GAP:
+            return buf + (2 * base + 2 * (size_t)it * item_bytes + (size_t)pg * bytes) % BUFFER;
+        case SPLIT: {
+            const size_t half = item_bytes / 2;
+            const int side = pg * 2 >= item;
+            return buf + mix_slot(blockIdx.x * 2u + side, (unsigned)it, BUFFER / half) * half +
+                   (size_t)(pg - side * item / 2) * bytes;
+        }
+        default:
+            return buf + (base + (size_t)k * bytes) % BUFFER;
+        }
     };
     const auto issue = [&](int k, int r) {
         const int ahead = warm < 0 ? -warm : warm;
-        if (warm && k % 8 == 0 && k + 8 * ahead < pages) {
-            if (warm > 0) l2_prefetch_bulk(src(k + 8 * ahead), 16, pol);
-            else asm volatile("prefetch.global.L2 [%0];" ::"l"(src(k + 8 * ahead)) : "memory");
+        if (warm && k % item == 0 && k + item * ahead < pages) {
+            if (warm > 0) l2_prefetch_bulk(src(k + item * ahead), 16, pol);
+            else asm volatile("prefetch.global.L2 [%0];" ::"l"(src(k + item * ahead)) : "memory");
         }
         mbar_expect_tx(&bar[r], (unsigned)bytes);
         bulk_load(smem + (size_t)r * bytes, src(k), (unsigned)bytes, &bar[r], pol);
@@ -162,7 +198,47 @@ __global__ void __launch_bounds__(NT, 1) ring(const char* buf, int n, int bytes,
     }
 }
 
-int main() {
+// One ring configuration's per-SM rate (GB/s): the best of 3 launches after a warm-up.
+static double ring_rate(const char* buf, int grid, int n, int bytes, int ooo, int layout, int item, int warm,
+                        cudaEvent_t e0, cudaEvent_t e1) {
+    float best = 1e30f;
+    for (int rep = 0; rep < 4; rep++) {
+        CK(cudaEventRecord(e0));
+        ring<<<grid, NT, SLOTS_BYTES>>>(buf, n, bytes, ooo, layout, item, warm);
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaGetLastError());
+        float ms = 0.f;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (rep > 0 && ms < best) best = ms;
+    }
+    return (double)ROUNDS * MAXN * bytes / (best * 1e-3) / 1e9;
+}
+
+// `tma_issue layouts`: the ring alone, per layout and item size (session 44's question: what a scattered item costs
+// the in-order ring, if not its translation). Per grid, page size and order: contiguous, local, gap, then
+// scattered and split items of 2, 4, 8, 16 pages.
+static void layouts_study(const char* buf, int sms, cudaEvent_t e0, cudaEvent_t e1) {
+    printf("# layouts: %d pages per block through a ring of 192 KB, GB/s per SM (best of 3 after a warm-up)\n",
+           ROUNDS * MAXN);
+    for (int grid : {sms, 32})
+        for (int bytes : {16384, 32768}) {
+            const int n = (int)(SLOTS_BYTES / bytes) < MAXN ? (int)(SLOTS_BYTES / bytes) : MAXN;
+            for (int ooo : {0, 1}) {
+                printf("sms %3d  %2d KB ring of %2d %s:", grid, bytes / 1024, n, ooo ? "any-order" : "in-order ");
+                for (int layout : {CONTIG, LOCAL, GAP})
+                    printf("  %s %5.1f", LAYOUT_NAMES[layout], ring_rate(buf, grid, n, bytes, ooo, layout, 8, 0, e0, e1));
+                for (int layout : {SCATTER, SPLIT})
+                    for (int item : {2, 4, 8, 16})
+                        printf("  %s%d %5.1f", LAYOUT_NAMES[layout], item,
+                               ring_rate(buf, grid, n, bytes, ooo, layout, item, 0, e0, e1));
+                printf("\n");
+                fflush(stdout);
+            }
+        }
+}
+
+int main(int argc, char** argv) {
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     char* buf;
@@ -175,6 +251,11 @@ int main() {
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
+    if (argc > 1 && !strcmp(argv[1], "layouts")) {
+        printf("# %s\n", prop.name);
+        layouts_study(buf, prop.multiProcessorCount, e0, e1);
+        return 0;
+    }
     printf("# %s; %d rounds per launch, bursts of n copies per block from fresh HBM addresses, the best of 3 launches "
            "after a warm-up; us: thread 0's mean burst time; GB/s per SM: n x bytes / that\n", prop.name, ROUNDS);
     const int grids[] = {prop.multiProcessorCount, 32};
@@ -237,21 +318,11 @@ int main() {
                                              {1, 0, -2}, {1, 1, 1}};
                 for (const auto& v : variants) {
                     const int scatter = v[0], ooo = v[1], warm = v[2];
-                    float best = 1e30f;
-                    for (int rep = 0; rep < 4; rep++) {
-                        CK(cudaEventRecord(e0));
-                        ring<<<grid, NT, SLOTS_BYTES>>>(buf, n, bytes, ooo, scatter, warm);
-                        CK(cudaEventRecord(e1));
-                        CK(cudaEventSynchronize(e1));
-                        CK(cudaGetLastError());
-                        float ms = 0.f;
-                        CK(cudaEventElapsedTime(&ms, e0, e1));
-                        if (rep > 0 && ms < best) best = ms;
-                    }
+                    const double rate = ring_rate(buf, grid, n, bytes, ooo, scatter ? SCATTER : CONTIG, 8, warm, e0, e1);
                     printf("  %s %s%s %5.1f", scatter ? "scattered" : "contiguous", ooo ? "any-order" : "in-order",
                            warm > 0 ? (warm == 1 ? " tma-warm1" : " tma-warm2")
                                     : warm < 0 ? (warm == -1 ? " lsu-warm1" : " lsu-warm2") : "",
-                           (double)ROUNDS * MAXN * bytes / (best * 1e-3) / 1e9);
+                           rate);
                 }
                 printf("\n");
                 fflush(stdout);

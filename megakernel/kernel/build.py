@@ -120,8 +120,11 @@ KERNEL_SWITCHES = {"MK_GEMV_TC": 1, "MK_GEMV_B1": 1, "MK_SMALL_VEC": 2, "MK_MOE_
                    "MK_ATTN_Q_ASYNC": 1, "MK_CLAIM_FIRST": 1, "MK_ATTN_PAD": 1, "MK_ATTN_ISSUE": 1,
                    "MK_ATTN_MATH": 1, "MK_LOADX_ASYNC": 1, "MK_LATE_WEIGHTS": 0,
                    "MK_FUSED_SERIAL": 0, "MK_FUSED_TABLES_EARLY": 0, "MK_STALL_PRINT": 0,
-                   "MK_PG_TLB_WARM": 0, "MK_PG_ANY_SLOT": 0, "MK_PG_RING_COUNTERS": 0,
+                   "MK_PG_TLB_WARM": 0, "MK_PG_ANY_SLOT": 0, "MK_PG_RING_COUNTERS": 0, "MK_GU_ONE_REGION_PROBE": 0,
                    "MK_PAGE_SLOTS": opcodes.PAGE_SLOTS, "MK_PAGE_BYTES": opcodes.PAGE_BYTES, "MK_PG_PAGE_WARPS": opcodes.PAGE_WARPS}
+# switches that time a layout the weights do not have (wrong outputs): load refuses them unless
+# $MEGAKERNEL_SPEED_PROBE=1 (MK_GU_ONE_REGION_PROBE: each gate/up item's rows read as one region, csrc/mk_moe.cuh)
+SPEED_PROBES = ("MK_GU_ONE_REGION_PROBE",)
 PAGE_SLOTS_RANGE = (2, 5)     # MK_PAGE_SLOTS: 5 slots' PgState still fits opcodes.PAGE_STATE_BYTES in the stats build
 PAGE_BYTES_CHOICES = (16384, 32768)   # MK_PAGE_BYTES: a ring page holds a row of every item kind (8 KB at North's
                                       # q width) and the ring at least 4 pages
@@ -230,6 +233,10 @@ def load(arch: str = "sm_90a", profile: bool = False) -> ctypes.CDLL:
     """Build if needed and load the library (once per process per build). `profile`: the profiling build, a
     separate library (its flags are part of the build hash)."""
     flags = (PROFILE_FLAGS if profile else ()) + switch_flags()
+    if any(f.startswith(f"-D{name}=") for f in flags for name in SPEED_PROBES) and \
+            os.environ.get("MEGAKERNEL_SPEED_PROBE") != "1":
+        raise BuildError(f"{', '.join(SPEED_PROBES)}: speed probes that compute wrong outputs; set "
+                         "MEGAKERNEL_SPEED_PROBE=1 to time them (benchmarks only)")
     key = f"{arch}{' '.join(flags)}"
     with _lock:
         if key in _loaded:

@@ -357,3 +357,12 @@ def test_attn_stream_microbenchmark_compiles(tmp_path):
     itself needs an sm_90 GPU)."""
     spills = compile_microbenchmark("attn_stream", tmp_path)
     assert len(spills) == 10 and not any(spills), spills
+
+
+def test_speed_probe_switch_is_refused_without_opt_in(monkeypatch):
+    """MK_GU_ONE_REGION_PROBE times a weight layout the weights do not have (its outputs are wrong): loading its
+    build is refused unless $MEGAKERNEL_SPEED_PROBE=1, so no engine serves it by a stray define."""
+    monkeypatch.setenv("MEGAKERNEL_KERNEL_DEFINES", "MK_GU_ONE_REGION_PROBE=1")
+    monkeypatch.delenv("MEGAKERNEL_SPEED_PROBE", raising=False)
+    with pytest.raises(build.BuildError, match="MEGAKERNEL_SPEED_PROBE=1"):
+        build.load()

@@ -137,8 +137,16 @@ __device__ __forceinline__ MoeItem moe_item(const Params& P, int l, const int* r
     if (!it.down) {
         it.r0 = t * gu_rows; it.nr = min(gu_rows, I - it.r0);
         it.T.K = H; it.T.n0 = it.nr; it.T.n1 = it.nr;
+#if MK_GU_ONE_REGION_PROBE
+        // A speed probe, numerically wrong: the item's gate and up rows read as one contiguous region (where a
+        // layout interleaving gate and up in item-sized chunks would put them) instead of two halves I rows apart:
+        // what one region per item instead of two would buy the step (session 44). The engine refuses the build.
+        it.T.w0 = egu + ((size_t)it.e * 2 * I + 2 * it.r0) * H;
+        it.T.w1 = it.T.w0 + (size_t)it.nr * H;
+#else
         it.T.w0 = egu + ((size_t)it.e * 2 * I + it.r0) * H;
         it.T.w1 = egu + ((size_t)it.e * 2 * I + I + it.r0) * H;
+#endif
     } else {
         it.r0 = t * dn_rows; it.nr = min(dn_rows, H - it.r0);
         it.T.K = I; it.T.n0 = it.nr; it.T.n1 = 0; it.T.w1 = nullptr;

@@ -5,6 +5,12 @@
 #include "mk_gemv.cuh"      // the experts' tiles run on the GEMV core
 #include "mk_routing.cuh"   // (worker_topk plans: each worker routes its layer itself)
 
+// MK_GU_ONE_REGION_PROBE (a speed probe, 0; 1 computes wrong outputs and build.load refuses it without
+// $MEGAKERNEL_SPEED_PROBE=1): each gate/up item reads its gate and up rows as one contiguous region (moe_item).
+#ifndef MK_GU_ONE_REGION_PROBE
+#define MK_GU_ONE_REGION_PROBE 0
+#endif
+
 // ---- MOE_WORKER: claims expert work items of one layer until the queue is empty --------------------------------
 // One work item: a gate/up tile (with SiLU * up) or a down tile of one active expert slot, or (o_queue) a tile of
 // the layer's O projection (slot -1).
@@ -140,7 +146,7 @@ __device__ __forceinline__ MoeItem moe_item(const Params& P, int l, const int* r
 #if MK_GU_ONE_REGION_PROBE
         // A speed probe, numerically wrong: the item's gate and up rows read as one contiguous region (where a
         // layout interleaving gate and up in item-sized chunks would put them) instead of two halves I rows apart:
-        // what one region per item instead of two would buy the step (session 44). The engine refuses the build.
+        // what one region per item instead of two would buy the step (session 44; the switch is described above).
         it.T.w0 = egu + ((size_t)it.e * 2 * I + 2 * it.r0) * H;
         it.T.w1 = it.T.w0 + (size_t)it.nr * H;
 #else

@@ -38,7 +38,7 @@ def analyse(path: str, layer: int) -> dict:
     F = {k: i for i, k in enumerate(O.PROF_FIELDS)}
     packed = raw.items[:, [F[k] for k in O.PROF_MARK_FIELDS[:4]]].astype(np.int64)
     # the high 32 bits: m0 the loader's decode of the item, m1 the count of waited-for pages, m2 the loader's time
-    # inside its pages' issue (after each ring slot's wait), m3 those pages' flights (mk_moe_pages.cuh PG_STATS;
+    # inside its pages' issue (after each ring slot's wait), m3 those pages' flights (mk_pg_switches.cuh PG_STATS;
     # traces before session 34 held the loader's item-slot and claim-result waits in m0 and m2's high halves)
     decode, n_waited, issue, flight = (packed[:, k] >> 32 for k in range(4))
     marks = (packed & LOW).astype(np.float64)

@@ -23,7 +23,8 @@ from megakernel.kernel import opcodes
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("mk_math.cuh", "mk_async.cuh", "mk_page_math.cuh", "mk_common.cuh", "mk_loader.cuh", "mk_gemv_core.cuh",
            "mk_gemv.cuh", "mk_lm_head.cuh", "mk_norm.cuh", "mk_attention.cuh", "mk_routing.cuh", "mk_moe.cuh",
-           "mk_moe_pages.cuh", "mk_attn_layout.cuh", "mk_attn_math.cuh", "mk_tmap.h", "mk_peak.cuh", "mk_kernel.cu")
+           "mk_moe_pages.cuh", "mk_pg_switches.cuh", "mk_pg_sync.cuh", "mk_pg_items.cuh", "mk_attn_layout.cuh",
+           "mk_attn_math.cuh", "mk_tmap.h", "mk_peak.cuh", "mk_kernel.cu")
 ARCH_FLAGS = {"sm_90a": ["-gencode=arch=compute_90a,code=sm_90a"], "sm_90": ["-gencode=arch=compute_90,code=sm_90"]}
 NVCC_FLAGS = ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-lineinfo",
               "-Xptxas", "-v"]
@@ -120,7 +121,8 @@ KERNEL_SWITCHES = {"MK_GEMV_TC": 1, "MK_GEMV_B1": 1, "MK_SMALL_VEC": 2, "MK_MOE_
                    "MK_ATTN_Q_ASYNC": 1, "MK_CLAIM_FIRST": 1, "MK_ATTN_PAD": 1, "MK_ATTN_ISSUE": 1,
                    "MK_ATTN_MATH": 1, "MK_LOADX_ASYNC": 1, "MK_LATE_WEIGHTS": 0,
                    "MK_FUSED_SERIAL": 0, "MK_FUSED_TABLES_EARLY": 0, "MK_STALL_PRINT": 0,
-                   "MK_PG_TLB_WARM": 0, "MK_PG_ANY_SLOT": 0, "MK_PG_RING_COUNTERS": 0, "MK_GU_ONE_REGION_PROBE": 0,
+                   "MK_PG_TLB_WARM": 0, "MK_PG_ANY_SLOT": 0, "MK_PG_RING_COUNTERS": 0,
+                   "MK_GU_ONE_REGION_PROBE": 0,
                    "MK_PAGE_SLOTS": opcodes.PAGE_SLOTS, "MK_PAGE_BYTES": opcodes.PAGE_BYTES, "MK_PG_PAGE_WARPS": opcodes.PAGE_WARPS}
 # switches that time a layout the weights do not have (wrong outputs): load refuses them unless
 # $MEGAKERNEL_SPEED_PROBE=1 (MK_GU_ONE_REGION_PROBE: each gate/up item's rows read as one region, csrc/mk_moe.cuh)

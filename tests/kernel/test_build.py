@@ -153,6 +153,20 @@ def test_switch_defaults_match_the_sources():
     assert found == build.KERNEL_SWITCHES
 
 
+def test_sources_cover_every_included_file():
+    """build.SOURCES (what the cache key hashes and the switch check reads) holds every file mk_kernel.cu includes,
+    directly or through another source: a header left out would change the kernel without changing its key."""
+    include = re.compile(r'^#include "([^"]+)"', re.M)
+    seen, todo = set(), ["mk_kernel.cu"]
+    while todo:
+        name = todo.pop()
+        if name in seen or name == "mk_generated.h":      # (the header opcodes.py generates: hashed as text)
+            continue
+        seen.add(name)
+        todo += include.findall((build.CSRC / name).read_text())
+    assert seen <= set(build.SOURCES), sorted(seen - set(build.SOURCES))
+
+
 def test_key_changes_with_header(monkeypatch):
     k1 = build.build_key("sm_90a", "v")
     monkeypatch.setattr(build.opcodes, "generate_header", lambda: "// other\n")

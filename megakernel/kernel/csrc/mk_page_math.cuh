@@ -1,4 +1,4 @@
-// The paged MoE worker's page products (mk_moe_pages.cuh pg_compute at one input row, pg_compute_rows[_tc] at
+// The paged MoE worker's page products (mk_pg_items.cuh pg_compute at one input row, pg_compute_rows[_tc] at
 // several), in their own header so that benchmarks/page_math.cu times the kernel's code, not a copy. Self-contained:
 // no kernel parameters.
 #pragma once
@@ -45,7 +45,7 @@ __device__ __forceinline__ void pg_rows(const bf16* W, const bf16* x, int nr, in
     }
 }
 
-// One warp, the same product on tensor cores (mk_moe_pages.cuh uses it under MK_PG_SEG_TC), with the page's weight rows
+// One warp, the same product on tensor cores (mk_pg_items.cuh uses it under MK_PG_SEG_TC), with the page's weight rows
 // as the MMA's A operand and K cut into S segments: A row i is (weight row i / S, segment i % S), B column j segment j
 // of x (columns S..7 zero), so C[i][i % S] is a segment's dot product (the other 7 columns of C are waste, against 15
 // of 16 rows with x as A); a row's S segment sums meet through shuffles over the lanes that hold them. nr * S <= 16, K

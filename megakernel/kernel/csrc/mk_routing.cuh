@@ -259,7 +259,7 @@ __device__ __noinline__ void topk_route(const Params& P, int m, int* route, bool
     topk_phase(stamp, 3);
 }
 
-// MK_PG_TLB_WARM (mk_moe_pages.cuh says why): one line of every 2 MB region of n routed experts' gate/up ([2I, H]) and
+// MK_PG_TLB_WARM (mk_pg_switches.cuh: why): one line of every 2 MB region of n routed experts' gate/up ([2I, H]) and
 // down ([H, I]) weights of a layer, and each span's last line (a span need not start on a region's boundary), into
 // L2 by threads tid, tid + nthr, ... (expert(i): the i-th expert; mode 2: by the load path, prefetch.global.L2; else
 // by the copy engine, cp.async.bulk.prefetch), so each region's address translation is done before its copies.

@@ -7,7 +7,7 @@
 Per item kind (gate/up, down, O), percentiles over the layer's items (and all layers') of the stamps' gaps: claim ->
 first page issued -> inputs loaded -> first page's math -> last page's math -> epilogue written; and each worker's
 rate (its items' bytes over its first issue to its last page's math). With the MK_PG_PAGE_STATS build an item's four
-marks are sums over its pages (mk_moe_pages.cuh): its warps waiting for the page to land (starved), for the item's
+marks are sums over its pages (mk_pg_switches.cuh): its warps waiting for the page to land (starved), for the item's
 inputs, their math, the loader waiting for the page's ring slot, and (builds from session 21's end on) the mean
 flight, issue to landing, of the pages a warp was already waiting for, the loader's decode of the item before it
 published it, and its time inside the pages' issue (session 34 on; before, those two were its waits for the item's

@@ -114,10 +114,11 @@ __global__ void __launch_bounds__(NT, 1) burst(const char* buf, const __grid_con
 //   SCATTER  each item at a pseudo-random item-sized slot of the 8 GB buffer (a new 2 MB page at nearly every item,
 //            as the step's routed experts and pg_stream's queue);
 //   LOCAL    the block's own contiguous run, but its items visited in a shuffled order within each 16-item window
-//            (same 2 MB pages and bytes as CONTIG, out of sequence: is it the order or the distance?);
+//            (2 MB of 8-page items at 16 KB pages; the same bytes as CONTIG, out of sequence: order or distance?);
 //   GAP      items in sequence with one unread item between them (sequential, not contiguous);
 //   SPLIT    each item's first half at one pseudo-random slot, its second half at another (an expert's gate and up
-//            rows, which the host layout keeps in two regions).
+//            rows, which the host layout keeps in two regions); `item` even.
+// (SCATTER's hash, mix_slot, mixes more than session 41-43's did: other slots, the same spread.)
 // `warm` != 0 (SCATTER only): at each item's first page the thread also prefetches the first line of the item |warm|
 // items ahead into L2, so its address translation is done before its copies are issued (session 41: a scattered item
 // costs the in-order ring ~2 us more than a contiguous one, whatever its page size; whether that is the TLB): by the
@@ -149,8 +150,10 @@ __global__ void __launch_bounds__(NT, 1) ring(const char* buf, int n, int bytes,
         switch (layout) {
         case SCATTER:
             return buf + mix_slot(blockIdx.x, (unsigned)it, BUFFER / item_bytes) * item_bytes + (size_t)pg * bytes;
-        case LOCAL: {                           // 7 is coprime with 16: a permutation of each 16-item window
-            const int window = it / 16, j = (it % 16 * 7 + (int)blockIdx.x) % 16;
+        case LOCAL: {                           // a permutation of each window of 16 items (the last may be short:
+            const int items = (pages + item - 1) / item, window = it / 16;   // its own items), x * mult + b mod w
+            const int w = min(16, items - window * 16), mult = w % 7 == 0 ? 5 : 7;   // (mult coprime with w)
+            const int j = (it % 16 * mult + (int)blockIdx.x) % w;
             return buf + (base + ((size_t)window * 16 + j) * item_bytes + (size_t)pg * bytes) % BUFFER;
         }
         case GAP:

@@ -39,7 +39,8 @@ MAX_TILE_ROWS = 64           # rows of one GEMV tile at most (bounds the reducti
 # the MK_PG_PAGE_WARPS build switch), so the SM keeps
 # loading across item boundaries. At most PAGE_MAX pages, PAGE_SLOTS items in flight (each with its input row and its
 # outputs), at most PAGE_ROWS_MAX weight rows per page (a computing warp's accumulators); its barriers and bookkeeping
-# (PgState) take PAGE_STATE_BYTES of the plan's dynamic shared memory, not static memory every plan would pay for.
+# (PgState, csrc/mk_pg_sync.cuh) take PAGE_STATE_BYTES of the plan's dynamic shared memory, not static memory every
+# plan would pay for.
 PAGE_BYTES = 16384           # a ring page and one bulk copy: the default of the MK_PAGE_BYTES build switch (build.py;
                              # the plan's layout reads the build's value, build.page_bytes)
 PAGE_MAX = 16

@@ -154,8 +154,9 @@ def test_switch_defaults_match_the_sources():
 
 
 def test_sources_cover_every_included_file():
-    """build.SOURCES (what the cache key hashes and the switch check reads) holds every file mk_kernel.cu includes,
-    directly or through another source: a header left out would change the kernel without changing its key."""
+    """build.SOURCES (what the cache key hashes, the build copies and the switch check reads) holds every file
+    mk_kernel.cu includes, directly or through another source: a header left out would leave its switches out of
+    test_switch_defaults_match_the_sources and its edits out of the cache key (and fail a fresh build)."""
     include = re.compile(r'^#include "([^"]+)"', re.M)
     seen, todo = set(), ["mk_kernel.cu"]
     while todo:

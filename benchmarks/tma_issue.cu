@@ -23,6 +23,7 @@
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a benchmarks/tma_issue.cu -o /tmp/tma_issue
 //   /tmp/tma_issue            (everything)
 //   /tmp/tma_issue layouts    (the ring alone, per address layout and item size)
+// benchmarks/tma_issue_json.py turns either output into the results JSON.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>

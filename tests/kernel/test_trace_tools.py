@@ -166,3 +166,34 @@ def test_sm_states_counts_at_most_the_blocks(trace):
     want_us = float((tl.tasks.end[m] - tl.tasks.waited[m]).sum()) / 1e3
     got_us = sum(b.get("QKV:run", 0.0) for b in res["bins"]) * res["bin_us"]
     assert got_us >= want_us * 0.99 - 0.1 * len(res["bins"])       # (each bin's figure is rounded to 0.1)
+
+
+def test_tma_issue_json_reads_a_full_run_as_session_43_recorded_it():
+    """benchmarks/tma_issue_json.py on session 43's full tma_issue output (bursts, then rings with warm-up variants)
+    gives the records its hand-made JSON holds, figure for figure."""
+    run = BENCH / "results" / "speed_20261207s43" / "call1"
+    rec = _load("tma_issue_json").parse((run / "tma_issue.txt").read_text())
+    want = json.loads((run / "tma_issue.json").read_text())
+    assert rec["gpu"] == want["gpu"] == "NVIDIA H100 80GB HBM3"
+    assert rec["bursts"] == want["bursts"] and rec["rings"] == want["rings"]
+
+
+def test_tma_issue_json_reads_the_layouts_mode_and_refuses_what_it_cannot_read():
+    """The layouts mode's lines (an order per line, labels with item sizes) become ring records with the order in the
+    config; an unreadable line is an error, not a silently missing figure."""
+    mod = _load("tma_issue_json")
+    text = ("# NVIDIA H200\n# layouts: 576 pages per block through a ring of 192 KB, GB/s per SM\n"
+            "sms 132  16 KB ring of 12 in-order :  contiguous  70.1  local  66.0  gap  64.2  scattered2  20.5"
+            "  split16  33.0\n"
+            "sms  32  32 KB ring of  6 any-order:  contiguous  90.0  scattered8  41.0\n")
+    rec = mod.parse(text)
+    assert rec["gpu"] == "NVIDIA H200" and rec["bursts"] == []
+    assert [(r["sms"], r["page_kb"], r["slots"], r["config"], r["gb_per_s_per_sm"]) for r in rec["rings"]] == [
+        (132, 16, 12, "contiguous in-order", 70.1), (132, 16, 12, "local in-order", 66.0),
+        (132, 16, 12, "gap in-order", 64.2), (132, 16, 12, "scattered2 in-order", 20.5),
+        (132, 16, 12, "split16 in-order", 33.0), (32, 32, 6, "contiguous any-order", 90.0),
+        (32, 32, 6, "scattered8 any-order", 41.0)]
+    with pytest.raises(ValueError, match="unrecognised"):
+        mod.parse("sms 132 garbage\n")
+    with pytest.raises(ValueError, match="label without a rate"):
+        mod.parse("sms 132  16 KB ring of 12 in-order :  contiguous  70.1  local\n")
